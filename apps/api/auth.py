@@ -1,0 +1,36 @@
+"""Operator-token authentication for methods that change the node.
+
+The token comes from TENZRO_OPERATOR_TOKEN, else it is generated on first start into
+`<data dir>/operator.token` (0600), where the local CLI reads it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from functools import cache
+
+from django.conf import settings
+
+from tenzro_site.settings.env import OPERATOR_TOKEN_FILE, read_or_create_secret
+
+
+@cache
+def operator_token() -> str:
+    return os.environ.get("TENZRO_OPERATOR_TOKEN") or read_or_create_secret(
+        settings.TENZRO_DATA_DIR / OPERATOR_TOKEN_FILE
+    )
+
+
+def bearer_token(authorization_header: str | None) -> str | None:
+    if not authorization_header:
+        return None
+    scheme, _, value = authorization_header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip()
+
+
+def is_operator(token: str | None) -> bool:
+    """Constant-time comparison against the operator token."""
+    return token is not None and hmac.compare_digest(token.encode(), operator_token().encode())

@@ -1,0 +1,122 @@
+"""JSON-RPC 2.0 request handling over the method registry (spec: jsonrpc.org/specification).
+
+Batches run their calls concurrently and answer in request order; notifications (no
+`id`) are executed and never answered; a batch of only notifications answers nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+
+from apps.api.errors import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    TenzroError,
+    Unauthorized,
+    error_object,
+)
+from apps.api.registry import REGISTRY, RpcMethod
+
+logger = logging.getLogger(__name__)
+
+_MISSING = object()
+
+
+def _response(request_id: Any, *, result: Any = _MISSING, error: dict | None = None) -> dict[str, Any]:
+    if error is not None:
+        return {"jsonrpc": "2.0", "error": error, "id": request_id}
+    return {"jsonrpc": "2.0", "result": result, "id": request_id}
+
+
+def _validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    return [{"loc": list(err["loc"]), "msg": err["msg"], "type": err["type"]} for err in exc.errors()]
+
+
+def _bind_params(method: RpcMethod, raw: Any) -> Any:
+    """Validate JSON-RPC params (by name or by position) against the method's schema."""
+    if method.params is None:
+        if raw in (_MISSING, None, {}, []):
+            return None
+        raise ValueError(f"{method.name} takes no params")
+    if raw is _MISSING or raw is None:
+        raw = {}
+    if isinstance(raw, list):
+        names = list(method.params.model_fields)
+        if len(raw) > len(names):
+            raise ValueError(f"{method.name} takes at most {len(names)} positional params, got {len(raw)}")
+        raw = dict(zip(names, raw, strict=False))
+    return method.params.model_validate(raw)
+
+
+async def _handle_call(call: Any, *, operator: bool) -> dict[str, Any] | None:
+    if not isinstance(call, dict):
+        return _response(None, error=error_object(INVALID_REQUEST, "Invalid Request: expected an object"))
+    request_id = call.get("id", _MISSING)
+    is_notification = request_id is _MISSING
+    reply_id = None if is_notification else request_id
+
+    problem = None
+    if call.get("jsonrpc") != "2.0":
+        problem = 'member "jsonrpc" must be exactly "2.0"'
+    elif not isinstance(call.get("method"), str):
+        problem = 'member "method" must be a string'
+    elif "params" in call and not isinstance(call["params"], dict | list):
+        problem = 'member "params" must be an object or an array'
+    elif not is_notification and (isinstance(request_id, bool) or not isinstance(request_id, str | int | float | None)):
+        problem = 'member "id" must be a string, a number or null'
+        reply_id = None
+    if problem is not None:
+        return _response(reply_id, error=error_object(INVALID_REQUEST, f"Invalid Request: {problem}"))
+
+    response = await _run_method(call["method"], call.get("params", _MISSING), operator=operator, reply_id=reply_id)
+    return None if is_notification else response
+
+
+async def _run_method(name: str, raw_params: Any, *, operator: bool, reply_id: Any) -> dict[str, Any]:
+    method = REGISTRY.get(name)
+    if method is None:
+        return _response(reply_id, error=error_object(METHOD_NOT_FOUND, f"Method not found: {name}"))
+    if method.operator_only and not operator:
+        exc = Unauthorized(f"{name} changes the node and needs the operator token (Authorization: Bearer …)")
+        return _response(reply_id, error=error_object(exc.code, exc.message, exc.data()))
+    try:
+        params = _bind_params(method, raw_params)
+    except ValidationError as exc:
+        data = {"reason": "invalid_params", "errors": _validation_errors(exc)}
+        return _response(reply_id, error=error_object(INVALID_PARAMS, f"Invalid params for {name}", data))
+    except ValueError as exc:
+        return _response(reply_id, error=error_object(INVALID_PARAMS, str(exc), {"reason": "invalid_params"}))
+    try:
+        return _response(reply_id, result=await method.invoke(params))
+    except TenzroError as exc:
+        return _response(reply_id, error=error_object(exc.code, exc.message, exc.data()))
+    except ValidationError as exc:
+        data = {"reason": "invalid_params", "errors": _validation_errors(exc)}
+        return _response(reply_id, error=error_object(INVALID_PARAMS, f"Invalid params for {name}", data))
+    except Exception:
+        logger.exception("JSON-RPC method %s failed", name)
+        data = {"reason": "internal_error"}
+        return _response(reply_id, error=error_object(INTERNAL_ERROR, f"Internal error in {name}", data))
+
+
+async def handle_payload(body: bytes, *, operator: bool) -> dict[str, Any] | list[dict[str, Any]] | None:
+    """Answer one HTTP body of JSON-RPC: a response, a list of responses, or None (nothing to send)."""
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return _response(None, error=error_object(PARSE_ERROR, f"Parse error: {exc}"))
+    if isinstance(payload, list):
+        if not payload:
+            return _response(None, error=error_object(INVALID_REQUEST, "Invalid Request: empty batch"))
+        answers = await asyncio.gather(*(_handle_call(call, operator=operator) for call in payload))
+        responses = [answer for answer in answers if answer is not None]
+        return responses or None
+    return await _handle_call(payload, operator=operator)

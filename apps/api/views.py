@@ -1,0 +1,33 @@
+"""The JSON-RPC endpoint: POST /rpc."""
+
+from __future__ import annotations
+
+import json
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from apps.api.auth import bearer_token, is_operator
+from apps.api.errors import PayloadTooLarge, error_object
+from apps.api.jsonrpc import handle_payload
+
+
+@csrf_exempt
+async def rpc_endpoint(request: HttpRequest) -> HttpResponse:
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        exc = PayloadTooLarge(f"request body exceeds TENZRO_RPC_MAX_BYTES ({settings.TENZRO_RPC_MAX_BYTES} bytes)",
+                              limit_bytes=settings.TENZRO_RPC_MAX_BYTES)
+        payload = {"jsonrpc": "2.0", "error": error_object(exc.code, exc.message, exc.data()), "id": None}
+        return JsonResponse(payload, status=exc.http_status)
+    operator = is_operator(bearer_token(request.headers.get("Authorization")))
+    answer = await handle_payload(body, operator=operator)
+    if answer is None:
+        return HttpResponse(status=204)
+    # allow_nan=False: a NaN must never leave as invalid JSON; results are checked upstream.
+    return HttpResponse(json.dumps(answer, allow_nan=False), content_type="application/json")

@@ -1,0 +1,125 @@
+"""The `tenzro` command: `tenzro node …` runs a node, `tenzro moe …` operates one over JSON-RPC."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from apps.cli.client import DEFAULT_NODE, NodeClient, NodeError, operator_token
+from tenzro_site.settings.env import (
+    DEFAULT_DATA_DIR,
+    DEFAULT_HTTP,
+    DEFAULT_QUIC,
+    DEFAULT_REDIS_URL,
+    DEFAULT_ROLES,
+)
+
+ROLES = ("Replica", "Router", "ExpertHolder", "PrefillDecode", "Prefill", "Decode")
+
+
+def print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=False))
+
+
+class CliContext:
+    def __init__(self, node: str, token: str | None) -> None:
+        self.node = node
+        self.token = token
+
+    def client(self) -> NodeClient:
+        return NodeClient(self.node, token=operator_token(self.token))
+
+    def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        try:
+            return self.client().call(method, params)
+        except NodeError as exc:
+            click.echo(f"tenzro: {exc}", err=True)
+            sys.exit(1)
+
+
+@click.group()
+@click.option("--node", envvar="TENZRO_NODE", default=DEFAULT_NODE, show_default=True,
+              help="Node HTTP URL (or $TENZRO_NODE).")
+@click.option("--token", envvar="TENZRO_OPERATOR_TOKEN", default=None,
+              help="Operator token (or $TENZRO_OPERATOR_TOKEN; else read from the local data dir).")
+@click.pass_context
+def cli(ctx: click.Context, node: str, token: str | None) -> None:
+    """Tenzro MoE node: run a node and operate it."""
+    ctx.obj = CliContext(node, token)
+
+
+@cli.group()
+def node() -> None:
+    """Run this node and read its state."""
+
+
+def _csv(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+@node.command("run")
+@click.option("--http", default=lambda: os.environ.get("TENZRO_HTTP", DEFAULT_HTTP), show_default=DEFAULT_HTTP,
+              help="HTTP listen address HOST:PORT.")
+@click.option("--quic", default=lambda: os.environ.get("TENZRO_QUIC", DEFAULT_QUIC), show_default=DEFAULT_QUIC,
+              help="QUIC listen address HOST:PORT.")
+@click.option("--data-dir", default=lambda: os.environ.get("TENZRO_DATA_DIR", DEFAULT_DATA_DIR),
+              show_default=DEFAULT_DATA_DIR, help="Key, certificate, database, expert disk tier, blobs.")
+@click.option("--peers", default=lambda: os.environ.get("TENZRO_PEERS", ""), help="Comma-separated peer HTTP URLs.")
+@click.option("--redis-url", default=lambda: os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
+              show_default=DEFAULT_REDIS_URL, help="Redis for Celery and Channels (one database per node).")
+@click.option("--roles", default=lambda: os.environ.get("TENZRO_ROLES", DEFAULT_ROLES), show_default=DEFAULT_ROLES,
+              help=f"Comma-separated roles: {', '.join(ROLES)}.")
+@click.option("--celery-concurrency", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Celery worker processes (prepare jobs are CPU-bound).")
+def node_run(http: str, quic: str, data_dir: str, peers: str, redis_url: str, roles: str,
+             celery_concurrency: int) -> None:
+    """Start every process of one node and supervise them until Ctrl-C / SIGTERM."""
+    from apps.node.supervisor import NodeOptions, run_node
+
+    role_list = _csv(roles)
+    unknown = [r for r in role_list if r not in ROLES]
+    if unknown:
+        raise click.BadParameter(f"unknown role(s) {', '.join(unknown)}; choose from {', '.join(ROLES)}",
+                                 param_hint="--roles")
+    # Children run from the project root, so hand them an absolute data dir.
+    path = Path(data_dir).resolve()
+    options = NodeOptions(http=http, quic=quic, data_dir=path, peers=_csv(peers), redis_url=redis_url,
+                          roles=role_list, celery_concurrency=celery_concurrency)
+    sys.exit(run_node(options))
+
+
+@node.command("info")
+@click.pass_obj
+def node_info(obj: CliContext) -> None:
+    """Identity, roles, endpoints and version of the node at --node."""
+    print_json(obj.call("tenzro_nodeInfo"))
+
+
+@node.command("processes")
+@click.pass_obj
+def node_processes(obj: CliContext) -> None:
+    """The node's processes as its supervisor sees them."""
+    print_json(obj.call("tenzro_nodeProcesses"))
+
+
+@cli.command("rpc")
+@click.argument("method")
+@click.argument("params", required=False, default="{}")
+@click.pass_obj
+def rpc(obj: CliContext, method: str, params: str) -> None:
+    """Call any JSON-RPC METHOD with PARAMS given as a JSON object."""
+    try:
+        parsed = json.loads(params)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="PARAMS") from exc
+    print_json(obj.call(method, parsed))
+
+
+from apps.cli.moe import moe  # noqa: E402  (the moe group registers its commands on import)
+
+cli.add_command(moe)

@@ -1,0 +1,121 @@
+"""`tenzro moe …`: the operator commands of seed 001.
+
+Commands whose node-side capability is not built yet are listed (so `--help` shows the
+whole workflow) and say so plainly, exiting with status 2; they never fake a result.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+PENDING = {
+    "catalog-shape": "the model catalog",
+    "prepare-experts": "checkpoint slicing and prepare jobs",
+    "prepare-status": "checkpoint slicing and prepare jobs",
+    "load-expert": "the expert-host runtime",
+    "load-gate": "the expert-host runtime",
+    "status": "the expert-host runtime",
+    "shard-map": "the shard map",
+    "plan-dispatch": "the dispatch planner",
+    "forward": "the expert-host runtime",
+}
+
+
+def _not_built(command: str) -> None:
+    click.echo(
+        f"tenzro moe {command}: not available in this version of the node yet "
+        f"(it arrives with {PENDING[command]}).",
+        err=True,
+    )
+    sys.exit(2)
+
+
+@click.group()
+def moe() -> None:
+    """Operate the node's Mixture-of-Experts runtime (seed 001 workflow)."""
+
+
+@moe.command("catalog-shape")
+@click.option("--model", required=True, help="Catalog model id, e.g. qwen3.5-397b-a17b.")
+def catalog_shape(model: str) -> None:
+    """Experts, active per token and layer layout of a catalog model."""
+    _not_built("catalog-shape")
+
+
+@moe.command("prepare-experts")
+@click.option("--model-id", required=True)
+@click.option("--layer", required=True, type=int)
+@click.option("--experts", required=True, help="Comma-separated expert ids, e.g. 1,2,5.")
+@click.option("--quant", default=None, help="Preset: q4_k_m, q8_0, q4_k, q6_k (omit for dense f32).")
+@click.option("--quant-json", default=None, help='Per projection, e.g. {"gate":"q4_k","up":"q4_k","down":"q6_k"}.')
+@click.option("--checkpoint", default=None, help="Checkpoint folder or http(s) URL (default: the catalog's).")
+@click.option("--wait", is_flag=True, help="Wait for the job, with a progress bar on a terminal.")
+def prepare_experts(**_: object) -> None:
+    """Slice a layer's experts out of a checkpoint, block-quantize and publish them as blobs."""
+    _not_built("prepare-experts")
+
+
+@moe.command("prepare-status")
+@click.option("--job-id", required=True)
+@click.option("--wait", is_flag=True)
+def prepare_status(**_: object) -> None:
+    """Progress of a prepare job and the tenzro://blob/ URIs it published."""
+    _not_built("prepare-status")
+
+
+@moe.command("load-expert")
+@click.option("--model", required=True)
+@click.option("--layer", required=True, type=int)
+@click.option("--expert", required=True, type=int)
+@click.option("--file", "file_", type=click.Path(dir_okay=False), help="Local expert payload (safetensors).")
+@click.option("--blob", help="tenzro://blob/<hash> to fetch and load.")
+def load_expert(**_: object) -> None:
+    """Load one expert's FFN weights into the node's runtime."""
+    _not_built("load-expert")
+
+
+@moe.command("load-gate")
+@click.option("--model", required=True)
+@click.option("--layer", required=True, type=int)
+@click.option("--file", "file_", type=click.Path(dir_okay=False), help="Local gate payload (safetensors).")
+@click.option("--blob", help="tenzro://blob/<hash> to fetch and load.")
+def load_gate(**_: object) -> None:
+    """Load a layer's gating network."""
+    _not_built("load-gate")
+
+
+@moe.command("status")
+def status() -> None:
+    """Resident experts and gates: tier, bytes, memory budget, compute backend."""
+    _not_built("status")
+
+
+@moe.command("shard-map")
+@click.option("--model", required=True)
+def shard_map(model: str) -> None:
+    """Network-wide coverage, replication, hot and under-replicated experts."""
+    _not_built("shard-map")
+
+
+@moe.command("plan-dispatch")
+@click.option("--model", required=True)
+@click.option("--routings", required=True, type=click.Path(dir_okay=False), help="JSON routing decisions.")
+@click.option("--allow-cold", is_flag=True)
+def plan_dispatch(**_: object) -> None:
+    """Per-holder batches the planner would dispatch for a routing."""
+    _not_built("plan-dispatch")
+
+
+@moe.command("forward")
+@click.option("--model", required=True)
+@click.option("--layer", default=0, show_default=True, type=int)
+@click.option("--hidden", required=True, type=click.Path(dir_okay=False),
+              help="Raw little-endian f32 [tokens, d_model].")
+@click.option("--d-model", required=True, type=int)
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where to write the combined f32 output.")
+@click.option("--allow-partial", is_flag=True)
+def forward(**_: object) -> None:
+    """Gate → plan → dispatch → combine one layer for a batch of hidden states."""
+    _not_built("forward")

@@ -1,0 +1,24 @@
+"""Pushes to every open dashboard page (the Channels group DASHBOARD_GROUP).
+
+Called from other apps' services inside `transaction.on_commit`, so a page never shows
+a change that was rolled back.
+"""
+
+import logging
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+DASHBOARD_GROUP = "dashboard"
+logger = logging.getLogger(__name__)
+
+
+def dashboard_push(*, event: str, payload: dict[str, Any]) -> None:
+    """Send `event` to all dashboards; a Redis outage is logged, never raised into the caller."""
+    layer = get_channel_layer()
+    try:
+        message = {"type": "dashboard.event", "event": event, "payload": payload}
+        async_to_sync(layer.group_send)(DASHBOARD_GROUP, message)
+    except Exception:
+        logger.exception("could not push %s to dashboards", event)

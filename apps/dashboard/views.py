@@ -1,0 +1,12 @@
+"""Dashboard pages."""
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from apps.governance.selectors import policy_active, policy_to_dict
+from apps.node.selectors import node_info, node_processes
+
+
+def home(request: HttpRequest) -> HttpResponse:
+    context = {"node": node_info(), "processes": node_processes(), "policy": policy_to_dict(policy_active())}
+    return render(request, "dashboard/home.html", context)

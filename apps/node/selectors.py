@@ -1,0 +1,58 @@
+"""Reads about this node: identity, endpoints, roles, process liveness."""
+
+from __future__ import annotations
+
+import time
+from functools import cache
+from typing import Any
+
+import redis
+from django.conf import settings
+
+from apps.node import liveness
+from apps.node.identity import NodeIdentity, load_or_create_identity
+
+
+@cache
+def node_identity() -> NodeIdentity:
+    return load_or_create_identity(settings.TENZRO_DATA_DIR)
+
+
+@cache
+def redis_client() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+
+
+def node_info() -> dict[str, Any]:
+    identity = node_identity()
+    return {
+        "provider_id": identity.provider_id,
+        "roles": list(settings.TENZRO_ROLES),
+        "version": settings.TENZRO_VERSION,
+        "endpoints": {
+            "http": settings.TENZRO_PUBLIC_HTTP,
+            "quic": settings.TENZRO_QUIC,
+            "quic_cert_sha256": identity.cert_sha256,
+        },
+        "peers": list(settings.TENZRO_PEERS),
+    }
+
+
+def node_processes() -> dict[str, Any]:
+    """What the supervisor last wrote about each process, plus the Celery heartbeat.
+
+    A node started without the supervisor (e.g. `manage.py runserver`) has no record;
+    that reads as `supervised: false` rather than as an error.
+    """
+    try:
+        client = redis_client()
+        record = liveness.read_processes(client)
+        heartbeat = liveness.read_celery_heartbeat(client)
+    except redis.RedisError as exc:
+        return {"supervised": False, "processes": [], "celery_heartbeat_age_s": None, "error": str(exc)}
+    now = time.time()
+    return {
+        "supervised": record is not None,
+        "processes": [] if record is None else record["processes"],
+        "celery_heartbeat_age_s": None if heartbeat is None else round(now - heartbeat["at"], 1),
+    }

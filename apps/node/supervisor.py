@@ -1,0 +1,270 @@
+"""`tenzro node run`: start, supervise and stop all processes of one node.
+
+Plain module (no Django import: it runs before any child has set Django up). The
+supervisor migrates the database, creates the identity, then runs four children — the
+ASGI web server, the expert worker, a Celery worker and Celery beat — each in its own
+process group so a stop reaches their own children too (Celery's pool). Child output is
+prefixed with the child's name. A child that dies is restarted with exponential backoff.
+SIGINT/SIGTERM stop every child (SIGTERM, then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import redis
+
+from apps.node import liveness
+from apps.node.identity import load_or_create_identity
+from tenzro_site.settings.env import BASE_DIR, OPERATOR_TOKEN_FILE, read_or_create_secret, split_host_port
+
+STOP_GRACE_S = 15.0
+MAX_BACKOFF_S = 30.0
+# A child that stayed up this long is considered healthy again: its backoff resets.
+HEALTHY_AFTER_S = 60.0
+
+
+class NodeStartError(RuntimeError):
+    """The node cannot start (port taken, Redis down, data dir locked); the message says which."""
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    http: str
+    quic: str
+    data_dir: Path
+    peers: list[str]
+    redis_url: str
+    roles: list[str]
+    celery_concurrency: int = 1
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    process: subprocess.Popen | None = None
+    state: str = "starting"
+    started_at: float = 0.0
+    restarts: int = 0
+    backoff_s: float = 1.0
+    restart_at: float = 0.0
+    readers: list[threading.Thread] = field(default_factory=list)
+
+    def snapshot(self, now: float) -> dict:
+        alive = self.process is not None and self.process.poll() is None
+        return {
+            "name": self.name,
+            "pid": self.process.pid if alive and self.process else None,
+            "state": self.state,
+            "uptime_s": round(now - self.started_at, 1) if alive else 0.0,
+            "restarts": self.restarts,
+        }
+
+
+def child_environment(options: NodeOptions) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        TENZRO_HTTP=options.http,
+        TENZRO_QUIC=options.quic,
+        TENZRO_DATA_DIR=str(options.data_dir),
+        TENZRO_PEERS=",".join(options.peers),
+        TENZRO_ROLES=",".join(options.roles),
+        REDIS_URL=options.redis_url,
+        PYTHONUNBUFFERED="1",
+    )
+    env.setdefault("DJANGO_SETTINGS_MODULE", "tenzro_site.settings.base")
+    env.setdefault("TENZRO_PUBLIC_HTTP", f"http://{options.http}")
+    return env
+
+
+def child_commands(options: NodeOptions) -> list[Child]:
+    host, port = split_host_port(options.http, what="--http")
+    py = sys.executable
+    beat_schedule = options.data_dir / "celerybeat-schedule"
+    return [
+        Child("web", [py, "-m", "uvicorn", "tenzro_site.asgi:application", "--host", host, "--port", str(port),
+                      "--lifespan", "off", "--ws", "websockets-sansio", "--no-access-log",
+                      "--timeout-graceful-shutdown", "5"]),
+        Child("expert-worker", [py, "-m", "django", "expert_worker"]),
+        Child("celery-worker", [py, "-m", "celery", "-A", "tenzro_site", "worker", "--loglevel", "INFO",
+                                "--concurrency", str(options.celery_concurrency), "-n", f"node-{port}@%h",
+                                "--without-gossip", "--without-mingle"]),
+        Child("celery-beat", [py, "-m", "celery", "-A", "tenzro_site", "beat", "--loglevel", "INFO",
+                              "-s", str(beat_schedule), "--pidfile="]),
+    ]
+
+
+def _check_port_free(address: str, *, what: str, kind: int) -> None:
+    host, port = split_host_port(address, what=what)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, kind) as probe:
+        if kind == socket.SOCK_STREAM:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise NodeStartError(f"{what} {address} is not available: {exc.strerror}") from exc
+
+
+class Supervisor:
+    def __init__(self, options: NodeOptions, *, out: IO[str] = sys.stdout) -> None:
+        self.options = options
+        self.out = out
+        self.env = child_environment(options)
+        self.children = child_commands(options)
+        self._stop = threading.Event()
+        self._print_lock = threading.Lock()
+        self._lock_handle: IO[str] | None = None
+        self._redis = redis.Redis.from_url(options.redis_url, socket_timeout=2, socket_connect_timeout=2)
+
+    # -- output -------------------------------------------------------------------------------
+    def log(self, name: str, line: str) -> None:
+        with self._print_lock:
+            self.out.write(f"{name:<13}| {line.rstrip()}\n")
+            self.out.flush()
+
+    def _pump(self, name: str, stream: IO[bytes]) -> None:
+        for raw in iter(stream.readline, b""):
+            self.log(name, raw.decode(errors="replace"))
+        stream.close()
+
+    # -- preparation --------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Everything that must hold before a child starts; raises NodeStartError."""
+        self.options.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_handle = open(self.options.data_dir / "node.lock", "w")  # noqa: SIM115 (held for the run)
+        try:
+            fcntl.flock(self._lock_handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise NodeStartError(f"another node is already running with data dir {self.options.data_dir}") from exc
+        try:
+            self._redis.ping()
+        except redis.RedisError as exc:
+            raise NodeStartError(
+                f"Redis does not answer at {self.options.redis_url} ({exc}); start it (`make run` does) "
+                "or pass --redis-url"
+            ) from exc
+        _check_port_free(self.options.http, what="--http", kind=socket.SOCK_STREAM)
+        _check_port_free(self.options.quic, what="--quic", kind=socket.SOCK_DGRAM)
+        identity = load_or_create_identity(self.options.data_dir)
+        self.log("node", f"provider id {identity.provider_id}")
+        self.log("node", f"QUIC certificate sha256 {identity.cert_sha256}")
+        if not os.environ.get("TENZRO_OPERATOR_TOKEN"):
+            # Created now (not on the first request) so the local CLI can read it at once.
+            read_or_create_secret(self.options.data_dir / OPERATOR_TOKEN_FILE)
+            self.log("node", f"operator token in {self.options.data_dir / OPERATOR_TOKEN_FILE}")
+        self.log("node", "migrating the database")
+        result = subprocess.run([sys.executable, "-m", "django", "migrate", "--noinput"], env=self.env,
+                                cwd=BASE_DIR, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise NodeStartError(f"database migration failed:\n{result.stdout}{result.stderr}")
+
+    # -- children -----------------------------------------------------------------------------
+    def _start(self, child: Child) -> None:
+        child.process = subprocess.Popen(
+            child.argv, env=self.env, cwd=BASE_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        child.state, child.started_at = "running", time.time()
+        reader = threading.Thread(target=self._pump, args=(child.name, child.process.stdout), daemon=True)
+        reader.start()
+        child.readers.append(reader)
+        self.log("node", f"started {child.name} (pid {child.process.pid})")
+
+    def _check(self, child: Child, now: float) -> None:
+        if child.state == "restarting":
+            if now >= child.restart_at:
+                child.restarts += 1
+                self._start(child)
+            return
+        assert child.process is not None
+        code = child.process.poll()
+        if code is None:
+            if now - child.started_at > HEALTHY_AFTER_S:
+                child.backoff_s = 1.0
+            return
+        # The child is gone; make sure nothing of its group lingers before restarting it.
+        _kill_group(child.process.pid, signal.SIGKILL)
+        child.state, child.restart_at = "restarting", now + child.backoff_s
+        self.log("node", f"{child.name} exited with code {code}; restarting in {child.backoff_s:.0f} s")
+        child.backoff_s = min(child.backoff_s * 2, MAX_BACKOFF_S)
+
+    def _publish(self, now: float) -> None:
+        try:
+            liveness.write_processes(self._redis, [child.snapshot(now) for child in self.children])
+        except redis.RedisError as exc:
+            self.log("node", f"could not record process states in Redis: {exc}")
+
+    def request_stop(self, *_: object) -> None:
+        self._stop.set()
+
+    def run(self) -> int:
+        """Prepare, start the children and supervise them until asked to stop."""
+        self.prepare()
+        for child in self.children:
+            self._start(child)
+        self.log("node", f"node up: http://{self.options.http}  quic {self.options.quic}")
+        next_publish = 0.0
+        while not self._stop.wait(0.2):
+            now = time.time()
+            for child in self.children:
+                self._check(child, now)
+            if now >= next_publish:
+                self._publish(now)
+                next_publish = now + liveness.SUPERVISOR_INTERVAL_S
+        self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        self.log("node", "stopping")
+        running = [c for c in self.children if c.process is not None and c.process.poll() is None]
+        for child in running:
+            child.state = "stopping"
+            _kill_group(child.process.pid, signal.SIGTERM)
+        deadline = time.time() + STOP_GRACE_S
+        for child in running:
+            try:
+                child.process.wait(timeout=max(0.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                self.log("node", f"{child.name} did not stop within {STOP_GRACE_S:.0f} s; killing it")
+        for child in self.children:
+            if child.process is not None:
+                # SIGKILL the whole group: it also reaps grandchildren (Celery pool processes).
+                _kill_group(child.process.pid, signal.SIGKILL)
+                child.process.wait()
+                child.state = "exited"
+            for reader in child.readers:
+                reader.join(timeout=2)
+        with contextlib.suppress(redis.RedisError):
+            liveness.clear_processes(self._redis)
+        self.log("node", "stopped")
+        if self._lock_handle is not None:
+            self._lock_handle.close()
+
+
+def _kill_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def run_node(options: NodeOptions) -> int:
+    supervisor = Supervisor(options)
+    signal.signal(signal.SIGTERM, supervisor.request_stop)
+    signal.signal(signal.SIGINT, supervisor.request_stop)
+    try:
+        return supervisor.run()
+    except NodeStartError as exc:
+        print(f"tenzro: cannot start the node: {exc}", file=sys.stderr)
+        return 1

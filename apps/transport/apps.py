@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class TransportConfig(AppConfig):
+    name = "apps.transport"
+    label = "transport"

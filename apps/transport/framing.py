@@ -1,0 +1,157 @@
+"""Binary framing of requests and responses on one QUIC stream (sans-I/O).
+
+One request per bidirectional stream: the client writes one request frame and ends its
+side; the server writes one response frame and ends its side. A frame is a fixed
+16-byte prefix, a UTF-8 JSON header, then raw body bytes (activations travel here as
+raw little-endian f32 or Q8_0 blocks, never base64):
+
+    0      2       3      4              8                      16
+    +------+-------+------+--------------+-----------------------+----------------+------+
+    | "TZ" | ver=1 | kind | header_len   | body_len              | header (JSON)  | body |
+    |      |  u8   |  u8  | u32 big-end. | u64 big-endian        | header_len B   | ...  |
+    +------+-------+------+--------------+-----------------------+----------------+------+
+
+kind 1 = request  header {"method": str, "params": object}
+kind 2 = response header {"ok": true, "result": object} | {"ok": false, "error": {"reason", "message"}}
+
+docs/protocol.md is the normative description; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+MAGIC = b"TZ"
+VERSION = 1
+KIND_REQUEST = 1
+KIND_RESPONSE = 2
+PREFIX = struct.Struct(">2sBBIQ")
+DEFAULT_MAX_HEADER = 1024 * 1024
+
+
+class FramingError(ValueError):
+    """The bytes on a stream are not a valid frame; `reason` is machine-readable."""
+
+    def __init__(self, message: str, *, reason: str = "bad_frame") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Frame:
+    kind: int
+    header: dict[str, Any]
+    body: bytes | bytearray = field(default=b"", repr=False)
+
+
+def encode_frame(kind: int, header: dict[str, Any], body: bytes | memoryview = b"") -> bytes:
+    if kind not in (KIND_REQUEST, KIND_RESPONSE):
+        raise ValueError(f"unknown frame kind {kind}")
+    header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    return b"".join((PREFIX.pack(MAGIC, VERSION, kind, len(header_bytes), len(body)), header_bytes, body))
+
+
+def request_frame(method: str, params: dict[str, Any], body: bytes = b"") -> bytes:
+    return encode_frame(KIND_REQUEST, {"method": method, "params": params}, body)
+
+
+def response_frame(result: dict[str, Any], body: bytes = b"") -> bytes:
+    return encode_frame(KIND_RESPONSE, {"ok": True, "result": result}, body)
+
+
+def error_frame(reason: str, message: str) -> bytes:
+    return encode_frame(KIND_RESPONSE, {"ok": False, "error": {"reason": reason, "message": message}})
+
+
+class FrameDecoder:
+    """Incremental decoder: feed stream bytes as they arrive, get whole frames back.
+
+    The body is written into one preallocated buffer as it arrives (no re-concatenation,
+    so a 100 MB body costs one copy). Limits are checked on the prefix, before any body
+    byte is buffered, so an oversized frame is refused without allocating it.
+    """
+
+    def __init__(self, *, max_body: int, max_header: int = DEFAULT_MAX_HEADER) -> None:
+        self._max_body = max_body
+        self._max_header = max_header
+        self._pending = bytearray()  # prefix + header bytes not yet parsed
+        self._kind = 0
+        self._header: dict[str, Any] | None = None
+        self._header_len = -1
+        self._body_len = 0
+        self._body: bytearray | None = None
+        self._body_filled = 0
+
+    @property
+    def idle(self) -> bool:
+        """True between frames (nothing partial buffered)."""
+        return not self._pending and self._header_len < 0 and self._body is None
+
+    def feed(self, data: bytes) -> list[Frame]:
+        frames: list[Frame] = []
+        view = memoryview(data)
+        while view:
+            if self._body is not None:
+                take = min(len(view), len(self._body) - self._body_filled)
+                self._body[self._body_filled : self._body_filled + take] = view[:take]
+                self._body_filled += take
+                view = view[take:]
+            else:
+                view = self._consume_prefix_and_header(view)
+            if self._body is not None and self._body_filled == len(self._body):
+                frames.append(self._complete())
+        return frames
+
+    def finish(self) -> None:
+        """The stream ended: anything partial is a truncated frame."""
+        if not self.idle:
+            raise FramingError("stream ended in the middle of a frame", reason="truncated_frame")
+
+    def _consume_prefix_and_header(self, view: memoryview) -> memoryview:
+        if self._header_len < 0:
+            need = PREFIX.size - len(self._pending)
+            self._pending += view[:need]
+            view = view[need:]
+            if len(self._pending) < PREFIX.size:
+                return view
+            magic, version, kind, header_len, body_len = PREFIX.unpack(self._pending)
+            self._pending.clear()
+            if magic != MAGIC:
+                raise FramingError(f"bad frame magic {bytes(magic)!r}, expected {MAGIC!r}", reason="bad_magic")
+            if version != VERSION:
+                raise FramingError(f"unsupported frame version {version}", reason="unsupported_version")
+            if kind not in (KIND_REQUEST, KIND_RESPONSE):
+                raise FramingError(f"unknown frame kind {kind}")
+            if header_len > self._max_header:
+                raise FramingError(f"frame header of {header_len} bytes exceeds {self._max_header}",
+                                   reason="payload_too_large")
+            if body_len > self._max_body:
+                raise FramingError(f"frame body of {body_len} bytes exceeds {self._max_body}",
+                                   reason="payload_too_large")
+            self._kind, self._header_len, self._body_len = kind, header_len, body_len
+        need = self._header_len - len(self._pending)
+        self._pending += view[:need]
+        view = view[need:]
+        if len(self._pending) < self._header_len:
+            return view
+        try:
+            header = json.loads(bytes(self._pending))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise FramingError(f"frame header is not JSON: {exc}") from exc
+        if not isinstance(header, dict):
+            raise FramingError("frame header must be a JSON object")
+        self._pending.clear()
+        self._header = header
+        self._body = bytearray(self._body_len)
+        self._body_filled = 0
+        return view
+
+    def _complete(self) -> Frame:
+        assert self._header is not None and self._body is not None
+        # The body buffer is handed over, not copied: the decoder starts a fresh one.
+        frame = Frame(kind=self._kind, header=self._header, body=self._body)
+        self._header, self._body, self._header_len, self._body_filled = None, None, -1, 0
+        return frame

@@ -1,0 +1,49 @@
+"""Shared output for the benchmarks: a printed table and a JSON file under bench/results/.
+
+Every benchmark compares against a reference measured in the same run (numpy's sgemm,
+the `gguf` package's kernels, memory bandwidth, a plain loopback socket) and reports the
+ratio, so numbers from different machines stay comparable.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    """Print rows under a title as an aligned plain-text table."""
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return str(value)
+
+    text_rows = [[cell(v) for v in row] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in text_rows)) if text_rows else len(c) for i, c in enumerate(columns)]
+    print(f"\n== {title} ==")
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for row in text_rows:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+
+
+def write_results(name: str, payload: dict[str, Any]) -> Path:
+    """Write `payload` (plus machine facts) to bench/results/<name>.json and return the path."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    document = {
+        "benchmark": name,
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"python": platform.python_version(), "processor": platform.processor(),
+                    "machine": platform.machine()},
+        **payload,
+    }
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    print(f"\nwrote {path.relative_to(RESULTS_DIR.parent.parent)}")
+    return path

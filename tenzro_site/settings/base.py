@@ -1,0 +1,142 @@
+"""Settings shared by every environment. Each value comes from the environment
+(documented, with its default, in docs/operations.md)."""
+
+from __future__ import annotations
+
+import dj_database_url
+
+from tenzro_site.settings.env import (
+    BASE_DIR,
+    DEFAULT_HTTP,
+    DEFAULT_QUIC,
+    DEFAULT_REDIS_URL,
+    DEFAULT_ROLES,
+    data_dir,
+    env_bool,
+    env_int,
+    env_list,
+    env_str,
+    read_or_create_secret,
+)
+
+TENZRO_VERSION = "0.1.0"
+TENZRO_DATA_DIR = data_dir()
+TENZRO_HTTP = env_str("TENZRO_HTTP", DEFAULT_HTTP)
+TENZRO_QUIC = env_str("TENZRO_QUIC", DEFAULT_QUIC)
+TENZRO_PEERS = env_list("TENZRO_PEERS", "")
+TENZRO_ROLES = env_list("TENZRO_ROLES", DEFAULT_ROLES)
+# Public URL peers use to reach this node's HTTP endpoint (defaults to the bind address).
+TENZRO_PUBLIC_HTTP = env_str("TENZRO_PUBLIC_HTTP", f"http://{TENZRO_HTTP}")
+# Largest JSON-RPC request body accepted, in bytes (base64 hidden rows make these big).
+TENZRO_RPC_MAX_BYTES = env_int("TENZRO_RPC_MAX_BYTES", 64 * 1024 * 1024)
+# Seconds the web process waits for the expert worker to answer over the Channels layer.
+TENZRO_WORKER_TIMEOUT_S = env_int("TENZRO_WORKER_TIMEOUT_S", 30)
+# Largest body of one QUIC frame, in bytes.
+TENZRO_QUIC_MAX_BODY = env_int("TENZRO_QUIC_MAX_BODY", 256 * 1024 * 1024)
+REDIS_URL = env_str("REDIS_URL", DEFAULT_REDIS_URL)
+
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "") or read_or_create_secret(TENZRO_DATA_DIR / "django.secret")
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "ninja",
+    "apps.api",
+    "apps.node",
+    "apps.governance",
+    "apps.transport",
+    "apps.dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "tenzro_site.urls"
+ASGI_APPLICATION = "tenzro_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", f"sqlite:///{TENZRO_DATA_DIR / 'node.sqlite3'}"),
+        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0),
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several processes of one node share the SQLite file: wait on locks instead of failing,
+    # and use WAL so readers never block the writer.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_PASSWORD_VALIDATORS: list[dict] = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+# Serve straight from the apps' static folders: no collectstatic step before `make run`.
+WHITENOISE_USE_FINDERS = True
+DATA_UPLOAD_MAX_MEMORY_SIZE = TENZRO_RPC_MAX_BYTES
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        # redis-py 8 reads with a 5 s socket timeout by default, the same as channels_redis's
+        # blocking-pop timeout: raise it so an idle receive never reads as a Redis failure.
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000, "expiry": 60},
+    }
+}
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = REDIS_URL
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 3600)
+CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 3300)
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE = {
+    "node-heartbeat": {"task": "tenzro.node.heartbeat", "schedule": env_int("TENZRO_HEARTBEAT_S", 10)},
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("TENZRO_LOG_LEVEL", "INFO")},
+    "loggers": {"django": {"level": "WARNING"}, "aioquic": {"level": "WARNING"}},
+}

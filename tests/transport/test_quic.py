@@ -1,0 +1,118 @@
+"""Real aioquic endpoints on loopback: framing over QUIC and certificate pinning."""
+
+import asyncio
+import socket
+
+import pytest
+
+from apps.node.identity import load_or_create_identity
+from apps.transport.quic import HandlerError, QuicSettings, TransportError, quic_call, start_server
+
+SETTINGS = QuicSettings(max_body=8 * 1024 * 1024)
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+async def _echo(method: str, params: dict, body: bytes) -> tuple[dict, bytes]:
+    if method == "fail":
+        raise HandlerError("expert_not_loaded", "expert 7 is not loaded here")
+    return {"method": method, "params": params, "body_len": len(body)}, body[::-1]
+
+
+@pytest.fixture
+def server_identity(tmp_path):
+    return load_or_create_identity(tmp_path / "server")
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_round_trip_with_correct_pin_and_binary_body(server_identity) -> None:
+    port = _free_udp_port()
+    body = bytes(range(256)) * 4096  # 1 MiB: spans many packets and flow-control updates
+
+    async def scenario():
+        server = await start_server(host="127.0.0.1", port=port, cert_path=str(server_identity.cert_path),
+                                    key_path=str(server_identity.cert_key_path), handler=_echo, settings=SETTINGS)
+        try:
+            return await quic_call(host="127.0.0.1", port=port, pin_sha256=server_identity.cert_sha256,
+                                   method="moe/echo", params={"k": 1}, body=body, settings=SETTINGS)
+        finally:
+            server.close()
+
+    result, reply = _run(scenario())
+    assert result == {"method": "moe/echo", "params": {"k": 1}, "body_len": len(body)}
+    assert bytes(reply) == body[::-1]
+
+
+def test_wrong_pin_is_refused_before_any_request(server_identity, tmp_path) -> None:
+    port = _free_udp_port()
+    other = load_or_create_identity(tmp_path / "other")
+    seen = []
+
+    async def recording(method, params, body):
+        seen.append(method)
+        return {}, b""
+
+    async def scenario():
+        server = await start_server(host="127.0.0.1", port=port, cert_path=str(server_identity.cert_path),
+                                    key_path=str(server_identity.cert_key_path), handler=recording,
+                                    settings=SETTINGS)
+        try:
+            await quic_call(host="127.0.0.1", port=port, pin_sha256=other.cert_sha256, method="moe/status",
+                            params={}, settings=SETTINGS)
+        finally:
+            server.close()
+
+    with pytest.raises(TransportError) as info:
+        _run(scenario())
+    assert info.value.reason == "certificate_pin_mismatch"
+    assert seen == []
+
+
+def test_handler_error_reaches_the_caller_with_its_reason(server_identity) -> None:
+    port = _free_udp_port()
+
+    async def scenario():
+        server = await start_server(host="127.0.0.1", port=port, cert_path=str(server_identity.cert_path),
+                                    key_path=str(server_identity.cert_key_path), handler=_echo, settings=SETTINGS)
+        try:
+            await quic_call(host="127.0.0.1", port=port, pin_sha256=server_identity.cert_sha256, method="fail",
+                            params={}, settings=SETTINGS)
+        finally:
+            server.close()
+
+    with pytest.raises(TransportError) as info:
+        _run(scenario())
+    assert info.value.reason == "expert_not_loaded"
+
+
+def test_oversized_request_body_is_refused_by_the_server(server_identity) -> None:
+    port = _free_udp_port()
+    small = QuicSettings(max_body=1024)
+
+    async def scenario():
+        server = await start_server(host="127.0.0.1", port=port, cert_path=str(server_identity.cert_path),
+                                    key_path=str(server_identity.cert_key_path), handler=_echo, settings=small)
+        try:
+            await quic_call(host="127.0.0.1", port=port, pin_sha256=server_identity.cert_sha256,
+                            method="moe/echo", params={}, body=b"x" * 4096, settings=SETTINGS)
+        finally:
+            server.close()
+
+    with pytest.raises(TransportError) as info:
+        _run(scenario())
+    assert info.value.reason == "payload_too_large"
+
+
+def test_nobody_listening_times_out_cleanly(server_identity) -> None:
+    port = _free_udp_port()
+    with pytest.raises(TransportError) as info:
+        _run(quic_call(host="127.0.0.1", port=port, pin_sha256=server_identity.cert_sha256, method="moe/status",
+                       params={}, settings=SETTINGS, timeout_s=1.5))
+    assert info.value.reason in {"timeout", "connection_failed"}
