@@ -123,3 +123,7 @@ def rpc(obj: CliContext, method: str, params: str) -> None:
 from apps.cli.moe import moe  # noqa: E402  (the moe group registers its commands on import)
 
 cli.add_command(moe)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,52 @@
+# The two set-up commands are `make run` and `make test` (README.md).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+REDIS_URL ?= redis://127.0.0.1:6379/0
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-fast bench lint install redis chromium superuser clean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+redis:
+	REDIS_URL=$(REDIS_URL) scripts/ensure-redis.sh
+
+chromium:
+	scripts/ensure-chromium.sh
+
+## Start one node with the embedded defaults (SQLite in var/node, local Redis db 0).
+run: install redis
+	REDIS_URL=$(REDIS_URL) $(BIN)/tenzro node run
+
+## The whole test suite: unit, real multi-process nodes, and the dashboard in chromium.
+test: install chromium
+	REDIS_URL=redis://127.0.0.1:6379/15 scripts/ensure-redis.sh
+	$(BIN)/pytest
+
+## Pure cores only (no services needed).
+test-fast: install
+	$(BIN)/pytest -m "not e2e"
+
+bench: install
+	@for bench in bench/[a-z]*.py; do \
+		name=$$(basename $$bench .py); \
+		[ "$$name" = report ] && continue; \
+		echo "### $$name"; $(BIN)/python -m bench.$$name || exit 1; \
+	done
+
+lint: install
+	$(BIN)/ruff check .
+
+superuser: install
+	$(BIN)/python manage.py createsuperuser
+
+clean:
+	rm -rf $(VENV) var .pytest_cache

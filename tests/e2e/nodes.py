@@ -1,0 +1,114 @@
+"""Real node processes on loopback for end-to-end tests.
+
+Each node gets free HTTP and QUIC ports, its own data dir and its own Redis database,
+and is started with the real `tenzro node run` command line.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import redis
+
+REDIS_HOST_URL = os.environ.get("TENZRO_TEST_REDIS_HOST", "redis://127.0.0.1:6379")
+TOKEN = "e2e-operator-token"
+START_TIMEOUT_S = 90.0
+
+
+def free_port(kind: int) -> int:
+    with socket.socket(socket.AF_INET, kind) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class NodeProcess:
+    data_dir: Path
+    redis_db: int
+    http_port: int = field(default_factory=lambda: free_port(socket.SOCK_STREAM))
+    quic_port: int = field(default_factory=lambda: free_port(socket.SOCK_DGRAM))
+    peers: list[str] = field(default_factory=list)
+    process: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"{REDIS_HOST_URL}/{self.redis_db}"
+
+    def start(self) -> NodeProcess:
+        redis.Redis.from_url(self.redis_url).flushdb()
+        self.log_path = self.data_dir.with_suffix(".log")
+        env = {**os.environ, "TENZRO_OPERATOR_TOKEN": TOKEN, "DJANGO_SETTINGS_MODULE": "tenzro_site.settings.base"}
+        argv = [
+            sys.executable, "-m", "apps.cli.main", "node", "run",
+            "--http", f"127.0.0.1:{self.http_port}", "--quic", f"127.0.0.1:{self.quic_port}",
+            "--data-dir", str(self.data_dir), "--redis-url", self.redis_url, "--peers", ",".join(self.peers),
+        ]
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                            start_new_session=True)
+        self.wait_ready()
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    def wait_ready(self) -> None:
+        """Ready = the web answers and the worker answers through it."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        last_error: Any = None
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"node exited with {self.process.returncode}:\n{self.log()[-4000:]}")
+            try:
+                status = self.rpc("tenzro_workerStatus", timeout=5)
+                if "result" in status:
+                    return
+                last_error = status
+            except httpx.HTTPError as exc:
+                last_error = exc
+            time.sleep(0.5)
+        raise RuntimeError(f"node not ready after {START_TIMEOUT_S} s ({last_error}):\n{self.log()[-4000:]}")
+
+    def rpc(self, method: str, params: Any = None, *, token: str | None = None, timeout: float = 30) -> dict:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params or {}}
+        return httpx.post(f"{self.url}/rpc", json=body, headers=headers, timeout=timeout).json()
+
+    def result(self, method: str, params: Any = None, *, token: str | None = None) -> Any:
+        answer = self.rpc(method, params, token=token)
+        assert "result" in answer, answer
+        return answer["result"]
+
+    def descendants(self) -> list[int]:
+        """PIDs of every process this node started (children, grandchildren)."""
+        assert self.process is not None
+        try:
+            return [p.pid for p in psutil.Process(self.process.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, timeout_s: float = 40.0) -> int:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            raise
