@@ -1,0 +1,115 @@
+"""Shared machinery for the per-format block kernels.
+
+Each format is one subclass of `BlockKernel`, registered by its `GGMLType`, with
+`quantize_blocks` (f32 (n_blocks, block_size) -> u8 (n_blocks, type_size)) and
+`dequantize_blocks` (the inverse direction).  `quantize_rows`/`dequantize_rows` assert
+dtype and shape at the boundary and process the rows in cache-sized chunks of whole
+blocks: every kernel is fully vectorized over the blocks of a chunk (no Python loop over
+blocks), and chunking only keeps the many-pass numpy temporaries inside L2.
+
+Pure module: numpy only, never Django.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from . import _jit
+from .types import BLOCK_GEOMETRY, GGMLType
+
+KERNELS: dict[GGMLType, type[BlockKernel]] = {}
+
+# Elements per chunk handed to a kernel; 64 Ki f32 = 256 KiB, a few temporaries fit in L2.
+CHUNK_ELEMENTS = 1 << 16
+
+
+def f16_bits_to_f32(raw: np.ndarray) -> np.ndarray:
+    """(…, 2) u8 little-endian half floats -> (…, 1) f32 (exact widening)."""
+    return raw.view("<f2").astype(np.float32)
+
+
+def f32_to_f16_bytes(values: np.ndarray) -> np.ndarray:
+    """(…, 1) f32 -> (…, 2) u8, round-to-nearest-even like GGML_FP32_TO_FP16."""
+    return values.astype("<f2").view(np.uint8)
+
+
+def nearest_int(x: np.ndarray) -> np.ndarray:
+    """llama.cpp's nearest_int: round half to even (the 1.5*2^23 trick), as f32."""
+    return np.rint(x)
+
+
+class BlockKernel:
+    """One GGML block format.  Subclasses set `ggml_type` via the class keyword."""
+
+    ggml_type: ClassVar[GGMLType]
+    block_size: ClassVar[int]
+    type_size: ClassVar[int]
+
+    def __init_subclass__(cls, *, ggml_type: GGMLType, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.ggml_type = ggml_type
+        cls.block_size, cls.type_size = BLOCK_GEOMETRY[ggml_type]
+        assert ggml_type not in KERNELS, f"{ggml_type} registered twice"
+        KERNELS[ggml_type] = cls
+
+    @classmethod
+    def quantize_blocks(cls, blocks: np.ndarray) -> np.ndarray:
+        """f32 (n_blocks, block_size) -> u8 (n_blocks, type_size)."""
+        raise NotImplementedError
+
+    @classmethod
+    def dequantize_blocks(cls, blocks: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """u8 (n_blocks, type_size) -> f32 (n_blocks, block_size), written into `out` if given."""
+        raise NotImplementedError
+
+    @classmethod
+    def scale_fields(cls, blocks: np.ndarray) -> list[np.ndarray]:
+        """The f16 scale fields of each block, widened to f32 (for finiteness checks)."""
+        raise NotImplementedError
+
+    @classmethod
+    def jit_quantize(cls, flat: np.ndarray) -> np.ndarray | None:
+        """Compiled equivalent of quantize_blocks on all blocks, or None if there is none."""
+        return None
+
+    @classmethod
+    def jit_dequantize(cls, flat: np.ndarray) -> np.ndarray | None:
+        """Compiled equivalent of dequantize_blocks on all blocks, or None if there is none."""
+        return None
+
+    @classmethod
+    def quantize_rows(cls, x: np.ndarray) -> np.ndarray:
+        """f32 (rows, n) -> u8 (rows, n // block_size * type_size)."""
+        assert x.ndim == 2 and x.dtype == np.float32, (x.shape, x.dtype)
+        rows, n = x.shape
+        assert n % cls.block_size == 0, (n, cls.block_size)
+        flat = np.ascontiguousarray(x).reshape(-1, cls.block_size)  # (n_blocks, block_size)
+        if _jit.enabled() and (fast := cls.jit_quantize(flat)) is not None:
+            return fast.reshape(rows, n // cls.block_size * cls.type_size)
+        out = np.empty((flat.shape[0], cls.type_size), dtype=np.uint8)
+        step = max(1, CHUNK_ELEMENTS // cls.block_size)
+        for start in range(0, flat.shape[0], step):
+            out[start:start + step] = cls.quantize_blocks(flat[start:start + step])
+        return out.reshape(rows, n // cls.block_size * cls.type_size)
+
+    @classmethod
+    def dequantize_rows(cls, data: np.ndarray, n: int) -> np.ndarray:
+        """u8 (rows, row_bytes) -> f32 (rows, n)."""
+        assert data.ndim == 2 and data.dtype == np.uint8, (data.shape, data.dtype)
+        rows = data.shape[0]
+        assert data.shape[1] * cls.block_size == n * cls.type_size, (data.shape, n)
+        flat = np.ascontiguousarray(data).reshape(-1, cls.type_size)  # (n_blocks, type_size)
+        return cls.dequantize_flat(flat).reshape(rows, n)
+
+    @classmethod
+    def dequantize_flat(cls, flat: np.ndarray) -> np.ndarray:
+        """u8 (n_blocks, type_size) -> f32 (n_blocks, block_size), chunked."""
+        if _jit.enabled() and (fast := cls.jit_dequantize(flat)) is not None:
+            return fast
+        out = np.empty((flat.shape[0], cls.block_size), dtype=np.float32)
+        step = max(1, CHUNK_ELEMENTS // cls.block_size)
+        for start in range(0, flat.shape[0], step):
+            cls.dequantize_blocks(flat[start:start + step], out=out[start:start + step])
+        return out
