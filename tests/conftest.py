@@ -16,10 +16,10 @@ def start_node(tmp_path):
     started: list[NodeProcess] = []
     counter = itertools.count()
 
-    def start(**kwargs) -> NodeProcess:
+    def start(*, env: dict[str, str] | None = None, **kwargs) -> NodeProcess:
         node = NodeProcess(data_dir=tmp_path / f"node{next(counter)}", redis_db=next(_redis_dbs), **kwargs)
         started.append(node)
-        return node.start()
+        return node.start(**(env or {}))
 
     yield start
     for node in started:

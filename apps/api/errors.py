@@ -83,3 +83,22 @@ def error_object(code: int, message: str, data: dict[str, Any] | None = None) ->
     if data is not None:
         error["data"] = data
     return error
+
+
+# Reasons reported by other processes (the expert worker, peers) and the class each maps to.
+_REASON_CLASSES: dict[str, type[TenzroError]] = {
+    "expert_not_loaded": NotFound,
+    "gate_not_loaded": NotFound,
+    "method_not_found": NotFound,
+    "shape_mismatch": InvalidInput,
+    "non_finite_input": InvalidInput,
+    "invalid_payload": InvalidInput,
+    "model_mismatch": InvalidInput,
+    "invalid_input": InvalidInput,
+    "payload_too_large": PayloadTooLarge,
+}
+
+
+def error_for_reason(reason: str, message: str) -> TenzroError:
+    """The TenzroError for a reason another process reported (generic class if unknown)."""
+    return _REASON_CLASSES.get(reason, TenzroError)(message, reason=reason)

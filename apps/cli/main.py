@@ -6,11 +6,11 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
-from apps.cli.client import DEFAULT_NODE, NodeClient, NodeError, operator_token
+from apps.cli.client import DEFAULT_NODE
+from apps.cli.context import CliContext, print_json
 from tenzro_site.settings.env import (
     DEFAULT_DATA_DIR,
     DEFAULT_HTTP,
@@ -20,26 +20,6 @@ from tenzro_site.settings.env import (
 )
 
 ROLES = ("Replica", "Router", "ExpertHolder", "PrefillDecode", "Prefill", "Decode")
-
-
-def print_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=False))
-
-
-class CliContext:
-    def __init__(self, node: str, token: str | None) -> None:
-        self.node = node
-        self.token = token
-
-    def client(self) -> NodeClient:
-        return NodeClient(self.node, token=operator_token(self.token))
-
-    def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
-        try:
-            return self.client().call(method, params)
-        except NodeError as exc:
-            click.echo(f"tenzro: {exc}", err=True)
-            sys.exit(1)
 
 
 @click.group()

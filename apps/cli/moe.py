@@ -6,20 +6,20 @@ whole workflow) and say so plainly, exiting with status 2; they never fake a res
 
 from __future__ import annotations
 
+import base64
 import sys
+from pathlib import Path
 
 import click
+
+from apps.cli.context import CliContext, print_json
 
 PENDING = {
     "catalog-shape": "the model catalog",
     "prepare-experts": "checkpoint slicing and prepare jobs",
     "prepare-status": "checkpoint slicing and prepare jobs",
-    "load-expert": "the expert-host runtime",
-    "load-gate": "the expert-host runtime",
-    "status": "the expert-host runtime",
     "shard-map": "the shard map",
     "plan-dispatch": "the dispatch planner",
-    "forward": "the expert-host runtime",
 }
 
 
@@ -65,15 +65,29 @@ def prepare_status(**_: object) -> None:
     _not_built("prepare-status")
 
 
+def _payload_source(file_: str | None, blob: str | None) -> dict[str, str]:
+    if bool(file_) == bool(blob):
+        raise click.UsageError("give exactly one of --file or --blob")
+    if blob:
+        return {"blob_uri": blob}
+    try:
+        data = Path(file_).read_bytes()
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {file_}: {exc.strerror}", param_hint="--file") from exc
+    return {"payload": base64.b64encode(data).decode("ascii")}
+
+
 @moe.command("load-expert")
 @click.option("--model", required=True)
 @click.option("--layer", required=True, type=int)
 @click.option("--expert", required=True, type=int)
 @click.option("--file", "file_", type=click.Path(dir_okay=False), help="Local expert payload (safetensors).")
 @click.option("--blob", help="tenzro://blob/<hash> to fetch and load.")
-def load_expert(**_: object) -> None:
+@click.pass_obj
+def load_expert(obj: CliContext, model: str, layer: int, expert: int, file_: str | None, blob: str | None) -> None:
     """Load one expert's FFN weights into the node's runtime."""
-    _not_built("load-expert")
+    params = {"model_id": model, "layer": layer, "expert": expert, **_payload_source(file_, blob)}
+    print_json(obj.call("tenzro_moeExpertLoad", params))
 
 
 @moe.command("load-gate")
@@ -81,15 +95,37 @@ def load_expert(**_: object) -> None:
 @click.option("--layer", required=True, type=int)
 @click.option("--file", "file_", type=click.Path(dir_okay=False), help="Local gate payload (safetensors).")
 @click.option("--blob", help="tenzro://blob/<hash> to fetch and load.")
-def load_gate(**_: object) -> None:
+@click.pass_obj
+def load_gate(obj: CliContext, model: str, layer: int, file_: str | None, blob: str | None) -> None:
     """Load a layer's gating network."""
-    _not_built("load-gate")
+    params = {"model_id": model, "layer": layer, **_payload_source(file_, blob)}
+    print_json(obj.call("tenzro_moeGateLoad", params))
+
+
+@moe.command("unload-expert")
+@click.option("--model", required=True)
+@click.option("--layer", required=True, type=int)
+@click.option("--expert", required=True, type=int)
+@click.pass_obj
+def unload_expert(obj: CliContext, model: str, layer: int, expert: int) -> None:
+    """Forget an expert (memory and disk tier)."""
+    print_json(obj.call("tenzro_moeExpertUnload", {"model_id": model, "layer": layer, "expert": expert}))
+
+
+@moe.command("unload-gate")
+@click.option("--model", required=True)
+@click.option("--layer", required=True, type=int)
+@click.pass_obj
+def unload_gate(obj: CliContext, model: str, layer: int) -> None:
+    """Forget a layer's gate."""
+    print_json(obj.call("tenzro_moeGateUnload", {"model_id": model, "layer": layer}))
 
 
 @moe.command("status")
-def status() -> None:
+@click.pass_obj
+def status(obj: CliContext) -> None:
     """Resident experts and gates: tier, bytes, memory budget, compute backend."""
-    _not_built("status")
+    print_json(obj.call("tenzro_moeExpertStatus"))
 
 
 @moe.command("shard-map")
@@ -113,9 +149,22 @@ def plan_dispatch(**_: object) -> None:
 @click.option("--layer", default=0, show_default=True, type=int)
 @click.option("--hidden", required=True, type=click.Path(dir_okay=False),
               help="Raw little-endian f32 [tokens, d_model].")
-@click.option("--d-model", required=True, type=int)
+@click.option("--d-model", required=True, type=click.IntRange(min=1))
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where to write the combined f32 output.")
-@click.option("--allow-partial", is_flag=True)
-def forward(**_: object) -> None:
-    """Gate → plan → dispatch → combine one layer for a batch of hidden states."""
-    _not_built("forward")
+@click.pass_obj
+def forward(obj: CliContext, model: str, layer: int, hidden: str, d_model: int, out: str) -> None:
+    """Gate → execute the selected experts → gate-weighted combine, for one layer."""
+    try:
+        data = Path(hidden).read_bytes()
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {hidden}: {exc.strerror}", param_hint="--hidden") from exc
+    if len(data) % (4 * d_model):
+        raise click.BadParameter(
+            f"{hidden} has {len(data)} bytes, not whole rows of {d_model} f32 ({4 * d_model} bytes each)",
+            param_hint="--hidden")
+    params = {"model_id": model, "layer": layer, "d_model": d_model,
+              "hidden": base64.b64encode(data).decode("ascii")}
+    result = obj.call("tenzro_moeForward", params)
+    output = base64.b64decode(result.pop("output"))
+    Path(out).write_bytes(output)
+    print_json({**result, "out": out, "bytes": len(output)})

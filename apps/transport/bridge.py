@@ -12,7 +12,7 @@ from typing import Any
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from apps.api.errors import TenzroError, Unavailable
+from apps.api.errors import Unavailable, error_for_reason
 
 WORKER_CHANNEL = "tenzro.worker"
 
@@ -35,5 +35,5 @@ async def worker_call(
             f"the expert worker did not answer {method} within {timeout} s", reason="worker_unavailable"
         ) from exc
     if not answer.get("ok"):
-        raise TenzroError(answer.get("message", "worker error"), reason=answer.get("reason", "worker_error"))
+        raise error_for_reason(answer.get("reason", "worker_error"), answer.get("message", "worker error"))
     return answer["result"], answer.get("body", b"")

@@ -33,6 +33,10 @@ TENZRO_RPC_MAX_BYTES = env_int("TENZRO_RPC_MAX_BYTES", 64 * 1024 * 1024)
 TENZRO_WORKER_TIMEOUT_S = env_int("TENZRO_WORKER_TIMEOUT_S", 30)
 # Largest body of one QUIC frame, in bytes.
 TENZRO_QUIC_MAX_BODY = env_int("TENZRO_QUIC_MAX_BODY", 256 * 1024 * 1024)
+# Memory-tier budget of the expert runtime in bytes; 0 = 60% of available memory (4 GiB if unknown).
+TENZRO_MEMORY_BUDGET_BYTES = env_int("TENZRO_MEMORY_BUDGET_BYTES", 0)
+# Threads of the expert worker that run expert compute and payload decoding.
+TENZRO_COMPUTE_THREADS = env_int("TENZRO_COMPUTE_THREADS", 2)
 REDIS_URL = env_str("REDIS_URL", DEFAULT_REDIS_URL)
 
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", "") or read_or_create_secret(TENZRO_DATA_DIR / "django.secret")
@@ -52,6 +56,7 @@ INSTALLED_APPS = [
     "apps.node",
     "apps.governance",
     "apps.transport",
+    "apps.experts",
     "apps.dashboard",
 ]
 

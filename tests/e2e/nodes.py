@@ -49,10 +49,11 @@ class NodeProcess:
     def redis_url(self) -> str:
         return f"{REDIS_HOST_URL}/{self.redis_db}"
 
-    def start(self) -> NodeProcess:
+    def start(self, **env_overrides: str) -> NodeProcess:
         redis.Redis.from_url(self.redis_url).flushdb()
         self.log_path = self.data_dir.with_suffix(".log")
-        env = {**os.environ, "TENZRO_OPERATOR_TOKEN": TOKEN, "DJANGO_SETTINGS_MODULE": "tenzro_site.settings.base"}
+        env = {**os.environ, "TENZRO_OPERATOR_TOKEN": TOKEN, "DJANGO_SETTINGS_MODULE": "tenzro_site.settings.base",
+               **env_overrides}
         argv = [
             sys.executable, "-m", "apps.cli.main", "node", "run",
             "--http", f"127.0.0.1:{self.http_port}", "--quic", f"127.0.0.1:{self.quic_port}",

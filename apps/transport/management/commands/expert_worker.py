@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from apps.experts.handlers import ExpertHandlers
+from apps.experts.runtime import ExpertRuntime
 from apps.node.selectors import node_identity
 from apps.transport.bridge import WORKER_CHANNEL
 from apps.transport.quic import HandlerError, QuicSettings, start_server
@@ -50,7 +53,14 @@ async def _channel_loop(methods: WorkerMethods, tasks: set[asyncio.Task]) -> Non
 
 async def run_worker() -> None:
     identity = node_identity()
-    methods = WorkerMethods(identity=identity)
+    budget = settings.TENZRO_MEMORY_BUDGET_BYTES or None  # 0: 60% of available memory
+    runtime = ExpertRuntime(data_dir=settings.TENZRO_DATA_DIR, memory_budget_bytes=budget)
+    executor = ThreadPoolExecutor(max_workers=settings.TENZRO_COMPUTE_THREADS, thread_name_prefix="expert")
+    methods = WorkerMethods(identity=identity, extra=ExpertHandlers(runtime=runtime, executor=executor).table())
+    status = runtime.status()
+    logger.info("expert runtime: %d experts (%d warm), %d gates, budget %d bytes, backend %s, kernel %s",
+                len(status["experts"]), status["counts"]["warm"], status["counts"]["gates"],
+                status["memory_budget_bytes"], status["backend"], status["cpu_kernel"])
     host, port = split_host_port(settings.TENZRO_QUIC, what="TENZRO_QUIC")
     server = await start_server(
         host=host, port=port, cert_path=str(identity.cert_path), key_path=str(identity.cert_key_path),
@@ -69,6 +79,7 @@ async def run_worker() -> None:
     server.close()
     for task in list(tasks):
         task.cancel()
+    executor.shutdown(wait=False, cancel_futures=True)
 
 
 class Command(BaseCommand):

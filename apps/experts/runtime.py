@@ -1,0 +1,309 @@
+"""ExpertRuntime: the facade the expert worker calls (load, gate, route, execute, status).
+
+Pure: no Django. Called from a thread pool, possibly from several threads at once:
+`self._lock` guards the gate table and the load-time consistency checks; the tiered cache
+has its own lock for tier state; matmuls run with no runtime lock held.
+
+On-disk layout under ``data_dir/moe``::
+
+    experts/<model>/layer<L>/expert<E>.safetensors (+ .json sidecar: header, blob_uri)
+    gates/<model>/layer<L>.safetensors             (+ .json sidecar: blob_uri)
+
+Both are written at load and re-registered at start, so holdings survive a restart (experts
+come back Cold and are promoted on first use or by readahead).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from apps.experts.backends import ComputeBackend, select_backend
+from apps.experts.errors import ExpertNotLoaded, GateNotLoaded, InvalidPayload, ModelMismatch
+from apps.experts.ffn import (
+    ExpertHeader,
+    ResidentExpert,
+    build_expert,
+    build_expert_from,
+    parse_payload,
+    read_header,
+)
+from apps.experts.gate_payload import GateSpec, read_gate_payload
+from apps.experts.gating import Routing, route
+from apps.experts.metering import ThroughputMeter
+from apps.experts.tiered_cache import Key, TieredCache, default_memory_budget, model_dir_name, write_atomic
+from apps.experts.validation import check_hidden
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ExpertRuntime", "Routing"]
+
+
+@dataclass(frozen=True)
+class _Gate:
+    spec: GateSpec
+    blob_uri: str | None
+    path: pathlib.Path
+
+
+class ExpertRuntime:
+    """Experts and gates of any number of (model_id, layer) pairs, in a tiered cache."""
+
+    def __init__(
+        self,
+        *,
+        data_dir: pathlib.Path,
+        memory_budget_bytes: int | None = None,
+        backend: ComputeBackend | None = None,
+    ) -> None:
+        self.data_dir = pathlib.Path(data_dir)
+        self.backend = backend if backend is not None else select_backend()
+        budget = default_memory_budget() if memory_budget_bytes is None else int(memory_budget_bytes)
+        self._root = self.data_dir / "moe"
+        self._cache = TieredCache(root=self._root / "experts", budget_bytes=budget, decode=self._decode)
+        self._gates: dict[tuple[str, int], _Gate] = {}
+        self._lock = threading.RLock()
+        self._meter = ThroughputMeter()
+        self._cache.scan(lambda data: read_header(parse_payload(data))[0])
+        self._scan_gates()
+
+    # -- experts -----------------------------------------------------------------------------
+
+    def _decode(self, payload: bytes) -> ResidentExpert:
+        return build_expert(payload, self.backend)
+
+    def expert_load(
+        self, *, payload: bytes, blob_uri: str | None = None, expect: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Load one expert; (model_id, layer, expert) come from the payload metadata.
+
+        `expect` names ids the caller asked for ({"model_id", "layer", "expert"}, any subset):
+        a payload carrying other ids is refused with ModelMismatch before anything is stored.
+        Raises InvalidPayload, or ModelMismatch when the layer's gate or experts disagree.
+        Reloading the same key replaces it. Returns the expert's status row.
+        """
+        header, tensors = read_header(parse_payload(payload))
+        _check_expected("expert payload", {"model_id": header.model_id, "layer": header.layer,
+                                           "expert": header.expert}, expect)
+        expert = build_expert_from(header, tensors, self.backend)  # before the lock: it is the slow part
+        with self._lock:
+            self._check_expert_fits(header)
+            self._cache.put(payload, expert, header, blob_uri)
+        return self._expert_row(expert.key)
+
+    def expert_load_path(
+        self, *, path: pathlib.Path, blob_uri: str | None = None, expect: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """expert_load from a local safetensors file."""
+        try:
+            payload = pathlib.Path(path).read_bytes()
+        except OSError as exc:
+            raise InvalidPayload(f"cannot read expert payload file {path}: {exc}") from exc
+        return self.expert_load(payload=payload, blob_uri=blob_uri, expect=expect)
+
+    def expert_unload(self, *, model_id: str, layer: int, expert: int) -> None:
+        """Forget an expert in both tiers; ExpertNotLoaded if it is not held."""
+        self._cache.remove((model_id, int(layer), int(expert)))
+
+    def _check_expert_fits(self, header: ExpertHeader) -> None:
+        gate = self._gates.get((header.model_id, header.layer))
+        if gate is not None:
+            _check_pair(gate.spec, header)
+        for key, record, _ in self._cache.records():
+            if key[:2] == (header.model_id, header.layer) and key[2] != header.expert:
+                if record.header.d_model != header.d_model:
+                    raise ModelMismatch(
+                        f"expert {header.expert} of {header.model_id!r} layer {header.layer} has d_model "
+                        f"{header.d_model}, but expert {key[2]} of that layer has {record.header.d_model}"
+                    )
+                break  # every held expert of the layer already agrees with each other
+
+    # -- gates -------------------------------------------------------------------------------
+
+    def gate_load(
+        self, *, payload: bytes, blob_uri: str | None = None, expect: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Load a layer's gate; replaces a previous one. InvalidPayload / ModelMismatch.
+
+        `expect` ({"model_id", "layer"}, any subset) as for expert_load."""
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise InvalidPayload("gate payload must be bytes")
+        spec = read_gate_payload(bytes(payload))
+        _check_expected("gate payload", {"model_id": spec.model_id, "layer": spec.layer}, expect)
+        path = self._root / "gates" / model_dir_name(spec.model_id) / f"layer{spec.layer}.safetensors"
+        with self._lock:
+            for key, record, _ in self._cache.records():
+                if key[:2] == (spec.model_id, spec.layer):
+                    _check_pair(spec, record.header)
+            write_atomic(path, bytes(payload))
+            write_atomic(path.with_suffix(".json"), json.dumps({"blob_uri": blob_uri}).encode())
+            self._gates[(spec.model_id, spec.layer)] = _Gate(spec, blob_uri, path)
+        return self._gate_row(self._gates[(spec.model_id, spec.layer)])
+
+    def gate_unload(self, *, model_id: str, layer: int) -> None:
+        with self._lock:
+            gate = self._gates.pop((model_id, int(layer)), None)
+        if gate is None:
+            raise GateNotLoaded(f"no gate loaded for model_id={model_id!r} layer={layer}")
+        for p in (gate.path, gate.path.with_suffix(".json")):
+            p.unlink(missing_ok=True)
+
+    def _gate(self, model_id: str, layer: int) -> GateSpec:
+        with self._lock:
+            gate = self._gates.get((model_id, int(layer)))
+        if gate is None:
+            raise GateNotLoaded(f"no gate loaded for model_id={model_id!r} layer={layer}")
+        return gate.spec
+
+    def _scan_gates(self) -> None:
+        for path in sorted((self._root / "gates").glob("*/layer*.safetensors")):
+            try:
+                spec = read_gate_payload(path.read_bytes())
+                sidecar = path.with_suffix(".json")
+                blob_uri = json.loads(sidecar.read_text()).get("blob_uri") if sidecar.exists() else None
+            except (OSError, ValueError, InvalidPayload) as exc:
+                log.warning("skipping unreadable gate payload %s: %s", path, exc)
+                continue
+            self._gates[(spec.model_id, spec.layer)] = _Gate(spec, blob_uri, path)
+
+    # -- compute -----------------------------------------------------------------------------
+
+    def route(self, *, model_id: str, layer: int, hidden: np.ndarray) -> Routing:
+        """Gate a batch f32 [t, d_model] -> Routing (experts int64 [t, k_total], weights f32)."""
+        return route(self._gate(model_id, layer), hidden)
+
+    def execute(self, *, model_id: str, layer: int, expert: int, hidden: np.ndarray) -> np.ndarray:
+        """Run rows f32 [t, d_model] through one held expert -> f32 [t, d_model]."""
+        key = (model_id, int(layer), int(expert))
+        x = check_hidden(hidden, self._cache.record(key).header.d_model)
+        return self._run(key, x)
+
+    def _run(self, key: Key, x: np.ndarray) -> np.ndarray:
+        resident = self._cache.get(key)  # promotes a Cold expert; not metered (not compute)
+        if x.shape[0] == 0:
+            return np.zeros((0, resident.d_model), dtype=np.float32)
+        start = time.perf_counter()
+        y = self.backend.forward(resident.prepared, x)
+        self._meter.record(x.shape[0], time.perf_counter() - start)
+        return y
+
+    def readahead(self, keys: Iterable[tuple[str, int, int]]) -> None:
+        """Promote the listed experts this node holds to the memory tier; others are skipped
+        (a routing decision names remote experts too)."""
+        held = set(self._cache.keys())
+        self._cache.promote(k for k in ((m, int(ly), int(e)) for m, ly, e in keys) if k in held)
+
+    def forward_local(self, *, model_id: str, layer: int, hidden: np.ndarray) -> np.ndarray:
+        """gate -> readahead -> execute each selected expert on its tokens -> weighted combine.
+
+        hidden f32 [t, d_model] -> f32 [t, d_model]. Every selected expert (shared ones
+        included) must be held here, else ExpertNotLoaded names the missing ids before any
+        compute runs.
+        """
+        gate = self._gate(model_id, layer)
+        x = check_hidden(hidden, gate.d_model)
+        routing = route(gate, x)
+        groups = routing.tokens_by_expert()
+        held = set(self._cache.keys())
+        missing = sorted(e for e in groups if (model_id, int(layer), e) not in held)
+        if missing:
+            raise ExpertNotLoaded(
+                f"forward_local of {model_id!r} layer {layer} selected experts {missing} "
+                "that are not loaded on this node"
+            )
+        self.readahead((model_id, int(layer), e) for e in groups)
+        out = np.zeros_like(x)
+        for e, (tokens, weights) in sorted(groups.items()):
+            y = self._run((model_id, int(layer), e), x[tokens])
+            out[tokens] += weights[:, None] * y  # tokens are unique within one expert
+        return out
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def committed_tps(self) -> int:
+        """Expert-forward rows per second of compute over the last minute (see metering.py)."""
+        return round(self._meter.rows_per_second())
+
+    def holdings(self) -> list[dict[str, Any]]:
+        tps = self.committed_tps()
+        return [
+            {"model_id": k[0], "layer": k[1], "expert": k[2], "residency": "Warm" if warm else "Cold",
+             "committed_tps": tps, "blob_uri": record.blob_uri}
+            for k, record, warm in self._cache.records()
+        ]
+
+    def status(self) -> dict[str, Any]:
+        rows = self._cache.records()
+        experts = [self._row(k, r, warm) for k, r, warm in rows]
+        with self._lock:
+            gates = [self._gate_row(g) for _, g in sorted(self._gates.items())]
+        warm = sum(1 for *_, w in rows if w)
+        return {
+            "experts": experts,
+            "gates": gates,
+            "memory_budget_bytes": self._cache.budget_bytes,
+            "memory_used_bytes": self._cache.used_bytes,
+            "counts": {"warm": warm, "cold": len(rows) - warm, "gates": len(gates)},
+            "committed_tps": self.committed_tps(),
+            "gpu_backend_active": bool(self.backend.is_gpu),
+            "backend": self.backend.name,
+            "cpu_kernel": self.backend.cpu_kernel,
+        }
+
+    def _expert_row(self, key: Key) -> dict[str, Any]:
+        for k, record, warm in self._cache.records():
+            if k == key:
+                return self._row(k, record, warm)
+        raise ExpertNotLoaded(f"expert {key} is not loaded on this node")  # unloaded concurrently
+
+    def _row(self, key: Key, record: Any, warm: bool) -> dict[str, Any]:
+        resident = self._cache.peek(key) if warm else None
+        return {
+            "model_id": key[0], "layer": key[1], "expert": key[2],
+            "tier": "memory" if warm else "disk",
+            "memory_bytes": resident.nbytes if resident is not None else 0,
+            "disk_bytes": record.disk_bytes,
+            "d_model": record.header.d_model, "d_ff": record.header.d_ff,
+            "formats": dict(record.header.formats),
+            "blob_uri": record.blob_uri,
+        }
+
+    @staticmethod
+    def _gate_row(gate: _Gate) -> dict[str, Any]:
+        s = gate.spec
+        return {
+            "model_id": s.model_id, "layer": s.layer, "router": s.router, "n_routed": s.n_routed,
+            "n_shared_experts": s.n_shared_experts, "top_k": s.top_k, "d_model": s.d_model,
+            "memory_bytes": s.nbytes, "blob_uri": gate.blob_uri,
+        }
+
+
+def _check_pair(gate: GateSpec, header: ExpertHeader) -> None:
+    """A gate and an expert of the same (model_id, layer) must agree on width and id range."""
+    if gate.d_model != header.d_model:
+        raise ModelMismatch(
+            f"{header.model_id!r} layer {header.layer}: gate has d_model {gate.d_model}, "
+            f"expert {header.expert} has d_model {header.d_model}"
+        )
+    n_total = gate.n_routed + gate.n_shared_experts
+    if header.expert >= n_total:
+        raise ModelMismatch(
+            f"{header.model_id!r} layer {header.layer}: expert {header.expert} is out of range for a gate "
+            f"with {gate.n_routed} routed + {gate.n_shared_experts} shared experts (ids 0..{n_total - 1})"
+        )
+
+
+def _check_expected(what: str, found: dict[str, Any], expect: dict[str, Any] | None) -> None:
+    """ModelMismatch naming each id the caller expected that the payload does not carry."""
+    wrong = {k: (v, found[k]) for k, v in (expect or {}).items() if v is not None and found[k] != v}
+    if wrong:
+        detail = ", ".join(f"{k} {want!r} but the payload says {got!r}" for k, (want, got) in wrong.items())
+        raise ModelMismatch(f"{what} does not match the request: expected {detail}")

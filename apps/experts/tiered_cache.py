@@ -1,0 +1,269 @@
+"""Tiered expert cache: a byte-bounded memory-tier LRU over a disk tier of raw payloads.
+
+Every registered expert has its raw payload on disk (written through at load), so the disk
+tier is the source of truth: eviction only drops the decoded copy, promotion decodes the
+file again, and a restart re-registers every file found (as Cold). Decoding is
+deterministic, so a spilled and re-promoted expert computes bit-identical results.
+
+Invariant, checked at every insertion: sum(nbytes of memory-tier experts) <= budget. An
+expert larger than the whole budget is never made resident; `get` decodes it for the call
+only (the caller's reference keeps it alive, the tier never counts it).
+
+Locking: one lock guards the tier state (records, LRU order, byte count). Disk reads and
+decoding run outside it; concurrent promotions of the same key share one decode through a
+Future. A thread already computing with an expert keeps its reference when the expert is
+evicted meanwhile, so eviction never blocks on or breaks a running forward.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from apps.experts.errors import ExpertNotLoaded, InvalidPayload
+from apps.experts.ffn import ExpertHeader, ResidentExpert
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int, int]
+FALLBACK_BUDGET = 4 * 1024**3
+BUDGET_FRACTION = 0.60
+
+
+def default_memory_budget() -> int:
+    """60% of psutil's available memory; 4 GiB when that cannot be read."""
+    try:
+        import psutil
+
+        available = int(psutil.virtual_memory().available)
+    except Exception:  # psutil missing, or /proc unreadable in a sandbox
+        return FALLBACK_BUDGET
+    return int(available * BUDGET_FRACTION) if available > 0 else FALLBACK_BUDGET
+
+
+def model_dir_name(model_id: str) -> str:
+    """A filesystem-safe, collision-free folder name for a model id ("Qwen/Qwen3" is fine)."""
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", model_id).strip("._")[:64] or "model"
+    return f"{readable}-{hashlib.sha256(model_id.encode()).hexdigest()[:12]}"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write via a temp file and rename, so a crash never leaves a torn payload behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass
+class Record:
+    """A registered expert: its header, where its payload lives, and a registration generation."""
+
+    header: ExpertHeader
+    path: Path
+    blob_uri: str | None
+    disk_bytes: int
+    generation: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TieredCache:
+    """Memory-tier LRU of ResidentExperts over payload files under `root`."""
+
+    def __init__(self, *, root: Path, budget_bytes: int, decode: Callable[[bytes], ResidentExpert]) -> None:
+        if budget_bytes < 0:
+            raise ValueError(f"memory budget must be >= 0 bytes, received {budget_bytes}")
+        self.root = Path(root)
+        self.budget_bytes = int(budget_bytes)
+        self._decode = decode
+        self._lock = threading.RLock()
+        self._records: dict[Key, Record] = {}
+        self._memory: OrderedDict[Key, ResidentExpert] = OrderedDict()  # LRU first, MRU last
+        self._used = 0
+        self._generation = 0
+        self._inflight: dict[Key, Future[ResidentExpert]] = {}
+
+    # -- registration ------------------------------------------------------------------------
+
+    def path_for(self, key: Key) -> Path:
+        model_id, layer, expert = key
+        return self.root / model_dir_name(model_id) / f"layer{layer}" / f"expert{expert}.safetensors"
+
+    def put(self, payload: bytes, expert: ResidentExpert, header: ExpertHeader, blob_uri: str | None) -> None:
+        """Register (or replace) an expert: payload to disk, decoded copy to the memory tier."""
+        key = expert.key
+        path = self.path_for(key)
+        write_atomic(path, bytes(payload))
+        sidecar = {"model_id": header.model_id, "layer": header.layer, "expert": header.expert,
+                   "d_model": header.d_model, "d_ff": header.d_ff, "formats": header.formats,
+                   "blob_uri": blob_uri}
+        write_atomic(path.with_suffix(".json"), json.dumps(sidecar).encode())
+        with self._lock:
+            self._drop_memory(key)
+            self._generation += 1
+            self._records[key] = Record(header, path, blob_uri, len(payload), self._generation)
+            self._insert(key, expert)
+
+    def remove(self, key: Key) -> None:
+        """Forget an expert in both tiers and delete its files; ExpertNotLoaded if unknown."""
+        with self._lock:
+            record = self._records.pop(key, None)
+            if record is None:
+                raise ExpertNotLoaded(f"expert {_fmt(key)} is not loaded on this node")
+            self._drop_memory(key)
+        for p in (record.path, record.path.with_suffix(".json")):
+            p.unlink(missing_ok=True)
+
+    def scan(self, read_header: Callable[[bytes], ExpertHeader]) -> list[Key]:
+        """Re-register every payload file under root as a disk-tier expert (at start).
+
+        The JSON sidecar gives the header without reading the payload; when it is missing or
+        unreadable the payload itself is parsed. Unreadable payloads are skipped and logged.
+        """
+        found: list[Key] = []
+        for path in sorted(self.root.glob("*/layer*/expert*.safetensors")):
+            try:
+                header, blob_uri = self._read_sidecar(path)
+            except (OSError, ValueError, KeyError, TypeError):
+                try:
+                    header, blob_uri = read_header(path.read_bytes()), None
+                except (OSError, InvalidPayload) as exc:
+                    log.warning("skipping unreadable expert payload %s: %s", path, exc)
+                    continue
+            key = (header.model_id, header.layer, header.expert)
+            if self.path_for(key) != path:
+                log.warning("skipping %s: its metadata names %s, stored elsewhere", path, _fmt(key))
+                continue
+            with self._lock:
+                self._generation += 1
+                self._records[key] = Record(header, path, blob_uri, path.stat().st_size, self._generation)
+            found.append(key)
+        return found
+
+    @staticmethod
+    def _read_sidecar(path: Path) -> tuple[ExpertHeader, str | None]:
+        meta = json.loads(path.with_suffix(".json").read_text())
+        header = ExpertHeader(model_id=str(meta["model_id"]), layer=int(meta["layer"]),
+                              expert=int(meta["expert"]), d_model=int(meta["d_model"]),
+                              d_ff=int(meta["d_ff"]), formats=dict(meta["formats"]))
+        return header, meta.get("blob_uri")
+
+    # -- lookup ------------------------------------------------------------------------------
+
+    def record(self, key: Key) -> Record:
+        with self._lock:
+            record = self._records.get(key)
+        if record is None:
+            raise ExpertNotLoaded(f"expert {_fmt(key)} is not loaded on this node")
+        return record
+
+    def records(self) -> list[tuple[Key, Record, bool]]:
+        """(key, record, in_memory) for every registered expert, sorted by key."""
+        with self._lock:
+            return [(k, r, k in self._memory) for k, r in sorted(self._records.items())]
+
+    def keys(self) -> list[Key]:
+        with self._lock:
+            return sorted(self._records)
+
+    def tier(self, key: Key) -> str:
+        with self._lock:
+            if key not in self._records:
+                raise ExpertNotLoaded(f"expert {_fmt(key)} is not loaded on this node")
+            return "memory" if key in self._memory else "disk"
+
+    def peek(self, key: Key) -> ResidentExpert | None:
+        """The memory-tier copy without touching LRU order (for status), or None."""
+        with self._lock:
+            return self._memory.get(key)
+
+    @property
+    def used_bytes(self) -> int:
+        with self._lock:
+            return self._used
+
+    def get(self, key: Key) -> ResidentExpert:
+        """The decoded expert, promoting it from disk when Cold (ExpertNotLoaded if unknown)."""
+        with self._lock:
+            hit = self._memory.get(key)
+            if hit is not None:
+                self._memory.move_to_end(key)
+                return hit
+            record = self._records.get(key)
+            if record is None:
+                raise ExpertNotLoaded(f"expert {_fmt(key)} is not loaded on this node")
+            future = self._inflight.get(key)
+            owner = future is None
+            if owner:
+                future = self._inflight[key] = Future()
+        assert future is not None
+        if not owner:
+            return future.result()  # another thread is decoding this key: share its result
+        try:
+            expert = self._load(key, record)
+        except BaseException as exc:
+            with self._lock:
+                self._inflight.pop(key, None)
+            future.set_exception(exc)
+            raise
+        with self._lock:
+            self._inflight.pop(key, None)
+            current = self._records.get(key)
+            # unloaded or replaced while we decoded: hand back this copy but do not cache it
+            if current is not None and current.generation == record.generation:
+                self._insert(key, expert)
+        future.set_result(expert)
+        return expert
+
+    def promote(self, keys: Iterable[Key]) -> None:
+        """Readahead: make each listed, registered expert memory-resident (in order)."""
+        for key in dict.fromkeys(keys):  # dedupe, keep order
+            with self._lock:
+                if key not in self._records or key in self._memory:
+                    continue
+            self.get(key)
+
+    def _load(self, key: Key, record: Record) -> ResidentExpert:
+        try:
+            data = record.path.read_bytes()
+        except OSError as exc:
+            raise InvalidPayload(f"disk-tier payload of expert {_fmt(key)} is unreadable: {exc}") from exc
+        expert = self._decode(data)
+        if expert.key != key:
+            raise InvalidPayload(f"disk-tier payload at {record.path} holds {_fmt(expert.key)}, expected {_fmt(key)}")
+        return expert
+
+    # -- memory tier (callers hold the lock) ----------------------------------------------------
+
+    def _insert(self, key: Key, expert: ResidentExpert) -> None:
+        if expert.nbytes > self.budget_bytes:
+            return  # can never fit: stays disk-tier, decoded per call by `get`
+        self._drop_memory(key)
+        while self._memory and self._used + expert.nbytes > self.budget_bytes:
+            _, evicted = self._memory.popitem(last=False)
+            self._used -= evicted.nbytes
+        self._memory[key] = expert
+        self._used += expert.nbytes
+        assert self._used <= self.budget_bytes
+
+    def _drop_memory(self, key: Key) -> None:
+        old = self._memory.pop(key, None)
+        if old is not None:
+            self._used -= old.nbytes
+
+
+def _fmt(key: Key) -> str:
+    return f"(model_id={key[0]!r}, layer={key[1]}, expert={key[2]})"

@@ -1,0 +1,164 @@
+"""Expert-forward benchmark of the CPU compute backend (apps.experts.backends).
+
+    .venv/bin/python -m bench.runtime [--quick]
+
+Expert dims: Qwen3-30B-A3B (d_model 2048, d_ff 768) and DeepSeek-V3 (7168, 2048); batches
+1, 8, 64, 512. References measured in the same run:
+
+* numpy sgemm peak: a 2048³ f32 matmul (GFLOP/s). The f32 expert path should reach >= 80% of
+  it at batch >= 64.
+* memory copy bandwidth: np.copyto over 256 MiB, counted STREAM-style (bytes read + written
+  per second). The batch-1 bandwidth limit is weight bytes / that bandwidth.
+* batch-1 "cold" times flush the caches first by writing a 512 MiB buffer (this VM reports
+  a 300 MiB L3, which would otherwise hold a whole f32 expert), as for a holder serving
+  more experts than fit in cache. Q8_0 and q4_k_m batch-1 cold times are reported as a
+  ratio to the f32 cold time (target <= 0.5: they read 4-7x fewer bytes).
+
+Quantized weights are random *valid* GGML blocks (finite f16 scales): kernel speed does not
+depend on the values, and quantizing a DeepSeek-size expert would dominate the run.
+Every time is the minimum over repetitions: this 2-core VM is shared, and the minimum is
+the least disturbed estimate.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Thread pools, set before numpy/numba load them (the expert worker should do the same):
+# OpenBLAS worker threads spin for ~2^28 cycles after each call and GNU OpenMP (numba's
+# pool) spins too; on 2 cores each pool's spinning starves the other when BLAS and numba
+# calls alternate (measured: the tiled path ran 20x slower without these).
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from apps.experts import kernels
+from apps.experts.backends import CpuBackend, TensorIn
+from bench.report import print_table, write_results
+
+DIMS = {"Qwen3-30B-A3B": (2048, 768), "DeepSeek-V3": (7168, 2048)}
+BATCHES = (1, 8, 64, 512)
+QUANTS = {"Q8_0": ("Q8_0", "Q8_0", "Q8_0"), "q4_k_m": ("Q4_K", "Q4_K", "Q6_K")}
+F16_FIELDS = {"Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}
+
+
+def best(fn: Callable[[], object], reps: int, before: Callable[[], object] | None = None) -> float:
+    """Minimum wall time of `fn` over `reps` runs (after one warm-up); `before` is untimed."""
+    fn()
+    times = []
+    for _ in range(reps):
+        if before is not None:
+            before()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def random_blocks(rng: np.random.Generator, fmt: str, rows: int, n: int) -> np.ndarray:
+    elems, size = kernels.BLOCK[fmt]
+    raw = rng.integers(0, 256, size=(rows, n // elems, size), dtype=np.uint8)
+    for off in F16_FIELDS[fmt]:
+        scale = (rng.standard_normal((rows, n // elems)) * 0.01).astype(np.float16)
+        raw[:, :, off : off + 2] = scale.view(np.uint8).reshape(rows, n // elems, 2)
+    return raw.reshape(rows, -1)
+
+
+def build(backend: CpuBackend, rng: np.random.Generator, d_model: int, d_ff: int, fmts: tuple[str, ...]):
+    shapes = ((d_ff, d_model), (d_ff, d_model), (d_model, d_ff))
+    tensors = []
+    for fmt, (rows, n) in zip(fmts, shapes, strict=True):
+        if fmt == "F32":
+            data = rng.standard_normal((rows, n), dtype=np.float32).view(np.uint8)
+        else:
+            data = random_blocks(rng, fmt, rows, n)
+        tensors.append(TensorIn(fmt, (rows, n), data))
+    return backend.prepare_expert(*tensors)
+
+
+def main(quick: bool = False) -> None:
+    rng = np.random.default_rng(0)
+    backend = CpuBackend()
+    reps = 3 if quick else 10
+
+    # -- references ------------------------------------------------------------------------
+    a = rng.standard_normal((2048, 2048), dtype=np.float32)
+    b = rng.standard_normal((2048, 2048), dtype=np.float32)
+    sgemm_gflops = 2 * 2048**3 / best(lambda: a @ b, reps) / 1e9
+    src = np.ones(64 * 1024 * 1024, dtype=np.float32)  # 256 MiB
+    dst = np.empty_like(src)
+    copy_bw = 2 * src.nbytes / best(lambda: np.copyto(dst, src), reps)
+    flush_buf = np.zeros(128 * 1024 * 1024, dtype=np.float32)  # 512 MiB
+
+    def flush() -> None:
+        np.add(flush_buf, 1.0, out=flush_buf)
+
+    print_table("References (same run)", ["reference", "value"], [
+        ["numpy sgemm 2048^3 (GFLOP/s)", sgemm_gflops],
+        ["copy bandwidth, read+write (GB/s)", copy_bw / 1e9],
+        ["cpu kernel", backend.cpu_kernel],
+        ["fused kernel up to batch", backend.fused_max_rows],
+    ])
+
+    f32_rows, bw_rows, q_rows = [], [], []
+    results: dict[str, object] = {"sgemm_gflops": sgemm_gflops, "copy_bandwidth_gbs": copy_bw / 1e9,
+                                  "cpu_kernel": backend.cpu_kernel, "experts": {}}
+    for name, (d_model, d_ff) in DIMS.items():
+        experts = {"f32": build(backend, rng, d_model, d_ff, ("F32",) * 3)}
+        for q, fmts in QUANTS.items():
+            experts[q] = build(backend, rng, d_model, d_ff, fmts)
+        flops_per_row = 2 * 3 * d_model * d_ff
+        times: dict[tuple[str, int], float] = {}
+        for batch in BATCHES:
+            x = rng.standard_normal((batch, d_model), dtype=np.float32)
+            big = batch >= 64 and d_model > 4096
+            r = max(2, reps // 3) if big else reps
+            for fmt, prepared in experts.items():
+                times[(fmt, batch)] = best(lambda p=prepared, x=x: backend.forward(p, x), r)
+            t = times[("f32", batch)]
+            gflops = flops_per_row * batch / t / 1e9
+            frac = gflops / sgemm_gflops
+            target = "≥0.80" if batch >= 64 else "-"
+            ok = ("yes" if frac >= 0.8 else "NO") if batch >= 64 else "-"
+            f32_rows.append([name, batch, t * 1e3, gflops, sgemm_gflops, frac, target, ok])
+            for q in QUANTS:
+                path = "fused" if batch <= backend.fused_max_rows else "tiled+sgemm"
+                q_rows.append([name, q, batch, path, times[(q, batch)] * 1e3, t * 1e3, times[(q, batch)] / t])
+
+        # batch 1, caches flushed before every call
+        x1 = rng.standard_normal((1, d_model), dtype=np.float32)
+        cold = {fmt: best(lambda p=p, x1=x1: backend.forward(p, x1), reps, before=flush) for fmt, p in experts.items()}
+        for fmt, prepared in experts.items():
+            nbytes = prepared.nbytes
+            limit = nbytes / copy_bw
+            ratio_f32 = cold[fmt] / cold["f32"]
+            target = "-" if fmt == "f32" else "≤0.50"
+            ok = "-" if fmt == "f32" else ("yes" if ratio_f32 <= 0.5 else "NO")
+            bw_rows.append([name, fmt, nbytes / 1e6, cold[fmt] * 1e3, limit * 1e3, cold[fmt] / limit,
+                            times[(fmt, 1)] * 1e3, ratio_f32, target, ok])
+        results["experts"][name] = {
+            "d_model": d_model, "d_ff": d_ff,
+            "forward_ms": {f"{fmt}@{batch}": v * 1e3 for (fmt, batch), v in times.items()},
+            "batch1_cold_ms": {fmt: v * 1e3 for fmt, v in cold.items()},
+            "weight_bytes": {fmt: p.nbytes for fmt, p in experts.items()},
+        }
+        del experts
+
+    print_table("f32 expert forward vs numpy sgemm peak",
+                ["expert", "batch", "ms", "GFLOP/s", "sgemm GFLOP/s", "fraction", "target", "met"], f32_rows)
+    print_table("Batch 1, caches flushed: time vs memory-bandwidth limit (weight bytes / copy bandwidth)",
+                ["expert", "format", "weight MB", "cold ms", "limit ms", "x limit", "warm ms", "x f32 cold",
+                 "target", "met"], bw_rows)
+    print_table("Quantized expert forward by batch (warm) vs the f32 path",
+                ["expert", "format", "batch", "path", "ms", "f32 ms", "x f32"], q_rows)
+    results["tables"] = {"f32": f32_rows, "batch1": bw_rows, "quantized": q_rows}
+    write_results("runtime", results)
+
+
+if __name__ == "__main__":
+    main(quick="--quick" in sys.argv)

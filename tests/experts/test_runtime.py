@@ -1,0 +1,178 @@
+"""The facade: local layer forward against the reference MoE blocks, and its errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from apps.experts.errors import (
+    ExpertNotLoaded,
+    ExpertRuntimeError,
+    GateNotLoaded,
+    InvalidPayload,
+    ModelMismatch,
+    NonFiniteInput,
+    ShapeMismatch,
+)
+from apps.experts.runtime import ExpertRuntime
+from tests.experts.factories import (
+    MODEL,
+    deepseek_gate,
+    deepseek_v3_router_reference,
+    expert_payload,
+    expert_weights,
+    moe_block_reference,
+    qwen3_router_reference,
+    qwen_gate,
+)
+
+D_MODEL, D_FF = 64, 256
+
+
+@pytest.fixture
+def rt(tmp_path):
+    return ExpertRuntime(data_dir=tmp_path, memory_budget_bytes=64 << 20)
+
+
+def _load_experts(rt, n, rng, quant=None):
+    weights = {e: expert_weights(rng, D_MODEL, D_FF) for e in range(n)}
+    for e, w in weights.items():
+        rt.expert_load(payload=expert_payload(w, expert=e, quant=quant))
+    return weights
+
+
+def _rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def test_forward_local_qwen_family(rt):
+    rng = np.random.default_rng(40)
+    weights = _load_experts(rt, 8, rng)
+    gate_payload, gate_w = qwen_gate(rng, d_model=D_MODEL, n_routed=8, top_k=2, norm=True)
+    rt.gate_load(payload=gate_payload)
+    x = rng.standard_normal((19, D_MODEL)).astype(np.float32)
+    y = rt.forward_local(model_id=MODEL, layer=0, hidden=x)
+    idx, w = qwen3_router_reference(x, gate_w, 2, True)
+    assert y.dtype == np.float32
+    assert _rel(y, moe_block_reference(x, idx, w, weights, shared=[])) < 1e-5
+
+
+def test_forward_local_deepseek_family_with_shared_expert(rt):
+    rng = np.random.default_rng(41)
+    weights = _load_experts(rt, 17, rng)  # 16 routed + 1 shared (id 16)
+    gate_payload, gate_w, bias = deepseek_gate(rng, d_model=D_MODEL, n_routed=16, top_k=4, n_group=4,
+                                               topk_group=2, n_shared=1)
+    rt.gate_load(payload=gate_payload)
+    x = rng.standard_normal((23, D_MODEL)).astype(np.float32)
+    y = rt.forward_local(model_id=MODEL, layer=0, hidden=x)
+    idx, w = deepseek_v3_router_reference(x, gate_w, bias, top_k=4, n_group=4, topk_group=2,
+                                          norm_topk_prob=True, routed_scaling_factor=2.5)
+    assert _rel(y, moe_block_reference(x, idx, w, weights, shared=[16])) < 1e-5
+
+
+def test_forward_local_quantized_and_spilling(tmp_path):
+    """q8_0 experts under a budget of 3 of 8: readahead/spill must not change the result."""
+    rng = np.random.default_rng(42)
+    small = ExpertRuntime(data_dir=tmp_path / "a", memory_budget_bytes=3 * 52_224)
+    big = ExpertRuntime(data_dir=tmp_path / "b", memory_budget_bytes=64 << 20)
+    gate_payload, _ = qwen_gate(rng, d_model=D_MODEL, n_routed=8, top_k=2, norm=False)
+    for rt in (small, big):
+        _load_experts(rt, 8, np.random.default_rng(7), quant="q8_0")
+        rt.gate_load(payload=gate_payload)
+    assert small.status()["counts"]["cold"] > 0
+    x = rng.standard_normal((11, D_MODEL)).astype(np.float32)
+    assert np.array_equal(small.forward_local(model_id=MODEL, layer=0, hidden=x),
+                          big.forward_local(model_id=MODEL, layer=0, hidden=x))
+    assert small.status()["memory_used_bytes"] <= small.status()["memory_budget_bytes"]
+
+
+def test_missing_expert_is_a_clear_error(rt):
+    rng = np.random.default_rng(43)
+    _load_experts(rt, 4, rng)  # the gate routes over 8
+    rt.gate_load(payload=qwen_gate(rng, d_model=D_MODEL, n_routed=8, top_k=4, norm=True)[0])
+    x = rng.standard_normal((16, D_MODEL)).astype(np.float32)
+    with pytest.raises(ExpertNotLoaded, match=r"selected experts \[4, 5, 6, 7\]") as info:
+        rt.forward_local(model_id=MODEL, layer=0, hidden=x)
+    assert info.value.reason == "expert_not_loaded"
+
+
+def test_errors_carry_reasons(rt):
+    rng = np.random.default_rng(44)
+    _load_experts(rt, 2, rng)
+    x = rng.standard_normal((2, D_MODEL)).astype(np.float32)
+    cases = [
+        (lambda: rt.execute(model_id=MODEL, layer=0, expert=9, hidden=x), ExpertNotLoaded, "expert_not_loaded"),
+        (lambda: rt.execute(model_id=MODEL, layer=0, expert=0, hidden=x[:, :32]), ShapeMismatch, "shape_mismatch"),
+        (lambda: rt.execute(model_id=MODEL, layer=0, expert=0, hidden=x * np.inf), NonFiniteInput,
+         "non_finite_input"),
+        (lambda: rt.route(model_id=MODEL, layer=3, hidden=x), GateNotLoaded, "gate_not_loaded"),
+        (lambda: rt.forward_local(model_id=MODEL, layer=3, hidden=x), GateNotLoaded, "gate_not_loaded"),
+        (lambda: rt.expert_load(payload=b"\x00" * 32), InvalidPayload, "invalid_payload"),
+        (lambda: rt.gate_load(payload=b"junk"), InvalidPayload, "invalid_payload"),
+        (lambda: rt.gate_unload(model_id=MODEL, layer=5), GateNotLoaded, "gate_not_loaded"),
+    ]
+    for call, exc_type, reason in cases:
+        with pytest.raises(exc_type) as info:
+            call()
+        assert isinstance(info.value, ExpertRuntimeError) and info.value.reason == reason
+
+
+def test_gate_expert_model_mismatch(rt):
+    rng = np.random.default_rng(45)
+    _load_experts(rt, 2, rng)
+    wide_gate, _ = qwen_gate(rng, d_model=2 * D_MODEL, n_routed=8, top_k=2, norm=True)
+    with pytest.raises(ModelMismatch, match=f"gate has d_model {2 * D_MODEL}, expert 0 has d_model {D_MODEL}"):
+        rt.gate_load(payload=wide_gate)
+    rt.gate_load(payload=qwen_gate(rng, d_model=D_MODEL, n_routed=8, top_k=2, norm=True)[0])
+    wide_expert = expert_payload(expert_weights(rng, 2 * D_MODEL, D_FF), expert=3)
+    with pytest.raises(ModelMismatch, match="d_model"):
+        rt.expert_load(payload=wide_expert)
+    with pytest.raises(ModelMismatch, match=r"expert 8 is out of range .* 8 routed \+ 0 shared"):
+        rt.expert_load(payload=expert_payload(expert_weights(rng, D_MODEL, D_FF), expert=8))
+    # a different layer of the same model is independent
+    rt.expert_load(payload=expert_payload(expert_weights(rng, 2 * D_MODEL, D_FF), expert=3, layer=1))
+    rt.gate_unload(model_id=MODEL, layer=0)
+    with pytest.raises(ModelMismatch, match="expert 0 of that layer has 64"):
+        rt.expert_load(payload=wide_expert)
+
+
+def test_gates_survive_restart(tmp_path):
+    rng = np.random.default_rng(46)
+    rt = ExpertRuntime(data_dir=tmp_path)
+    payload, _ = qwen_gate(rng, d_model=D_MODEL, n_routed=8, top_k=2, norm=True)
+    row = rt.gate_load(payload=payload, blob_uri="tenzro://blob/" + "cd" * 32)
+    assert row["router"] == "softmax" and row["n_routed"] == 8
+    x = rng.standard_normal((4, D_MODEL)).astype(np.float32)
+    before = rt.route(model_id=MODEL, layer=0, hidden=x)
+    again = ExpertRuntime(data_dir=tmp_path)
+    assert again.status()["gates"][0]["blob_uri"] == "tenzro://blob/" + "cd" * 32
+    after = again.route(model_id=MODEL, layer=0, hidden=x)
+    assert np.array_equal(before.experts, after.experts) and np.array_equal(before.weights, after.weights)
+    again.gate_unload(model_id=MODEL, layer=0)
+    assert ExpertRuntime(data_dir=tmp_path).status()["gates"] == []
+
+
+def test_status_and_holdings_shape(rt):
+    rng = np.random.default_rng(47)
+    w = expert_weights(rng, D_MODEL, D_FF)
+    row = rt.expert_load(payload=expert_payload(w, expert=0, quant="q8_0"), blob_uri="tenzro://blob/" + "ef" * 32)
+    assert row["tier"] == "memory" and row["memory_bytes"] > 0 and row["blob_uri"].startswith("tenzro://blob/")
+    rt.execute(model_id=MODEL, layer=0, expert=0, hidden=rng.standard_normal((8, D_MODEL)).astype(np.float32))
+    status = rt.status()
+    assert set(status) >= {"experts", "gates", "memory_budget_bytes", "memory_used_bytes", "counts",
+                           "gpu_backend_active", "backend", "cpu_kernel"}
+    assert status["gpu_backend_active"] is False and status["backend"] == "cpu"
+    assert status["cpu_kernel"].startswith(("numba-", "numpy-"))
+    (holding,) = rt.holdings()
+    assert set(holding) == {"model_id", "layer", "expert", "residency", "committed_tps", "blob_uri"}
+    assert holding["residency"] == "Warm" and holding["committed_tps"] > 0
+
+
+def test_expert_load_path(rt, tmp_path):
+    rng = np.random.default_rng(48)
+    path = tmp_path / "e.safetensors"
+    path.write_bytes(expert_payload(expert_weights(rng, D_MODEL, D_FF), expert=2, model_id="m/x", layer=4))
+    assert rt.expert_load_path(path=path)["expert"] == 2
+    assert rt.holdings()[0]["model_id"] == "m/x"
+    with pytest.raises(InvalidPayload):
+        rt.expert_load_path(path=tmp_path / "missing.safetensors")
