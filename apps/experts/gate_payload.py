@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import save
 
 from apps.experts.errors import InvalidPayload
+from apps.quantization.payload import serialize_safetensors
 
 ROUTERS = ("softmax", "sigmoid")
 _HEADER_LIMIT = 16 * 1024 * 1024  # a gate header is a few hundred bytes; refuse absurd lengths
@@ -85,7 +85,8 @@ def encode_gate_payload(
         "topk_group": str(int(topk_group)),
         "n_shared_experts": str(int(n_shared_experts)),
     }
-    data = save(tensors, metadata=metadata)
+    entries = {name: ("F32", list(t.shape), t.tobytes()) for name, t in tensors.items()}
+    data = serialize_safetensors(entries, metadata)
     read_gate_payload(data)  # refuse to produce a payload we would not accept
     return data
 

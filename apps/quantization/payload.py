@@ -128,10 +128,16 @@ def encode_expert_payload(
         metadata[f"{name}.ggml_type"] = used.value
         metadata[f"{name}.requested_ggml_type"] = requested[proj].value
         metadata[f"{name}.shape"] = f"{rows},{cols}"
-    return _serialize(entries, metadata)
+    return serialize_safetensors(entries, metadata)
 
 
-def _serialize(entries: dict[str, tuple[str, list[int], bytes]], metadata: dict[str, str]) -> bytes:
+def serialize_safetensors(entries: dict[str, tuple[str, list[int], bytes]], metadata: dict[str, str]) -> bytes:
+    """A safetensors file, byte-for-byte deterministic: tensors in name order, compact header.
+
+    entries: name -> (dtype, shape, raw little-endian bytes). Content addressing needs identical
+    bytes for identical inputs, which the safetensors library does not promise (its Rust side
+    orders `__metadata__` by a randomly seeded hash map).
+    """
     header: dict[str, object] = {"__metadata__": metadata}
     offset = 0
     for name in sorted(entries):

@@ -136,7 +136,7 @@ def test_tiny_budget_spills_and_restart_keeps_disk_tier_experts(start_node) -> N
     expert_bytes = 3 * D_MODEL * D_FF * 4
     node = start_node(env={"TENZRO_MEMORY_BUDGET_BYTES": str(3 * expert_bytes)})
     rng = np.random.default_rng(8)
-    gate_weight, weights = load_qwen_layer(node, rng)
+    load_qwen_layer(node, rng)
     status = node.result("tenzro_moeExpertStatus")
     assert status["memory_used_bytes"] <= 3 * expert_bytes
     assert status["counts"] == {"warm": 3, "cold": N_ROUTED - 3, "gates": 1}
