@@ -127,7 +127,7 @@ def main(quick: bool = False) -> None:
             ok = ("yes" if frac >= 0.8 else "NO") if batch >= 64 else "-"
             f32_rows.append([name, batch, t * 1e3, gflops, sgemm_gflops, frac, target, ok])
             for q in QUANTS:
-                path = "fused" if batch <= backend.fused_max_rows else "tiled+sgemm"
+                path = f"fused {backend.cpu_kernel}" if batch <= backend.fused_max_rows else "tiled+sgemm"
                 q_rows.append([name, q, batch, path, times[(q, batch)] * 1e3, t * 1e3, times[(q, batch)] / t])
 
         # batch 1, caches flushed before every call

@@ -4,5 +4,6 @@ from django.urls import include, path
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("apps.api.urls")),
+    path("", include("apps.blobs.urls")),
     path("", include("apps.dashboard.urls")),
 ]

@@ -96,6 +96,10 @@ _REASON_CLASSES: dict[str, type[TenzroError]] = {
     "model_mismatch": InvalidInput,
     "invalid_input": InvalidInput,
     "payload_too_large": PayloadTooLarge,
+    "invalid_uri": InvalidInput,
+    "invalid_hash": InvalidInput,
+    "not_found": NotFound,
+    "blob_not_found": NotFound,
 }
 
 

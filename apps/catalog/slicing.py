@@ -181,6 +181,15 @@ class PreparedLayer:
     bytes_read: int = 0  # checkpoint bytes fetched for this layer
 
 
+def prepare_expert(reader: CheckpointReader, shape: ModelShape, *, model_id: str, layer: int, expert: int,
+                   quant: str | Mapping[str, str] | None) -> tuple[bytes, dict[str, str]]:
+    """Slice, quantize and encode one expert -> (payload bytes, {gate|up|down: ggml_type used})."""
+    g, u, d = slice_expert(reader, shape, layer, expert)
+    data = encode_expert_payload(gate=g, up=u, down=d, quant=quant, model_id=model_id, layer=layer, expert=expert)
+    parsed = read_expert_payload(data)
+    return data, {p: parsed.tensors[TENSOR_NAMES[p]].ggml_type.value for p in PROJ}
+
+
 def prepare_layer(reader: CheckpointReader, shape: ModelShape, *, model_id: str, layer: int,
                   experts: Iterable[int], quant: str | Mapping[str, str] | None,
                   on_progress: Callable[[int, int, int], None] | None = None) -> PreparedLayer:
@@ -198,18 +207,13 @@ def prepare_layer(reader: CheckpointReader, shape: ModelShape, *, model_id: str,
     payloads: dict[int, bytes] = {}
     formats: dict[int, dict[str, str]] = {}
     for done, expert in enumerate(wanted, start=1):
-        g, u, d = slice_expert(reader, shape, layer, expert)
-        data = encode_expert_payload(gate=g, up=u, down=d, quant=quant, model_id=model_id, layer=layer,
-                                     expert=expert)
-        parsed = read_expert_payload(data)
-        payloads[expert] = data
-        formats[expert] = {p: parsed.tensors[TENSOR_NAMES[p]].ggml_type.value for p in PROJ}
+        payloads[expert], formats[expert] = prepare_expert(reader, shape, model_id=model_id, layer=layer,
+                                                           expert=expert, quant=quant)
         if on_progress is not None:
             on_progress(done, len(wanted), expert)
     return PreparedLayer(model_id=model_id, layer=layer, quant=quant, gate_payload=gate, experts=payloads,
                          formats=formats, bytes_read=reader.bytes_read - before)
 
 
-__all__ = ["PreparedLayer", "SlicingError", "expert_tensor", "gate_bias_tensor",
-           "gate_payload_for_layer", "gate_tensor", "prepare_layer", "qwen2_shared_tensor", "shared_tensor",
-           "slice_expert"]
+__all__ = ["PreparedLayer", "SlicingError", "expert_tensor", "gate_bias_tensor", "gate_payload_for_layer",
+           "gate_tensor", "prepare_expert", "prepare_layer", "qwen2_shared_tensor", "shared_tensor", "slice_expert"]

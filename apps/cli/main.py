@@ -87,6 +87,15 @@ def node_processes(obj: CliContext) -> None:
     print_json(obj.call("tenzro_nodeProcesses"))
 
 
+@node.command("blob-gc")
+@click.option("--min-age-s", type=click.FloatRange(min=0), default=None,
+              help="Keep blobs younger than this (default: the node's TENZRO_BLOB_GC_MIN_AGE_S).")
+@click.pass_obj
+def node_blob_gc(obj: CliContext, min_age_s: float | None) -> None:
+    """Delete blobs that no holding and no prepare job references."""
+    print_json(obj.call("tenzro_blobGc", {"min_age_s": min_age_s}))
+
+
 @cli.command("rpc")
 @click.argument("method")
 @click.argument("params", required=False, default="{}")

@@ -7,17 +7,17 @@ whole workflow) and say so plainly, exiting with status 2; they never fake a res
 from __future__ import annotations
 
 import base64
+import json
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import click
 
 from apps.cli.context import CliContext, print_json
 
 PENDING = {
-    "catalog-shape": "the model catalog",
-    "prepare-experts": "checkpoint slicing and prepare jobs",
-    "prepare-status": "checkpoint slicing and prepare jobs",
     "shard-map": "the shard map",
     "plan-dispatch": "the dispatch planner",
 }
@@ -39,30 +39,80 @@ def moe() -> None:
 
 @moe.command("catalog-shape")
 @click.option("--model", required=True, help="Catalog model id, e.g. qwen3.5-397b-a17b.")
-def catalog_shape(model: str) -> None:
+@click.option("--checkpoint", default=None, help="For a model not in the catalog: folder or URL with config.json.")
+@click.pass_obj
+def catalog_shape(obj: CliContext, model: str, checkpoint: str | None) -> None:
     """Experts, active per token and layer layout of a catalog model."""
-    _not_built("catalog-shape")
+    print_json(obj.call("tenzro_moeCatalogShape", {"model": model, "checkpoint": checkpoint}))
+
+
+def _wait_for_job(obj: CliContext, job: dict[str, Any]) -> dict[str, Any]:
+    """Poll a prepare job until it ends; a progress bar on stderr when attached to a terminal."""
+    job_id, total = job["job_id"], job["progress"]["total"]
+    show = sys.stderr.isatty()
+    bar = click.progressbar(length=total, label=f"prepare {job_id[:8]}", file=sys.stderr) if show else None
+    shown = 0
+    try:
+        while True:
+            done = job["progress"]["done"]
+            if bar is not None and done > shown:
+                bar.update(done - shown)
+                shown = done
+            if job["state"] in ("done", "failed"):
+                return job
+            time.sleep(0.5)
+            job = obj.call("tenzro_moePrepareStatus", {"job_id": job_id})
+    finally:
+        if bar is not None:
+            bar.render_finish()
+
+
+def _finish(job: dict[str, Any]) -> None:
+    print_json(job)
+    if job["state"] == "failed":
+        click.echo(f"tenzro: prepare job {job['job_id']} failed: {job['error']['reason']}: {job['error']['message']}",
+                   err=True)
+        sys.exit(1)
 
 
 @moe.command("prepare-experts")
 @click.option("--model-id", required=True)
-@click.option("--layer", required=True, type=int)
+@click.option("--layer", required=True, type=click.IntRange(min=0))
 @click.option("--experts", required=True, help="Comma-separated expert ids, e.g. 1,2,5.")
-@click.option("--quant", default=None, help="Preset: q4_k_m, q8_0, q4_k, q6_k (omit for dense f32).")
+@click.option("--quant", default=None, help="Preset: q4_k_m, q8_0, q4_k, q6_k (omit both for dense f32).")
 @click.option("--quant-json", default=None, help='Per projection, e.g. {"gate":"q4_k","up":"q4_k","down":"q6_k"}.')
 @click.option("--checkpoint", default=None, help="Checkpoint folder or http(s) URL (default: the catalog's).")
 @click.option("--wait", is_flag=True, help="Wait for the job, with a progress bar on a terminal.")
-def prepare_experts(**_: object) -> None:
+@click.pass_obj
+def prepare_experts(obj: CliContext, model_id: str, layer: int, experts: str, quant: str | None,
+                    quant_json: str | None, checkpoint: str | None, wait: bool) -> None:
     """Slice a layer's experts out of a checkpoint, block-quantize and publish them as blobs."""
-    _not_built("prepare-experts")
+    if quant and quant_json:
+        raise click.UsageError("give --quant or --quant-json, not both")
+    try:
+        expert_ids = [int(e) for e in experts.split(",") if e.strip()]
+    except ValueError as exc:
+        raise click.BadParameter(f"not a comma-separated list of integers: {experts!r}",
+                                 param_hint="--experts") from exc
+    quant_value: Any = quant
+    if quant_json:
+        try:
+            quant_value = json.loads(quant_json)
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--quant-json") from exc
+    job = obj.call("tenzro_moePrepareExperts", {"model_id": model_id, "layer": layer, "experts": expert_ids,
+                                                "quant": quant_value, "checkpoint": checkpoint})
+    _finish(_wait_for_job(obj, job) if wait else job)
 
 
 @moe.command("prepare-status")
 @click.option("--job-id", required=True)
-@click.option("--wait", is_flag=True)
-def prepare_status(**_: object) -> None:
+@click.option("--wait", is_flag=True, help="Wait for the job to end, with a progress bar on a terminal.")
+@click.pass_obj
+def prepare_status(obj: CliContext, job_id: str, wait: bool) -> None:
     """Progress of a prepare job and the tenzro://blob/ URIs it published."""
-    _not_built("prepare-status")
+    job = obj.call("tenzro_moePrepareStatus", {"job_id": job_id})
+    _finish(_wait_for_job(obj, job) if wait else job)
 
 
 def _payload_source(file_: str | None, blob: str | None) -> dict[str, str]:

@@ -8,11 +8,20 @@ present:
 * dense (F32/F16/BF16 payloads): widened once to f32 C-contiguous at load, then BLAS sgemm
   through numpy; gate and up are stacked into one [2·d_ff, d_model] matrix so one sgemm
   reads x once and a small batch gets a wider, more efficient GEMM.
-* block-quantized (Q8_0/Q4_K/Q6_K): raw GGML blocks stay as loaded. Batches below
-  `fused_max_rows` take the fused numba kernels (one pass over the blocks, memory-bound at
-  batch 1); larger batches dequantize row tiles of ~1 MiB into a reused f32 buffer and
-  sgemm each tile (compute-bound, so BLAS wins and the tile stays in L2).
-  Without numba, every batch takes the tiled path with the numpy dequantizer.
+* block-quantized (Q8_0/Q4_K/Q6_K): raw GGML blocks stay as loaded. Batches up to
+  `fused_max_rows` take a fused kernel that reads each block once per call:
+  - the C kernels (apps/experts/_qdot.c, built by setup.py), as llama.cpp does on CPUs: the
+    activation rows are quantized to int8 blocks once per call and dotted with the weight
+    blocks in integer SIMD (AVX-512 VNNI / AVX-VNNI / AVX2, picked for the CPU at import,
+    or a portable scalar loop), rows split over threads, GIL released. Quantizing the
+    activations adds a relative error of ~0.5-1% per projection (tests/experts/test_ffn.py
+    derives the bound); the weights' own quantization error is larger.
+  - else the numba kernels, which dequantize each block to f32 and dot it with f32 x (exact
+    up to f32 rounding, but compute-bound at ~3-5 G weights/s).
+  Larger batches dequantize row tiles of ~1 MiB into a reused f32 buffer and sgemm each
+  tile (compute-bound, so BLAS wins and the tile stays in L2).
+  Without numba or the C kernels (``use_numba=False``), every batch takes the tiled path
+  with the numpy dequantizer: the exact reference path.
 """
 
 from __future__ import annotations
@@ -27,9 +36,17 @@ import numpy as np
 
 from apps.experts.errors import InvalidPayload
 
+try:  # the C kernels; a machine that could not compile them falls back to numba
+    from apps.experts import _qdot
+except ImportError:
+    _qdot = None
+
 BLOCK_TYPES = ("Q8_0", "Q4_K", "Q6_K")
 DENSE_TYPES = ("F32", "F16", "BF16")
 _TILE_BYTES = 1 << 20  # f32 tile per sgemm in the large-batch path: fits L2 with room for x
+# Below this many multiply-adds a C matmul runs on one thread: starting and joining a helper
+# thread costs ~20-50 us, about what 1M int8 MACs take on one core.
+_QDOT_MIN_MACS_PER_THREAD = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -90,6 +107,18 @@ class CpuExpert:
         return sum(w.nbytes for w in self.gate_up) + self.down.nbytes
 
 
+def qdot_variants() -> list[str]:
+    """The C kernel variants this CPU can run, best first ([] when the extension is missing)."""
+    return list(_qdot.variants()) if _qdot is not None else []
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def cpu_isa() -> str:
     """The best SIMD level the CPU reports ('avx512_vnni', 'avx512f', 'avx2', 'baseline')."""
     try:
@@ -108,19 +137,36 @@ def cpu_isa() -> str:
 
 
 class CpuBackend:
-    """Dense f32 via BLAS; block formats via numba kernels (or numpy tiles without numba)."""
+    """Dense f32 via BLAS; block formats via the C or numba kernels (or numpy tiles).
+
+    use_numba=False: no compiled kernels at all (C or numba), the exact numpy reference path.
+    c_variant: the C kernel variant ("avx512vnni", "avxvnni", "avx2", "scalar"); None means
+        $TENZRO_QDOT_VARIANT or else the best this CPU runs; "off" uses numba instead.
+        Raises ValueError for a variant the CPU cannot run.
+    threads: threads per C matmul (default $TENZRO_QDOT_THREADS or the CPUs this process
+        may use); small matmuls run on one.
+    """
 
     name = "cpu"
     is_gpu = False
 
-    def __init__(self, *, use_numba: bool = True, fused_max_rows: int = 8) -> None:
+    def __init__(self, *, use_numba: bool = True, fused_max_rows: int = 8, c_variant: str | None = None,
+                 threads: int | None = None) -> None:
         self.isa = cpu_isa()
         self.fused_max_rows = fused_max_rows
         self._kernels: Any = None
+        self._qdot_variant: str | None = None
+        self._threads = max(1, threads or int(os.environ.get("TENZRO_QDOT_THREADS") or 0) or _cpu_count())
         if use_numba:
+            variant = (c_variant or os.environ.get("TENZRO_QDOT_VARIANT") or "").lower()
+            available = qdot_variants()
+            if variant not in ("", "off") and variant not in available:
+                raise ValueError(f"C kernel variant {variant!r} is not available here (available: {available})")
+            if variant != "off" and available:
+                self._qdot_variant = variant or available[0]
             try:
                 from apps.experts import kernels
-            except ImportError:  # numba missing or broken: the numpy tiles still work
+            except ImportError:  # numba missing or broken: the C kernels or numpy tiles still work
                 kernels = None
             self._kernels = kernels
         self._lut = self._kernels.f16_lut() if self._kernels else None
@@ -128,8 +174,12 @@ class CpuBackend:
         # from two Python threads; one launch already uses every core, so serializing costs
         # nothing. Dense BLAS calls run unlocked.
         self._kernel_lock = threading.Lock()
-        # numba compiles for the host CPU (LLVM picks the widest vectors the ISA allows)
-        self.cpu_kernel = f"numba-{self.isa}" if self._kernels else "numpy-tiled"
+        # what the fused (small-batch) path runs; numba compiles for the host CPU (LLVM picks
+        # the widest vectors the ISA allows)
+        if self._qdot_variant:
+            self.cpu_kernel = f"c-{self._qdot_variant}"
+        else:
+            self.cpu_kernel = f"numba-{self.isa}" if self._kernels else "numpy-tiled"
 
     # -- load --------------------------------------------------------------------------------
 
@@ -195,7 +245,13 @@ class CpuBackend:
             return (w.data @ x.T).T
         x = np.ascontiguousarray(x, dtype=np.float32)
         t = x.shape[0]
-        m = w.shape[0]
+        m, n = w.shape
+        if self._qdot_variant is not None and t <= self.fused_max_rows:
+            y = np.empty((t, m), dtype=np.float32)
+            threads = max(1, min(self._threads, t * m * n // _QDOT_MIN_MACS_PER_THREAD))
+            # no lock: each call has its own scratch, and the GIL is released inside
+            _qdot.matmul(w.ggml_type, w.data, m, n, x, t, y, self._qdot_variant, threads)
+            return y
         if self._kernels is not None and t <= self.fused_max_rows:
             y = np.empty((t, m), dtype=np.float32)
             with self._kernel_lock:
@@ -231,12 +287,15 @@ class CpuBackend:
 def select_backend(*, prefer: str | None = None) -> ComputeBackend:
     """Pick the compute backend at start.
 
-    `prefer` (or $TENZRO_EXPERT_BACKEND): "cpu" (numba kernels when importable), "cpu-numpy"
-    (no numba). GPU backends will register here; until then "auto" means the CPU backend.
+    `prefer` (or $TENZRO_EXPERT_BACKEND): "cpu" (C kernels when built, else numba),
+    "cpu-numba" (numba, not the C kernels), "cpu-numpy" (no compiled kernels). GPU backends
+    will register here; until then "auto" means the CPU backend.
     """
     choice = (prefer or os.environ.get("TENZRO_EXPERT_BACKEND") or "auto").lower()
     if choice == "cpu-numpy":
         return CpuBackend(use_numba=False)
+    if choice == "cpu-numba":
+        return CpuBackend(c_variant="off")
     if choice in ("auto", "cpu"):
         return CpuBackend()
-    raise ValueError(f"unknown expert backend {choice!r} (known: auto, cpu, cpu-numpy)")
+    raise ValueError(f"unknown expert backend {choice!r} (known: auto, cpu, cpu-numba, cpu-numpy)")

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from apps.blobs.store import BlobError
 from apps.experts.errors import ExpertRuntimeError
 from apps.experts.runtime import ExpertRuntime
 from apps.experts.wire import rows_from_bytes, rows_to_bytes
@@ -48,9 +49,13 @@ def _hidden(params: dict[str, Any], body: bytes) -> np.ndarray:
 class ExpertHandlers:
     """moe/* handlers bound to one runtime and one executor."""
 
-    def __init__(self, *, runtime: ExpertRuntime, executor: Executor) -> None:
+    def __init__(
+        self, *, runtime: ExpertRuntime, executor: Executor, resolve_blob: Callable[[str], bytes] | None = None
+    ) -> None:
+        """`resolve_blob(uri)` returns a blob's verified bytes (local store or a peer); it may block."""
         self.runtime = runtime
         self._executor = executor
+        self._resolve_blob = resolve_blob
 
     def table(self) -> dict[str, MethodHandler]:
         return {
@@ -76,16 +81,22 @@ class ExpertHandlers:
         return {name: params[name] for name in names if params.get(name) is not None}
 
     async def _payload(self, params: dict[str, Any], body: bytes, what: str) -> bytes:
-        """The payload bytes: the request body, or a file on this node named by `path`."""
+        """The payload bytes: the request body, a file on this node (`path`), or a blob (`blob_uri`)."""
         if body:
             return body
-        path = params.get("path")
+        loop = asyncio.get_running_loop()
+        path, uri = params.get("path"), params.get("blob_uri")
         if isinstance(path, str) and path:
             try:
-                return await asyncio.get_running_loop().run_in_executor(self._executor, Path(path).read_bytes)
+                return await loop.run_in_executor(self._executor, Path(path).read_bytes)
             except OSError as exc:
                 raise HandlerError("invalid_input", f"cannot read {what} payload file {path}: {exc.strerror}") from exc
-        raise HandlerError("invalid_input", f"no {what} payload: send it as the body or name a file in 'path'")
+        if isinstance(uri, str) and uri and self._resolve_blob is not None:
+            try:
+                return await loop.run_in_executor(self._executor, self._resolve_blob, uri)
+            except BlobError as exc:
+                raise HandlerError(exc.reason, str(exc)) from exc
+        raise HandlerError("invalid_input", f"no {what} payload: send it as the body, or name a path or blob_uri")
 
     async def expert_load(self, params: dict[str, Any], body: bytes) -> Result:
         expect = self._expected(params, ("model_id", "layer", "expert"))

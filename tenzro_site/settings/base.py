@@ -37,6 +37,12 @@ TENZRO_QUIC_MAX_BODY = env_int("TENZRO_QUIC_MAX_BODY", 256 * 1024 * 1024)
 TENZRO_MEMORY_BUDGET_BYTES = env_int("TENZRO_MEMORY_BUDGET_BYTES", 0)
 # Threads of the expert worker that run expert compute and payload decoding.
 TENZRO_COMPUTE_THREADS = env_int("TENZRO_COMPUTE_THREADS", 2)
+# Largest blob this node fetches from a peer, in bytes.
+TENZRO_BLOB_MAX_BYTES = env_int("TENZRO_BLOB_MAX_BYTES", 4 * 1024**3)
+# Blobs younger than this are never garbage-collected (a job may not have recorded them yet).
+TENZRO_BLOB_GC_MIN_AGE_S = env_int("TENZRO_BLOB_GC_MIN_AGE_S", 600)
+# Seconds a prepare job's lock lives without progress (renewed after every expert).
+TENZRO_PREPARE_LOCK_TTL_S = env_int("TENZRO_PREPARE_LOCK_TTL_S", 120)
 REDIS_URL = env_str("REDIS_URL", DEFAULT_REDIS_URL)
 
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", "") or read_or_create_secret(TENZRO_DATA_DIR / "django.secret")
@@ -57,6 +63,8 @@ INSTALLED_APPS = [
     "apps.governance",
     "apps.transport",
     "apps.experts",
+    "apps.blobs",
+    "apps.catalog",
     "apps.dashboard",
 ]
 

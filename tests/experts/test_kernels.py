@@ -1,17 +1,24 @@
-"""The numba block kernels against gguf-py's dequantizer (the reference for all three layouts).
+"""The numba and C block kernels against gguf-py's dequantizer (the reference for all three
+layouts).
 
 Weights are random *valid* blocks (arbitrary quant bytes and scale bytes, finite f16 d/dmin),
 which exercises every bit of every packed field, not just what a quantizer happens to emit.
+
+The C kernels quantize the activations to int8 first (apps/experts/_qdot.c); `quantized_x`
+rebuilds that quantization in numpy bit for bit, so the C result is compared with an f64
+product of exactly what the kernel multiplies, within f32 accumulation error.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
 from apps.experts import kernels
-from apps.experts.backends import CpuBackend, CpuWeight
+from apps.experts.backends import CpuBackend, CpuWeight, qdot_variants
 
 FORMATS = ["Q8_0", "Q4_K", "Q6_K"]
 F16_FIELDS = {"Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}  # byte offsets of f16 d / dmin in a block
@@ -63,13 +70,14 @@ def test_fused_matmul_matches_reference(fmt, t):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("use_numba", [True, False])
 def test_backend_paths_agree(fmt, use_numba):
-    """Fused (small batch) and tiled (large batch) paths, with and without numba."""
+    """Fused (small batch) and tiled (large batch) paths, with and without numba (the C
+    kernels, which quantize the activations, are tested against their own reference below)."""
     rng = np.random.default_rng(12)
     m, n = 300, 512  # 300 rows: the last tile is partial
     blocks = random_blocks(rng, fmt, m, n)
     w = CpuWeight(fmt, (m, n), blocks)
     ref_w = reference_weights(fmt, blocks).astype(np.float64)
-    backend = CpuBackend(use_numba=use_numba, fused_max_rows=4)
+    backend = CpuBackend(use_numba=use_numba, fused_max_rows=4, c_variant="off")
     for t in (1, 4, 5, 40):
         x = rng.standard_normal((t, n)).astype(np.float32)
         ref = x.astype(np.float64) @ ref_w.T
@@ -94,3 +102,167 @@ def test_f16_lut_is_exact():
     finite = np.isfinite(np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16))
     ref = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
     assert np.array_equal(lut[finite], ref[finite])
+
+
+# --- C kernels (apps/experts/_qdot.c) ------------------------------------------------------------
+
+VARIANTS = qdot_variants()
+needs_c = pytest.mark.skipif(not VARIANTS, reason="C kernels not built (pip install -e . compiles them)")
+ACT_BLOCK = {"Q8_0": 32, "Q4_K": 256, "Q6_K": 256}
+C_RTOL = 1e-5  # f32 accumulation of exact integer block sums, vs an f64 reference
+
+
+def quantized_x(fmt: str, x: np.ndarray) -> np.ndarray:
+    """f64 [t, n]: x as the C kernels see it, rebuilt with the same f32 operations.
+
+    Per activation block: d = amax/127, q = rint(x/d) (half to even) in [-127, 127]. For Q8_0
+    a second int8 part quantizes the residual x - q·d (rounded once) on a 128x finer grid.
+    """
+    t, n = x.shape
+    block = ACT_BLOCK[fmt]
+    xb = x.reshape(t, n // block, block)
+    d = np.abs(xb).max(axis=2, keepdims=True) / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d > 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv)
+    assert np.abs(q).max() <= 127
+    out = q.astype(np.float64)
+    if fmt == "Q8_0":
+        # q·d is exact in f64 and so is the difference, so one rounding to f32 = the kernel's fma
+        r = (xb.astype(np.float64) - q * d.astype(np.float64)).astype(np.float32)
+        out += np.rint(r * (inv * np.float32(128))).astype(np.float64) / 128
+    return (out * d.astype(np.float64)).reshape(t, n)
+
+
+def c_matmul(fmt: str, blocks: np.ndarray, x: np.ndarray, variant: str, threads: int = 1) -> np.ndarray:
+    """The extension called directly (the backend would run matmuls this small on one thread)."""
+    from apps.experts import _qdot
+
+    (t, n), m = x.shape, blocks.shape[0]
+    y = np.empty((t, m), dtype=np.float32)
+    _qdot.matmul(fmt, np.ascontiguousarray(blocks), m, n, np.ascontiguousarray(x), t, y, variant, threads)
+    return y
+
+
+def _rel_max(y: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(y - ref).max() / np.abs(ref).max())
+
+
+@needs_c
+def test_variants_and_cpu_kernel(monkeypatch):
+    assert VARIANTS[-1] == "scalar"
+    for variant in VARIANTS:
+        assert CpuBackend(c_variant=variant).cpu_kernel == f"c-{variant}"
+    assert CpuBackend().cpu_kernel == f"c-{VARIANTS[0]}"  # the best one by default
+    monkeypatch.setenv("TENZRO_QDOT_VARIANT", "scalar")
+    assert CpuBackend().cpu_kernel == "c-scalar"
+    assert CpuBackend(c_variant="off").cpu_kernel.startswith("numba-")
+    # through the backend: the fused path at small batch, 2 threads for a big enough matmul
+    rng = np.random.default_rng(35)
+    blocks = random_blocks(rng, "Q4_K", 512, 2048)
+    x = rng.standard_normal((2, 2048)).astype(np.float32)
+    ref = quantized_x("Q4_K", x) @ reference_weights("Q4_K", blocks).astype(np.float64).T
+    y = CpuBackend(threads=2).matmul(x, CpuWeight("Q4_K", (512, 2048), blocks))
+    assert _rel_max(y, ref) < C_RTOL
+    assert CpuBackend(use_numba=False).cpu_kernel == "numpy-tiled"
+    with pytest.raises(ValueError, match="not available"):
+        CpuBackend(c_variant="sse9")
+
+
+@needs_c
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_c_matmul_matches_reference(fmt, variant):
+    """Every ISA variant, batch 1..9 (token chunks of 4 or 8 plus a remainder), 45 rows (not a
+    multiple of the 32-row tile), Q8_0 with an odd block count (the kernel steps two blocks),
+    one and two threads."""
+    rng = np.random.default_rng(30)
+    m, n = 45, (800 if fmt == "Q8_0" else 768)
+    blocks = random_blocks(rng, fmt, m, n)
+    w = reference_weights(fmt, blocks).astype(np.float64)
+    for t in range(1, 10):
+        x = rng.standard_normal((t, n)).astype(np.float32)
+        ref = quantized_x(fmt, x) @ w.T
+        for threads in (1, 2):
+            y = c_matmul(fmt, blocks, x, variant, threads)
+            assert y.shape == (t, m) and y.dtype == np.float32
+            err = _rel_max(y, ref)
+            assert err < C_RTOL, f"{fmt} {variant} t={t} threads={threads}: max error {err:.2e}"
+
+
+@needs_c
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_c_variants_agree(fmt):
+    """Same integer block sums in every variant; only the f32 summation order differs."""
+    rng = np.random.default_rng(31)
+    blocks = random_blocks(rng, fmt, 70, 1024)
+    x = rng.standard_normal((6, 1024)).astype(np.float32)
+    base = c_matmul(fmt, blocks, x, "scalar")
+    for variant in VARIANTS:
+        assert _rel_max(c_matmul(fmt, blocks, x, variant), base) < C_RTOL, variant
+
+
+@needs_c
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_c_zeros_and_outliers(fmt, variant):
+    rng = np.random.default_rng(32)
+    m, n = 33, 512
+    blocks = random_blocks(rng, fmt, m, n)
+    w = reference_weights(fmt, blocks).astype(np.float64)
+    zeros = np.zeros((3, n), dtype=np.float32)
+    assert not c_matmul(fmt, blocks, zeros, variant).any()  # d = 0 blocks give exact zeros
+    # one huge value per row: its block's scale is set by it and the rest of that block rounds
+    # to zero, which is what the reference quantizer says too; nothing overflows
+    x = rng.standard_normal((3, n)).astype(np.float32)
+    x[0, 5], x[1, 300], x[2, -1] = 1e30, -3e29, 1e25
+    y = c_matmul(fmt, blocks, x, variant)
+    assert np.isfinite(y).all()
+    assert _rel_max(y, quantized_x(fmt, x) @ w.T) < C_RTOL
+    # the outlier itself is represented exactly up to f32 rounding, so y ~ the f64 product
+    assert _rel_max(y, x.astype(np.float64) @ w.T) < 1e-5
+
+
+@needs_c
+def test_c_from_gguf_quantizer_and_threads():
+    """Real Q8_0 blocks, and two Python threads calling the kernel at once (the GIL is
+    released inside, so they really overlap) get the same answers as alone."""
+    rng = np.random.default_rng(33)
+    dense = rng.standard_normal((256, 512)).astype(np.float32)
+    blocks = quants.quantize(dense, GGMLQuantizationType.Q8_0)
+    xs = [rng.standard_normal((t, 512)).astype(np.float32) for t in (1, 5)]
+    alone = [c_matmul("Q8_0", blocks, x, VARIANTS[0], threads=2) for x in xs]
+    w = quants.dequantize(blocks, GGMLQuantizationType.Q8_0).astype(np.float64)
+    for x, y in zip(xs, alone, strict=True):
+        assert _rel_max(y, quantized_x("Q8_0", x) @ w.T) < C_RTOL
+        assert _rel_max(y, x.astype(np.float64) @ w.T) < 1e-3  # the two-part activation: ~1e-4
+    results: dict[int, list[np.ndarray]] = {}
+
+    def work(i: int) -> None:
+        results[i] = [c_matmul("Q8_0", blocks, x, VARIANTS[0], threads=2) for x in xs * 20]
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for th in workers:
+        th.start()
+    for th in workers:
+        th.join()
+    for i in range(2):
+        for k, y in enumerate(results[i]):
+            assert np.array_equal(y, alone[k % 2])
+
+
+@needs_c
+def test_c_rejects_bad_arguments():
+    from apps.experts import _qdot
+
+    blocks = random_blocks(np.random.default_rng(34), "Q4_K", 4, 256)
+    x = np.zeros((1, 256), np.float32)
+    y = np.zeros((1, 4), np.float32)
+    with pytest.raises(ValueError, match="buffer sizes"):
+        _qdot.matmul("Q4_K", blocks[:3], 4, 256, x, 1, y, "scalar", 1)
+    with pytest.raises(ValueError, match="unknown format"):
+        _qdot.matmul("Q5_K", blocks, 4, 256, x, 1, y, "scalar", 1)
+    with pytest.raises(ValueError, match="unsupported"):
+        _qdot.matmul("Q4_K", blocks, 4, 256, x, 1, y, "neon", 1)
+    with pytest.raises(ValueError, match="bad shape"):
+        _qdot.matmul("Q4_K", blocks, 4, 200, x, 1, y, "scalar", 1)

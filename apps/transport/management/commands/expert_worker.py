@@ -16,6 +16,10 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from apps.blobs.handlers import BlobHandlers
+from apps.blobs.resolver import resolve_blob
+from apps.blobs.selectors import blob_store
+from apps.blobs.store import parse_blob_uri
 from apps.experts.handlers import ExpertHandlers
 from apps.experts.runtime import ExpertRuntime
 from apps.node.selectors import node_identity
@@ -56,7 +60,17 @@ async def run_worker() -> None:
     budget = settings.TENZRO_MEMORY_BUDGET_BYTES or None  # 0: 60% of available memory
     runtime = ExpertRuntime(data_dir=settings.TENZRO_DATA_DIR, memory_budget_bytes=budget)
     executor = ThreadPoolExecutor(max_workers=settings.TENZRO_COMPUTE_THREADS, thread_name_prefix="expert")
-    methods = WorkerMethods(identity=identity, extra=ExpertHandlers(runtime=runtime, executor=executor).table())
+    store = blob_store()
+
+    def resolve(uri: str) -> bytes:
+        return resolve_blob(store, parse_blob_uri(uri), peers=settings.TENZRO_PEERS,
+                            max_bytes=settings.TENZRO_BLOB_MAX_BYTES)
+
+    handlers = {
+        **ExpertHandlers(runtime=runtime, executor=executor, resolve_blob=resolve).table(),
+        **BlobHandlers(store=store, executor=executor).table(),
+    }
+    methods = WorkerMethods(identity=identity, extra=handlers)
     status = runtime.status()
     logger.info("expert runtime: %d experts (%d warm), %d gates, budget %d bytes, backend %s, kernel %s",
                 len(status["experts"]), status["counts"]["warm"], status["counts"]["gates"],

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class BlobsConfig(AppConfig):
+    name = "apps.blobs"
+    label = "blobs"
+    verbose_name = "Blob store"

@@ -1,0 +1,36 @@
+"""Prepare jobs: slice + quantize a layer's experts out of a checkpoint and publish blobs."""
+
+import uuid
+
+from django.db import models
+
+
+class JobState(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+
+
+class PrepareJob(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    model_id = models.CharField(max_length=200)
+    layer = models.PositiveIntegerField()
+    experts = models.JSONField(help_text="Expert ids, ascending.")
+    quant = models.JSONField(null=True, blank=True, help_text="Preset name, per-projection object, or null (f32).")
+    checkpoint = models.CharField(max_length=1000, help_text="Checkpoint folder or http(s) URL.")
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED)
+    error_reason = models.CharField(max_length=64, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    # {"gate": {hash, size} | null, "experts": {"<id>": {hash, size, formats}}}: filled as work completes.
+    results = models.JSONField(default=dict)
+    attempts = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-created_at",)
+
+    def __str__(self) -> str:
+        return f"prepare {self.model_id} layer {self.layer} experts {self.experts} ({self.state})"

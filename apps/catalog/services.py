@@ -1,0 +1,143 @@
+"""Prepare jobs: create, run (the Celery task's body), resume after a worker restart.
+
+A job is idempotent: slicing and quantization are deterministic, so running it again (after a
+crash, or as a new job with the same arguments) publishes byte-identical blobs and hashes.
+Progress is saved after every expert, and a re-run skips experts whose blobs are stored.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from apps.api.errors import InvalidInput
+from apps.blobs.selectors import blob_store
+from apps.catalog.checkpoint import CheckpointError, CheckpointReader
+from apps.catalog.models import JobState, PrepareJob
+from apps.catalog.selectors import default_checkpoint
+from apps.catalog.shapes import CatalogError, ModelShape, catalog_shape, shape_from_config
+from apps.catalog.slicing import SlicingError, gate_payload_for_layer, prepare_expert
+from apps.node.selectors import redis_client
+from apps.quantization.payload import PayloadError
+from apps.quantization.presets import resolve_quant
+
+logger = logging.getLogger(__name__)
+LOCK_KEY = "tenzro:prepare-lock:{job_id}"
+
+
+class JobBusy(Exception):
+    """Another worker process holds the job's lock; the task retries later."""
+
+
+def prepare_job_create(
+    *, model_id: str, layer: int, experts: list[int], quant: str | Mapping[str, str] | None,
+    checkpoint: str | None,
+) -> PrepareJob:
+    """Validate and queue a prepare job (the task is sent after the row commits)."""
+    try:
+        resolve_quant(quant)
+    except ValueError as exc:
+        raise InvalidInput(f"invalid quant: {exc}", reason="invalid_quant") from exc
+    wanted = sorted(set(experts))
+    if not wanted or wanted[0] < 0:
+        raise InvalidInput(f"experts must be non-empty, non-negative ids, got {experts}")
+    source = checkpoint or default_checkpoint(model_id)
+    if source is None:
+        raise InvalidInput(f"no checkpoint given and the catalog has no default source for {model_id!r}",
+                           reason="checkpoint_required")
+    job = PrepareJob.objects.create(model_id=model_id, layer=layer, experts=wanted, quant=quant, checkpoint=source)
+    from apps.catalog.tasks import prepare_job_task  # tasks import services: avoid the cycle at import time
+
+    transaction.on_commit(lambda: prepare_job_task.delay(str(job.pk)))
+    return job
+
+
+def _shape(model_id: str, config: dict[str, Any]) -> ModelShape:
+    """The checkpoint's own config is authoritative; the catalog entry is the fallback."""
+    try:
+        return shape_from_config(model_id, config)
+    except CatalogError:
+        return catalog_shape(model_id)
+
+
+def prepare_job_run(*, job_id: str) -> None:
+    """Run a job to completion unless it is finished or another worker holds it (JobBusy)."""
+    lock = redis_client().lock(LOCK_KEY.format(job_id=job_id), timeout=settings.TENZRO_PREPARE_LOCK_TTL_S)
+    if not lock.acquire(blocking=False):
+        raise JobBusy(job_id)
+    try:
+        job = PrepareJob.objects.get(pk=job_id)
+        if job.state in (JobState.DONE, JobState.FAILED):
+            return
+        job.state, job.started_at, job.attempts = JobState.RUNNING, timezone.now(), job.attempts + 1
+        job.save(update_fields=["state", "started_at", "attempts"])
+        try:
+            _run(job, lock)
+        except (CheckpointError, SlicingError, CatalogError, PayloadError, ValueError) as exc:
+            job.state, job.error_reason, job.error = JobState.FAILED, getattr(exc, "reason", "invalid_input"), str(exc)
+            logger.warning("prepare job %s failed: %s", job_id, exc)
+        else:
+            job.state = JobState.DONE
+        job.finished_at = timezone.now()
+        job.save(update_fields=["state", "error_reason", "error", "finished_at"])
+    finally:
+        try:
+            lock.release()
+        except Exception:  # expired while we worked: nothing to release
+            logger.debug("prepare lock of %s had expired", job_id)
+
+
+def _run(job: PrepareJob, lock: Any) -> None:
+    store = blob_store()
+    results = job.results or {}
+    done = results.setdefault("experts", {})
+    with CheckpointReader.open(job.checkpoint) as reader:
+        shape = _shape(job.model_id, reader.config)
+        total = shape.n_experts_total
+        outside = [e for e in job.experts if total is not None and e >= total]
+        if outside:  # checked before anything is published, so a refused job stores nothing
+            raise SlicingError("expert_out_of_range", f"{job.model_id} has experts 0..{total - 1} "
+                               f"(routed, then shared); asked for {outside}")
+        if not (results.get("gate") and store.has(results["gate"]["hash"])):
+            gate = gate_payload_for_layer(reader, shape, job.layer, model_id=job.model_id)
+            results["gate"] = {"hash": store.put(gate), "size": len(gate)}
+            _save_progress(job, results, lock)
+        for expert in job.experts:
+            entry = done.get(str(expert))
+            if entry and store.has(entry["hash"]):
+                continue  # finished before a restart; the bytes would be identical anyway
+            payload, formats = prepare_expert(reader, shape, model_id=job.model_id, layer=job.layer, expert=expert,
+                                              quant=job.quant)
+            done[str(expert)] = {"hash": store.put(payload), "size": len(payload), "formats": formats}
+            _save_progress(job, results, lock)
+
+
+def _save_progress(job: PrepareJob, results: dict[str, Any], lock: Any) -> None:
+    job.results = results
+    job.save(update_fields=["results"])
+    lock.extend(settings.TENZRO_PREPARE_LOCK_TTL_S, replace_ttl=True)
+
+
+def prepare_jobs_resume() -> list[str]:
+    """Requeue every unfinished job; called when this node's Celery worker starts.
+
+    A job left `running` by a killed worker would otherwise wait for the broker's visibility
+    timeout (an hour). One Celery worker serves a node, so at its start none of this node's
+    jobs can be running: their stale locks are cleared before requeueing.
+    """
+    from apps.catalog.tasks import prepare_job_task
+
+    ids = [str(pk) for pk in PrepareJob.objects.filter(state__in=[JobState.QUEUED, JobState.RUNNING])
+           .values_list("pk", flat=True)]
+    client = redis_client()
+    for job_id in ids:
+        client.delete(LOCK_KEY.format(job_id=job_id))
+        prepare_job_task.delay(job_id)
+    if ids:
+        logger.info("requeued %d unfinished prepare jobs", len(ids))
+    return ids

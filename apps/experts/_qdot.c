@@ -1,0 +1,704 @@
+/* Integer dot-product kernels for block-quantized expert matmuls: y[t, m] = x[t, n] · W[m, n]ᵀ.
+ *
+ * The scheme llama.cpp uses on CPUs: the activation rows are quantized once per call to int8
+ * blocks, then every weight block is dotted with them in integer SIMD and the integer block
+ * sums are scaled and accumulated in f32.
+ *
+ *   Q8_0 weights  x  "A16_32" activations: per 32 values an f32 scale d_a and two int8 parts,
+ *                     x ≈ d_a·(q_a + r_a/128) (r_a: the rounding residual, quantized again), so
+ *                     y += d_w·d_a · Σ q_w·(128·q_a + r_a) / 128       (one term per block)
+ *                     A Q8_0 weight is as precise as an int8 activation, so plain int8
+ *                     activations (llama.cpp's Q8_0 x Q8_0) would double a Q8_0 expert's error
+ *                     (measured 0.9% -> 1.6% vs f32); the second part makes it negligible for
+ *                     one more dot per block.
+ *   Q4_K weights  x  "A8_256" activations: per 256 values an f32 d_a, int8 q_a[256] and the
+ *                     sums of q_a over each 16 values (bsums), so with w = d·sc_j·q − dmin·m_j
+ *                     y += d_a·(d·Σ_j sc_j·Σ q·q_a − dmin·Σ_j m_j·bsum32_j)
+ *   Q6_K weights  x  A8_256:  w = d·sc_k·(q − 32), q in [0, 63] (unsigned, so it can be the u8
+ *                     operand of maddubs/dpbusd directly), k = 16-value group
+ *                     y += d_a·d·Σ_k sc_k·(Σ q·q_a − 32·bsum16_k)
+ *
+ * The K-quants' own error (~10% per expert) dwarfs int8 activations' (~2%), so they use one part.
+ *
+ * Activation quantization is symmetric (d_a = amax/127, q_a in [-127, 127]) and rounds half to
+ * even, so tests can rebuild it bit for bit in numpy. −128 never occurs, which keeps the
+ * sign trick below exact.
+ *
+ * Overflow bounds (all exact, no saturation): maddubs of |q_w| <= 128 (Q8_0, via the sign
+ * trick: |w|·sign(a, w)) or q <= 63 with |q_a| <= 127 gives pairs <= 2·128·127 = 32512 < 2^15;
+ * madd by a 6-bit (Q4_K) or int8 (Q6_K) scale then stays far below 2^31 over 256 values.
+ *
+ * ISA variants: the SIMD kernels below the QDOT_BODY guard are compiled several times by
+ * including this file into itself under different `#pragma GCC target` regions (avx2+fma,
+ * AVX-VNNI, AVX-512 VNNI on 256-bit vectors, where EVEX gives 32 registers and so 8 token
+ * accumulators); the variant is picked at import with __builtin_cpu_supports, or forced by
+ * name. A portable scalar C kernel is always present and computes the same integer sums.
+ *
+ * Weight layouts: see apps/experts/kernels.py (ggml-common.h byte for byte).
+ * Threads: the compute runs with the GIL released; every call uses only its own scratch.
+ */
+
+#ifndef QDOT_BODY
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <pthread.h>
+
+#define Q8_0_BYTES 34
+#define Q4_K_BYTES 144
+#define Q6_K_BYTES 210
+#define ROW_TILE 32 /* weight rows per tile: re-read from L1/L2 for each chunk of tokens */
+
+enum { FMT_Q8_0 = 0, FMT_Q4_K = 1, FMT_Q6_K = 2 };
+
+/* Activations quantized for one call. A16_32: qs, lo [t][n], d [t][n/32]. A8_256: qs [t][n],
+ * d [t][n/256], bsums [t][n/256][16]. */
+typedef struct {
+    int8_t *qs, *lo;
+    float *d;
+    int16_t *bsums;
+    int t, n;
+} acts_t;
+
+/* f16 bits -> f32, exact for every finite value (subnormals included): put the 15 magnitude
+ * bits where an f32's exponent and mantissa sit, then rescale by 2^(127-15) = 2^112, which
+ * also turns f16 subnormals into the right f32 normals. inf/NaN are mapped back explicitly. */
+static inline float f16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v, scale, infnan;
+    scale.u = (uint32_t)(127 + 127 - 15) << 23;  /* 2^112 */
+    infnan.u = (uint32_t)(127 + 16) << 23;       /* 2^16: the smallest rescaled inf/NaN */
+    v.u = (uint32_t)(h & 0x7fff) << 13;
+    v.f *= scale.f;
+    if (v.f >= infnan.f) v.u |= 255u << 23;
+    v.u |= (uint32_t)(h & 0x8000) << 16;
+    return v.f;
+}
+
+static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+/* One row of activations to int8 blocks of `block` values: d = amax/127, q = rint(x/d).
+ * The scale and its inverse are f32 exactly as numpy computes them (tests rebuild this). */
+static void quantize_row(const float *x, int n, int block, int8_t *qs, float *d, int16_t *bsums, int8_t *lo) {
+    for (int b = 0; b < n / block; b++) {
+        const float *xb = x + (size_t)b * block;
+        float amax = 0.0f;
+        for (int i = 0; i < block; i++) {
+            float a = xb[i] < 0 ? -xb[i] : xb[i];
+            amax = a > amax ? a : amax;
+        }
+        float db = amax / 127.0f;
+        float id = db > 0.0f ? 1.0f / db : 0.0f;
+        d[b] = db;
+        int8_t *qb = qs + (size_t)b * block;
+        /* round half to even without a libm call: adding and subtracting 1.5·2^23 leaves the
+         * integer part for |v| < 2^22 (here |v| <= 127); -O3 without -ffast-math keeps both ops */
+        const float big = 12582912.0f;
+        for (int i = 0; i < block; i++) {
+            float v = xb[i] * id;
+            int32_t q = (int32_t)((v + big) - big);
+            q = q > 127 ? 127 : (q < -127 ? -127 : q);
+            qb[i] = (int8_t)q;
+            if (lo) {
+                /* residual with one rounding (fma), then on a 128x finer grid: |r·128/d| <= 64 */
+                int32_t r = (int32_t)((fmaf(-(float)q, db, xb[i]) * (id * 128.0f) + big) - big);
+                lo[(size_t)b * block + i] = (int8_t)(r > 127 ? 127 : (r < -127 ? -127 : r));
+            }
+        }
+        if (bsums) {
+            for (int g = 0; g < block / 16; g++) {
+                int s = 0;
+                for (int i = 0; i < 16; i++) s += qb[16 * g + i];
+                bsums[(size_t)b * (block / 16) + g] = (int16_t)s;
+            }
+        }
+    }
+}
+
+/* Q4_K's 12 packed bytes -> 8 six-bit scales and 8 six-bit mins (diagram in kernels.py):
+ * bytes 0-3 hold scale j (low 6 bits) and the top bits of scale j+4, bytes 4-7 min j and the
+ * top bits of min j+4, bytes 8-11 the low nibbles of scale j+4 | min j+4. Done on 32-bit
+ * words, four sub-blocks at a time. */
+static inline void q4_k_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t a, b, c, w[4];
+    memcpy(&a, s, 4);
+    memcpy(&b, s + 4, 4);
+    memcpy(&c, s + 8, 4);
+    w[0] = a & 0x3f3f3f3fu;                                    /* scales 0-3 */
+    w[1] = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);       /* scales 4-7 */
+    w[2] = b & 0x3f3f3f3fu;                                    /* mins 0-3 */
+    w[3] = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u); /* mins 4-7 */
+    memcpy(sc, w, 8);
+    memcpy(mn, w + 2, 8);
+}
+
+/* --- portable scalar kernels (same integer sums as the SIMD ones) --------------------------- */
+
+static void q8_0_rows_scalar(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m) {
+    int nb = a->n / 32;
+    for (int o = r0; o < r1; o++) {
+        const uint8_t *wr = w + (size_t)o * rb;
+        for (int tt = 0; tt < a->t; tt++) {
+            const int8_t *qa = a->qs + (size_t)tt * a->n;
+            const float *da = a->d + (size_t)tt * nb;
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *blk = wr + (size_t)b * Q8_0_BYTES;
+                const int8_t *qw = (const int8_t *)(blk + 2);
+                int32_t s = 0;
+                const int8_t *lo = a->lo + (size_t)tt * a->n;
+                for (int i = 0; i < 32; i++) s += qw[i] * (128 * qa[32 * b + i] + lo[32 * b + i]);
+                acc += f16_to_f32(rd16(blk)) * (1.0f / 128) * da[b] * (float)s; /* 1/128: exact */
+            }
+            y[(size_t)tt * m + o] = acc;
+        }
+    }
+}
+
+static void q4_k_rows_scalar(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m) {
+    int nb = a->n / 256;
+    for (int o = r0; o < r1; o++) {
+        const uint8_t *wr = w + (size_t)o * rb;
+        for (int tt = 0; tt < a->t; tt++) {
+            const int8_t *qa = a->qs + (size_t)tt * a->n;
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *blk = wr + (size_t)b * Q4_K_BYTES;
+                const int8_t *q8 = qa + 256 * b;
+                const int16_t *bs = a->bsums + ((size_t)tt * nb + b) * 16;
+                uint8_t sc[8], mn[8];
+                q4_k_scales(blk + 4, sc, mn);
+                int32_t sumi = 0, summ = 0;
+                for (int j = 0; j < 4; j++) {
+                    const uint8_t *qs = blk + 16 + 32 * j;
+                    int32_t lo = 0, hi = 0;
+                    for (int i = 0; i < 32; i++) {
+                        lo += (qs[i] & 15) * q8[64 * j + i];
+                        hi += (qs[i] >> 4) * q8[64 * j + 32 + i];
+                    }
+                    sumi += sc[2 * j] * lo + sc[2 * j + 1] * hi;
+                }
+                for (int j = 0; j < 8; j++) summ += mn[j] * (bs[2 * j] + bs[2 * j + 1]);
+                float da = a->d[(size_t)tt * nb + b];
+                acc += da * (f16_to_f32(rd16(blk)) * (float)sumi - f16_to_f32(rd16(blk + 2)) * (float)summ);
+            }
+            y[(size_t)tt * m + o] = acc;
+        }
+    }
+}
+
+static void q6_k_rows_scalar(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m) {
+    int nb = a->n / 256;
+    for (int o = r0; o < r1; o++) {
+        const uint8_t *wr = w + (size_t)o * rb;
+        for (int tt = 0; tt < a->t; tt++) {
+            const int8_t *qa = a->qs + (size_t)tt * a->n;
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *blk = wr + (size_t)b * Q6_K_BYTES;
+                const int8_t *sc = (const int8_t *)(blk + 192);
+                const int16_t *bs = a->bsums + ((size_t)tt * nb + b) * 16;
+                int32_t sumi = 0;
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+                    const int8_t *q8 = qa + 256 * b + 128 * h;
+                    int32_t part[8] = {0};
+                    for (int l = 0; l < 32; l++) {
+                        int g = l / 16;
+                        part[0 + g] += ((ql[l] & 15) | ((qh[l] & 3) << 4)) * q8[l];
+                        part[2 + g] += ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) * q8[l + 32];
+                        part[4 + g] += ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) * q8[l + 64];
+                        part[6 + g] += ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) * q8[l + 96];
+                    }
+                    for (int k = 0; k < 8; k++) sumi += sc[8 * h + k] * (part[k] - 32 * bs[8 * h + k]);
+                }
+                acc += a->d[(size_t)tt * nb + b] * f16_to_f32(rd16(blk + 208)) * (float)sumi;
+            }
+            y[(size_t)tt * m + o] = acc;
+        }
+    }
+}
+
+/* --- SIMD variants ------------------------------------------------------------------------- */
+
+typedef void (*rows_fn)(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m);
+
+typedef void (*quant_fn)(const float *x, int n, int block, int8_t *qs, float *d, int16_t *bsums, int8_t *lo);
+
+typedef struct {
+    const char *name;
+    int (*supported)(void);
+    quant_fn quantize;
+    rows_fn fns[3]; /* by FMT_* */
+} variant_t;
+
+static int always(void) { return 1; }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+static int has_avx2(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+static int has_avxvnni(void) { return has_avx2() && __builtin_cpu_supports("avxvnni"); }
+static int has_avx512vnni(void) {
+    return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+
+#define QDOT_BODY
+
+/* AVX2: u8·s8 pairs -> i16 (maddubs), then i16 pairs -> i32 (madd). */
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define SFX(name) name##_avx2
+#define MAXT 4
+#define DOT_U8S8(acc, u, s) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(1)))
+#define DOT_I16(acc, p, s) _mm256_add_epi32((acc), _mm256_madd_epi16((p), (s)))
+#include "_qdot.c"
+#undef SFX
+#undef MAXT
+#undef DOT_U8S8
+#undef DOT_I16
+#pragma GCC pop_options
+
+/* AVX-VNNI (VEX): u8·s8 quads accumulated into i32 in one instruction (dpbusd); i16 pairs
+ * likewise (dpwssd). Still 16 vector registers, so 4 tokens per pass. */
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avxvnni")
+#define SFX(name) name##_avxvnni
+#define MAXT 4
+#define DOT_U8S8(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
+#define DOT_I16(acc, p, s) _mm256_dpwssd_avx_epi32((acc), (p), (s))
+#include "_qdot.c"
+#undef SFX
+#undef MAXT
+#undef DOT_U8S8
+#undef DOT_I16
+#pragma GCC pop_options
+
+/* AVX-512 VNNI on 256-bit vectors (EVEX, 32 registers: 8 tokens per pass). */
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#define SFX(name) name##_avx512vnni
+#define MAXT 8
+#define DOT_U8S8(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#define DOT_I16(acc, p, s) _mm256_dpwssd_epi32((acc), (p), (s))
+#include "_qdot.c"
+#undef SFX
+#undef MAXT
+#undef DOT_U8S8
+#undef DOT_I16
+#pragma GCC pop_options
+
+#undef QDOT_BODY
+
+/* best first */
+static const variant_t VARIANTS[] = {
+    {"avx512vnni", has_avx512vnni, quantize_row_avx512vnni, {q8_0_rows_avx512vnni, q4_k_rows_avx512vnni, q6_k_rows_avx512vnni}},
+    {"avxvnni", has_avxvnni, quantize_row_avxvnni, {q8_0_rows_avxvnni, q4_k_rows_avxvnni, q6_k_rows_avxvnni}},
+    {"avx2", has_avx2, quantize_row_avx2, {q8_0_rows_avx2, q4_k_rows_avx2, q6_k_rows_avx2}},
+    {"scalar", always, quantize_row, {q8_0_rows_scalar, q4_k_rows_scalar, q6_k_rows_scalar}},
+};
+#else
+static const variant_t VARIANTS[] = {
+    {"scalar", always, quantize_row, {q8_0_rows_scalar, q4_k_rows_scalar, q6_k_rows_scalar}},
+};
+#endif
+
+#define N_VARIANTS ((int)(sizeof(VARIANTS) / sizeof(VARIANTS[0])))
+
+/* --- Python binding ------------------------------------------------------------------------ */
+
+static const struct {
+    const char *name;
+    int block, bytes, act_block;
+} FORMATS[] = {{"Q8_0", 32, Q8_0_BYTES, 32}, {"Q4_K", 256, Q4_K_BYTES, 256}, {"Q6_K", 256, Q6_K_BYTES, 256}};
+
+static PyObject *qdot_variants(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    for (int i = 0; i < N_VARIANTS; i++) {
+        if (!VARIANTS[i].supported()) continue;
+        PyObject *s = PyUnicode_FromString(VARIANTS[i].name);
+        if (!s || PyList_Append(out, s) < 0) {
+            Py_XDECREF(s);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(s);
+    }
+    return out;
+}
+
+/* Rows are split between threads in whole ROW_TILEs; each thread writes only its own columns
+ * y[:, r0:r1], and the activations are read-only by then. */
+#define MAX_THREADS 64
+
+typedef struct {
+    rows_fn fn;
+    const uint8_t *w;
+    size_t rb;
+    int r0, r1, m;
+    const acts_t *a;
+    float *y;
+} job_t;
+
+static void *run_job(void *arg) {
+    const job_t *j = (const job_t *)arg;
+    if (j->r1 > j->r0) j->fn(j->w, j->rb, j->r0, j->r1, j->a, j->y, j->m);
+    return NULL;
+}
+
+static void run_rows(rows_fn fn, const uint8_t *w, size_t rb, int m, const acts_t *a, float *y, int threads) {
+    int tiles = (m + ROW_TILE - 1) / ROW_TILE;
+    if (threads > tiles) threads = tiles;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads <= 1) {
+        fn(w, rb, 0, m, a, y, m);
+        return;
+    }
+    job_t jobs[MAX_THREADS];
+    pthread_t tids[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (int i = 0; i < threads; i++) {
+        int r0 = (int)((long long)tiles * i / threads) * ROW_TILE, r1 = (int)((long long)tiles * (i + 1) / threads) * ROW_TILE;
+        jobs[i] = (job_t){fn, w, rb, r0, r1 < m ? r1 : m, m, a, y};
+    }
+    /* helpers take jobs 1.., this thread job 0; a helper that cannot start runs here instead */
+    for (int i = 1; i < threads; i++) started[i] = pthread_create(&tids[i], NULL, run_job, &jobs[i]) == 0;
+    run_job(&jobs[0]);
+    for (int i = 1; i < threads; i++) {
+        if (started[i])
+            pthread_join(tids[i], NULL);
+        else
+            run_job(&jobs[i]);
+    }
+}
+
+static PyObject *qdot_matmul(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *fmt_name, *variant_name;
+    Py_buffer wb, xb, yb;
+    int m, n, t, threads;
+    if (!PyArg_ParseTuple(args, "sy*iiy*iw*si", &fmt_name, &wb, &m, &n, &xb, &t, &yb, &variant_name, &threads))
+        return NULL;
+    PyObject *result = NULL;
+    int fmt = -1;
+    for (int i = 0; i < 3; i++)
+        if (strcmp(fmt_name, FORMATS[i].name) == 0) fmt = i;
+    const variant_t *var = NULL;
+    for (int i = 0; i < N_VARIANTS; i++)
+        if (strcmp(variant_name, VARIANTS[i].name) == 0 && VARIANTS[i].supported()) var = &VARIANTS[i];
+    if (fmt < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown format %s (Q8_0, Q4_K, Q6_K)", fmt_name);
+        goto done;
+    }
+    if (!var) {
+        PyErr_Format(PyExc_ValueError, "kernel variant %s is unknown or unsupported by this CPU", variant_name);
+        goto done;
+    }
+    if (m < 0 || t < 0 || n <= 0 || n % FORMATS[fmt].block != 0) {
+        PyErr_Format(PyExc_ValueError, "bad shape m=%d n=%d t=%d for %s", m, n, t, fmt_name);
+        goto done;
+    }
+    size_t rb = (size_t)(n / FORMATS[fmt].block) * FORMATS[fmt].bytes;
+    if ((size_t)wb.len != (size_t)m * rb || (size_t)xb.len != (size_t)t * n * sizeof(float) ||
+        (size_t)yb.len != (size_t)t * m * sizeof(float)) {
+        PyErr_Format(PyExc_ValueError, "buffer sizes do not match %s m=%d n=%d t=%d", fmt_name, m, n, t);
+        goto done;
+    }
+    int ab = FORMATS[fmt].act_block, nb = n / ab;
+    acts_t a = {NULL, NULL, NULL, NULL, t, n};
+    a.qs = malloc((size_t)t * n + 64);
+    if (fmt == FMT_Q8_0) a.lo = malloc((size_t)t * n + 64);
+    a.d = malloc(((size_t)t * nb + 1) * sizeof(float));
+    if (ab == 256) a.bsums = malloc(((size_t)t * nb * 16 + 1) * sizeof(int16_t));
+    if (!a.qs || !a.d || (ab == 256 && !a.bsums) || (fmt == FMT_Q8_0 && !a.lo)) {
+        PyErr_NoMemory();
+    } else {
+        const float *x = (const float *)xb.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (int tt = 0; tt < t; tt++)
+            var->quantize(x + (size_t)tt * n, n, ab, a.qs + (size_t)tt * n, a.d + (size_t)tt * nb,
+                         a.bsums ? a.bsums + (size_t)tt * nb * 16 : NULL, a.lo ? a.lo + (size_t)tt * n : NULL);
+        run_rows(var->fns[fmt], (const uint8_t *)wb.buf, rb, m, &a, (float *)yb.buf, threads);
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    free(a.qs);
+    free(a.lo);
+    free(a.d);
+    free(a.bsums);
+done:
+    PyBuffer_Release(&wb);
+    PyBuffer_Release(&xb);
+    PyBuffer_Release(&yb);
+    return result;
+}
+
+static PyMethodDef qdot_methods[] = {
+    {"variants", qdot_variants, METH_NOARGS, "variants() -> list of kernel variants this CPU runs, best first."},
+    {"matmul", qdot_matmul, METH_VARARGS,
+     "matmul(fmt, w, m, n, x, t, y, variant, threads) -> None\n\n"
+     "y[t, m] = quantize_int8(x[t, n]) · W[m, n]ᵀ. w: the raw blocks, m·row_bytes bytes; x: f32 t·n;\n"
+     "y: writable f32 t·m; all C-contiguous. Splits the rows over `threads` threads (this one\n"
+     "included). Releases the GIL while computing."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef qdot_module = {PyModuleDef_HEAD_INIT, "_qdot", "Integer SIMD kernels for GGML blocks.", -1,
+                                         qdot_methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__qdot(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+#endif
+    return PyModule_Create(&qdot_module);
+}
+
+#else /* QDOT_BODY: the SIMD kernels, compiled once per ISA (SFX, MAXT, DOT_U8S8, DOT_I16) */
+
+/* quantize_row with SIMD; the same f32 operations, so the same bytes (tests compare variants). */
+static void SFX(quantize_row)(const float *x, int n, int block, int8_t *qs, float *d, int16_t *bsums, int8_t *lo) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int b = 0; b < n / block; b++) {
+        const float *xb = x + (size_t)b * block;
+        __m256 mx = _mm256_setzero_ps();
+        for (int i = 0; i < block; i += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(xb + i), absmask));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float db = _mm_cvtss_f32(m4) / 127.0f;
+        const float idf = db > 0.0f ? 1.0f / db : 0.0f;
+        const __m256 id = _mm256_set1_ps(idf), id_lo = _mm256_set1_ps(idf * 128.0f), vd = _mm256_set1_ps(db);
+        d[b] = db;
+        int8_t *qb = qs + (size_t)b * block;
+        for (int i = 0; i < block; i += 32) {
+            /* cvtps rounds half to even (default MXCSR); |x·id| <= 127 so no clamping needed */
+            __m256i v[4];
+            for (int k = 0; k < 4; k++) v[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8 * k), id));
+            if (lo) { /* the residual x − q·d (one rounding), on a 128x finer grid */
+                __m256i r[4];
+                for (int k = 0; k < 4; k++)
+                    r[k] = _mm256_cvtps_epi32(_mm256_mul_ps(
+                        _mm256_fnmadd_ps(_mm256_cvtepi32_ps(v[k]), vd, _mm256_loadu_ps(xb + i + 8 * k)), id_lo));
+                const __m256i pr = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+                _mm256_storeu_si256((__m256i *)(lo + (size_t)b * block + i), _mm256_permutevar8x32_epi32(pr, order));
+            }
+            if (bsums) {
+                for (int g = 0; g < 2; g++) {
+                    const __m256i s8 = _mm256_add_epi32(v[2 * g], v[2 * g + 1]);
+                    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+                    s4 = _mm_hadd_epi32(s4, s4);
+                    s4 = _mm_hadd_epi32(s4, s4);
+                    bsums[(size_t)b * (block / 16) + i / 16 + g] = (int16_t)_mm_cvtsi128_si32(s4);
+                }
+            }
+            /* packs interleaves 128-bit lanes: dwords come out as v0[0:4] v1[0:4] v2[0:4] v3[0:4]
+             * v0[4:8] ..., put back in order */
+            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+            _mm256_storeu_si256((__m256i *)(qb + i), _mm256_permutevar8x32_epi32(p, order));
+        }
+    }
+}
+
+static inline float SFX(hsum)(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* acc[tt] += d_w·d_a[tt] · Σ q_w·q_a[tt] over Q8_0 block b of row `wr`. The sign trick
+ * makes the weights the unsigned operand: |q_w| · (q_a with q_w's sign). */
+static inline __attribute__((always_inline)) void SFX(q8_0_block)(const uint8_t *wr, int b, const int8_t *qa,
+                                                                 const int8_t *qlo, const float *da, int n, int nb,
+                                                                 __m256 *acc, const int T) {
+    const uint8_t *blk = wr + (size_t)b * Q8_0_BYTES;
+    const __m256 dw = _mm256_set1_ps(_cvtsh_ss(rd16(blk)) * (1.0f / 128)); /* 128·hi + lo: exact rescale */
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 2));
+    const __m256i aq = _mm256_sign_epi8(q, q);
+    for (int tt = 0; tt < T; tt++) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(qa + (size_t)tt * n + 32 * b));
+        const __m256i xl = _mm256_loadu_si256((const __m256i *)(qlo + (size_t)tt * n + 32 * b));
+        const __m256i ph = DOT_U8S8(_mm256_setzero_si256(), aq, _mm256_sign_epi8(x, q));
+        const __m256i p = DOT_U8S8(_mm256_slli_epi32(ph, 7), aq, _mm256_sign_epi8(xl, q)); /* 128·hi + lo */
+        const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ss(da + (size_t)tt * nb + b));
+        acc[tt] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[tt]);
+    }
+}
+
+/* T tokens (a compile-time constant after inlining, so the per-token accumulators live in
+ * registers) for weight rows r0..r1; `qa`, `da`, `bs` point at the chunk's first token. */
+static inline __attribute__((always_inline)) void SFX(q8_0_tile)(const uint8_t *w, size_t rb, int r0, int r1,
+                                                                const int8_t *qa, const int8_t *qlo,
+                                                                const float *da, int n,
+                                                                float *y, int m, const int T) {
+    const int nb = n / 32;
+    for (int o = r0; o < r1; o++) {
+        const uint8_t *wr = w + (size_t)o * rb;
+        /* two blocks per step into two accumulator sets: one set alone waits on the FMA latency */
+        __m256 acc[2][MAXT];
+        for (int tt = 0; tt < T; tt++) acc[0][tt] = acc[1][tt] = _mm256_setzero_ps();
+        int b = 0;
+        for (; b + 1 < nb; b += 2) {
+            SFX(q8_0_block)(wr, b, qa, qlo, da, n, nb, acc[0], T);
+            SFX(q8_0_block)(wr, b + 1, qa, qlo, da, n, nb, acc[1], T);
+        }
+        if (b < nb) SFX(q8_0_block)(wr, b, qa, qlo, da, n, nb, acc[0], T);
+        for (int tt = 0; tt < T; tt++) y[(size_t)tt * m + o] = SFX(hsum)(_mm256_add_ps(acc[0][tt], acc[1][tt]));
+    }
+}
+
+static inline __attribute__((always_inline)) void SFX(q4_k_tile)(const uint8_t *w, size_t rb, int r0, int r1,
+                                                                const int8_t *qa, const float *da,
+                                                                const int16_t *bs, int n, float *y, int m,
+                                                                const int T) {
+    const int nb = n / 256;
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    for (int o = r0; o < r1; o++) {
+        const uint8_t *wr = w + (size_t)o * rb;
+        __m256 acc[MAXT];
+        for (int tt = 0; tt < T; tt++) acc[tt] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = wr + (size_t)b * Q4_K_BYTES;
+            const float d = _cvtsh_ss(rd16(blk)), dmin = _cvtsh_ss(rd16(blk + 2));
+            uint8_t sc[8], mn[8];
+            q4_k_scales(blk + 4, sc, mn);
+            const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)); /* 8 x i16 */
+            __m256i sumi[MAXT];
+            for (int tt = 0; tt < T; tt++) sumi[tt] = _mm256_setzero_si256();
+            for (int j = 0; j < 4; j++) {
+                /* qs[32j .. 32j+32]: low nibbles are sub-block 2j, high nibbles sub-block 2j+1 */
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));
+                const __m256i lo = _mm256_and_si256(q, low4);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                const __m256i s_lo = _mm256_set1_epi16(sc[2 * j]), s_hi = _mm256_set1_epi16(sc[2 * j + 1]);
+                for (int tt = 0; tt < T; tt++) {
+                    const int8_t *x = qa + (size_t)tt * n + 256 * b + 64 * j;
+                    const __m256i x_lo = _mm256_loadu_si256((const __m256i *)x);
+                    const __m256i x_hi = _mm256_loadu_si256((const __m256i *)(x + 32));
+                    sumi[tt] = DOT_I16(sumi[tt], _mm256_maddubs_epi16(lo, x_lo), s_lo);
+                    sumi[tt] = DOT_I16(sumi[tt], _mm256_maddubs_epi16(hi, x_hi), s_hi);
+                }
+            }
+            for (int tt = 0; tt < T; tt++) {
+                const float a = da[(size_t)tt * nb + b];
+                const int16_t *g = bs + ((size_t)tt * nb + b) * 16;
+                /* per-32 sums of the activations from the per-16 bsums, times the 8 mins */
+                const __m128i b32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)g),
+                                                   _mm_loadu_si128((const __m128i *)(g + 8)));
+                const __m128i pm = _mm_madd_epi16(mins, b32); /* 4 x i32 */
+                acc[tt] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[tt]), _mm256_set1_ps(d * a), acc[tt]);
+                acc[tt] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_zextsi128_si256(pm)), _mm256_set1_ps(-dmin * a),
+                                          acc[tt]);
+            }
+        }
+        for (int tt = 0; tt < T; tt++) y[(size_t)tt * m + o] = SFX(hsum)(acc[tt]);
+    }
+}
+
+static inline __attribute__((always_inline)) void SFX(q6_k_tile)(const uint8_t *w, size_t rb, int r0, int r1,
+                                                                const int8_t *qa, const float *da,
+                                                                const int16_t *bs, int n, float *y, int m,
+                                                                const int T) {
+    const int nb = n / 256;
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    const __m256i m2 = _mm256_set1_epi8(0x03), m4 = _mm256_set1_epi8(0x0c);
+    const __m256i m5 = _mm256_set1_epi8(0x30), m7 = _mm256_set1_epi8((char)0xc0);
+    for (int o = r0; o < r1; o++) {
+        const uint8_t *wr = w + (size_t)o * rb;
+        __m256 acc[MAXT];
+        for (int tt = 0; tt < T; tt++) acc[tt] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = wr + (size_t)b * Q6_K_BYTES;
+            const float d = _cvtsh_ss(rd16(blk + 208));
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)); /* 16 x i16 */
+            __m256i sumi[MAXT];
+            for (int tt = 0; tt < T; tt++) {
+                /* the −32 offset: Σ_k sc_k·32·bsum_k, subtracted up front */
+                const __m256i g = _mm256_loadu_si256((const __m256i *)(bs + ((size_t)tt * nb + b) * 16));
+                sumi[tt] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, g), 5));
+            }
+            for (int h = 0; h < 2; h++) {
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+                /* quarter k of the half: 32 six-bit values = 4 low bits | 2 high bits << 4 */
+                __m256i q[4];
+                q[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+                q[1] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_slli_epi16(_mm256_and_si256(qh, m4), 2));
+                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(qh, m5));
+                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                       _mm256_srli_epi16(_mm256_and_si256(qh, m7), 2));
+                for (int k = 0; k < 4; k++) {
+                    /* values 0-15 of the quarter use scale 2k, values 16-31 scale 2k+1; maddubs
+                     * keeps them in the low / high 128-bit lane */
+                    const int s = 8 * h + 2 * k;
+                    const __m256i s16 = _mm256_setr_m128i(_mm_set1_epi16(sc[s]), _mm_set1_epi16(sc[s + 1]));
+                    for (int tt = 0; tt < T; tt++) {
+                        const __m256i x = _mm256_loadu_si256(
+                            (const __m256i *)(qa + (size_t)tt * n + 256 * b + 128 * h + 32 * k));
+                        sumi[tt] = DOT_I16(sumi[tt], _mm256_maddubs_epi16(q[k], x), s16);
+                    }
+                }
+            }
+            for (int tt = 0; tt < T; tt++)
+                acc[tt] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[tt]), _mm256_set1_ps(d * da[(size_t)tt * nb + b]),
+                                          acc[tt]);
+        }
+        for (int tt = 0; tt < T; tt++) y[(size_t)tt * m + o] = SFX(hsum)(acc[tt]);
+    }
+}
+
+/* Rows r0..r1 for every token: row tiles outermost, so a tile's weights are read from memory
+ * once and re-read from cache for each further chunk of MAXT tokens. */
+#define QDOT_CHUNKS(TILE, ...)                                                         \
+    for (int rt = r0; rt < r1; rt += ROW_TILE) {                                       \
+        const int re = rt + ROW_TILE < r1 ? rt + ROW_TILE : r1;                        \
+        for (int t0 = 0; t0 < a->t; t0 += MAXT) {                                      \
+            const int T = a->t - t0 < MAXT ? a->t - t0 : MAXT;                         \
+            float *yc = y + (size_t)t0 * m;                                            \
+            switch (T) {                                                               \
+            case 1: TILE(__VA_ARGS__, 1); break;                                       \
+            case 2: TILE(__VA_ARGS__, 2); break;                                       \
+            case 3: TILE(__VA_ARGS__, 3); break;                                       \
+            case 4: TILE(__VA_ARGS__, 4); break;                                       \
+            case 5: if (MAXT >= 5) TILE(__VA_ARGS__, 5); break;                        \
+            case 6: if (MAXT >= 6) TILE(__VA_ARGS__, 6); break;                        \
+            case 7: if (MAXT >= 7) TILE(__VA_ARGS__, 7); break;                        \
+            default: if (MAXT >= 8) TILE(__VA_ARGS__, 8); break;                       \
+            }                                                                          \
+        }                                                                              \
+    }
+
+static void SFX(q8_0_rows)(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m) {
+    const int nb = a->n / 32;
+    QDOT_CHUNKS(SFX(q8_0_tile), w, rb, rt, re, a->qs + (size_t)t0 * a->n, a->lo + (size_t)t0 * a->n,
+                a->d + (size_t)t0 * nb, a->n, yc, m)
+}
+
+static void SFX(q4_k_rows)(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m) {
+    const int nb = a->n / 256;
+    QDOT_CHUNKS(SFX(q4_k_tile), w, rb, rt, re, a->qs + (size_t)t0 * a->n, a->d + (size_t)t0 * nb,
+                a->bsums + (size_t)t0 * nb * 16, a->n, yc, m)
+}
+
+static void SFX(q6_k_rows)(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m) {
+    const int nb = a->n / 256;
+    QDOT_CHUNKS(SFX(q6_k_tile), w, rb, rt, re, a->qs + (size_t)t0 * a->n, a->d + (size_t)t0 * nb,
+                a->bsums + (size_t)t0 * nb * 16, a->n, yc, m)
+}
+
+#undef QDOT_CHUNKS
+
+#endif /* QDOT_BODY */
