@@ -8,18 +8,15 @@ routed_scaling_factor, n_group, topk_group, n_shared_experts.
 
 from __future__ import annotations
 
-import json
-import struct
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from apps.experts.errors import InvalidPayload
-from apps.quantization.payload import serialize_safetensors
+from apps.quantization.payload import PayloadError, serialize_safetensors, split_safetensors
 
 ROUTERS = ("softmax", "sigmoid")
-_HEADER_LIMIT = 16 * 1024 * 1024  # a gate header is a few hundred bytes; refuse absurd lengths
 
 
 @dataclass(frozen=True)
@@ -150,18 +147,12 @@ _DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2
 
 
 def _split_safetensors(data: bytes) -> tuple[dict[str, Any], memoryview]:
-    if not isinstance(data, bytes | bytearray | memoryview) or len(data) < 8:
-        raise InvalidPayload("gate payload is not a safetensors file (shorter than its 8-byte header length)")
-    (n,) = struct.unpack_from("<Q", data, 0)
-    if n > min(_HEADER_LIMIT, len(data) - 8):
-        raise InvalidPayload(f"gate payload header length {n} exceeds the {len(data) - 8} bytes present")
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise InvalidPayload("gate payload must be bytes")
     try:
-        header = json.loads(bytes(data[8 : 8 + n]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidPayload(f"gate payload header is not valid JSON: {exc}") from exc
-    if not isinstance(header, dict):
-        raise InvalidPayload("gate payload header must be a JSON object")
-    return header, memoryview(data)[8 + n :]
+        return split_safetensors(data)
+    except PayloadError as exc:
+        raise InvalidPayload(f"gate payload: {exc}") from exc
 
 
 def _tensor(name: str, info: Any, body: memoryview) -> np.ndarray:

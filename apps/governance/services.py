@@ -29,6 +29,17 @@ def _check_values(policy: Policy) -> None:
         raise InvalidInput(f"invalid policy: {problems}", reason="invalid_policy", errors=problems)
 
 
+def _lock_proposal(policy_id: int, *, verb: str) -> Policy:
+    """The proposal row, locked for this transaction; NotFound / Conflict otherwise."""
+    policy = Policy.objects.select_for_update().filter(pk=policy_id).first()
+    if policy is None:
+        raise NotFound(f"no policy proposal #{policy_id}", reason="policy_not_found")
+    if policy.status != PolicyStatus.PROPOSED:
+        raise Conflict(f"policy #{policy_id} is {policy.status}, only a proposal can be {verb}",
+                       reason="policy_not_proposed")
+    return policy
+
+
 def policy_propose(*, changes: dict[str, Any], proposed_by: str, note: str = "") -> Policy:
     """Create a proposal: the active policy's values with `changes` applied."""
     unknown = sorted(set(changes) - set(POLICY_VALUE_FIELDS))
@@ -48,12 +59,7 @@ def policy_approve(*, policy_id: int, approved_by: str) -> Policy:
     Row locks (on PostgreSQL) make two concurrent approvals serialize; the partial unique
     constraint is the backstop that keeps exactly one active policy.
     """
-    policy = Policy.objects.select_for_update().filter(pk=policy_id).first()
-    if policy is None:
-        raise NotFound(f"no policy proposal #{policy_id}", reason="policy_not_found")
-    if policy.status != PolicyStatus.PROPOSED:
-        raise Conflict(f"policy #{policy_id} is {policy.status}, only a proposal can be approved",
-                       reason="policy_not_proposed")
+    policy = _lock_proposal(policy_id, verb="approved")
     _check_values(policy)
     now = timezone.now()
     Policy.objects.select_for_update().filter(status=PolicyStatus.ACTIVE).update(
@@ -68,12 +74,7 @@ def policy_approve(*, policy_id: int, approved_by: str) -> Policy:
 
 @transaction.atomic
 def policy_reject(*, policy_id: int, rejected_by: str) -> Policy:
-    policy = Policy.objects.select_for_update().filter(pk=policy_id).first()
-    if policy is None:
-        raise NotFound(f"no policy proposal #{policy_id}", reason="policy_not_found")
-    if policy.status != PolicyStatus.PROPOSED:
-        raise Conflict(f"policy #{policy_id} is {policy.status}, only a proposal can be rejected",
-                       reason="policy_not_proposed")
+    policy = _lock_proposal(policy_id, verb="rejected")
     policy.status, policy.decided_by, policy.decided_at = PolicyStatus.REJECTED, rejected_by, timezone.now()
     policy.save(update_fields=["status", "decided_by", "decided_at"])
     return policy

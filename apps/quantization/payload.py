@@ -149,7 +149,8 @@ def serialize_safetensors(entries: dict[str, tuple[str, list[int], bytes]], meta
     return b"".join([struct.pack("<Q", len(text)), text, *(entries[n][2] for n in sorted(entries))])
 
 
-def _parse_header(data: bytes) -> tuple[dict, memoryview]:
+def split_safetensors(data: bytes) -> tuple[dict, memoryview]:
+    """(header JSON object, tensor data section) of a safetensors file; PayloadError if malformed."""
     if len(data) < 8:
         raise PayloadError(f"payload too short for a safetensors header: {len(data)} bytes")
     (hlen,) = struct.unpack_from("<Q", data, 0)
@@ -236,7 +237,7 @@ def read_expert_payload(data: bytes) -> ExpertPayload:
 
     Tensors are read-only views into `data` (no copy).
     """
-    header, body = _parse_header(data)
+    header, body = split_safetensors(data)
     meta = header.pop("__metadata__", None)
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise PayloadError("__metadata__ missing or not a string-to-string object")

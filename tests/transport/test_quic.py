@@ -28,30 +28,30 @@ def server_identity(tmp_path):
     return load_or_create_identity(tmp_path / "server")
 
 
-def _run(coro):
-    return asyncio.run(coro)
-
-
-def test_round_trip_with_correct_pin_and_binary_body(server_identity) -> None:
+def _serve_and_call(identity, *, handler=_echo, server_settings=SETTINGS, pin=None, **call):
+    """Start a real server on a free port, make one call, stop the server; returns the call's result."""
     port = _free_udp_port()
-    body = bytes(range(256)) * 4096  # 1 MiB: spans many packets and flow-control updates
 
     async def scenario():
-        server = await start_server(host="127.0.0.1", port=port, cert_path=str(server_identity.cert_path),
-                                    key_path=str(server_identity.cert_key_path), handler=_echo, settings=SETTINGS)
+        server = await start_server(host="127.0.0.1", port=port, cert_path=str(identity.cert_path),
+                                    key_path=str(identity.cert_key_path), handler=handler, settings=server_settings)
         try:
-            return await quic_call(host="127.0.0.1", port=port, pin_sha256=server_identity.cert_sha256,
-                                   method="moe/echo", params={"k": 1}, body=body, settings=SETTINGS)
+            return await quic_call(host="127.0.0.1", port=port, pin_sha256=pin or identity.cert_sha256,
+                                   settings=SETTINGS, **call)
         finally:
             server.close()
 
-    result, reply = _run(scenario())
+    return asyncio.run(scenario())
+
+
+def test_round_trip_with_correct_pin_and_binary_body(server_identity) -> None:
+    body = bytes(range(256)) * 4096  # 1 MiB: spans many packets and flow-control updates
+    result, reply = _serve_and_call(server_identity, method="moe/echo", params={"k": 1}, body=body)
     assert result == {"method": "moe/echo", "params": {"k": 1}, "body_len": len(body)}
     assert bytes(reply) == body[::-1]
 
 
 def test_wrong_pin_is_refused_before_any_request(server_identity, tmp_path) -> None:
-    port = _free_udp_port()
     other = load_or_create_identity(tmp_path / "other")
     seen = []
 
@@ -59,60 +59,28 @@ def test_wrong_pin_is_refused_before_any_request(server_identity, tmp_path) -> N
         seen.append(method)
         return {}, b""
 
-    async def scenario():
-        server = await start_server(host="127.0.0.1", port=port, cert_path=str(server_identity.cert_path),
-                                    key_path=str(server_identity.cert_key_path), handler=recording,
-                                    settings=SETTINGS)
-        try:
-            await quic_call(host="127.0.0.1", port=port, pin_sha256=other.cert_sha256, method="moe/status",
-                            params={}, settings=SETTINGS)
-        finally:
-            server.close()
-
     with pytest.raises(TransportError) as info:
-        _run(scenario())
+        _serve_and_call(server_identity, handler=recording, pin=other.cert_sha256, method="moe/status", params={})
     assert info.value.reason == "certificate_pin_mismatch"
     assert seen == []
 
 
 def test_handler_error_reaches_the_caller_with_its_reason(server_identity) -> None:
-    port = _free_udp_port()
-
-    async def scenario():
-        server = await start_server(host="127.0.0.1", port=port, cert_path=str(server_identity.cert_path),
-                                    key_path=str(server_identity.cert_key_path), handler=_echo, settings=SETTINGS)
-        try:
-            await quic_call(host="127.0.0.1", port=port, pin_sha256=server_identity.cert_sha256, method="fail",
-                            params={}, settings=SETTINGS)
-        finally:
-            server.close()
-
     with pytest.raises(TransportError) as info:
-        _run(scenario())
+        _serve_and_call(server_identity, method="fail", params={})
     assert info.value.reason == "expert_not_loaded"
 
 
 def test_oversized_request_body_is_refused_by_the_server(server_identity) -> None:
-    port = _free_udp_port()
-    small = QuicSettings(max_body=1024)
-
-    async def scenario():
-        server = await start_server(host="127.0.0.1", port=port, cert_path=str(server_identity.cert_path),
-                                    key_path=str(server_identity.cert_key_path), handler=_echo, settings=small)
-        try:
-            await quic_call(host="127.0.0.1", port=port, pin_sha256=server_identity.cert_sha256,
-                            method="moe/echo", params={}, body=b"x" * 4096, settings=SETTINGS)
-        finally:
-            server.close()
-
     with pytest.raises(TransportError) as info:
-        _run(scenario())
+        _serve_and_call(server_identity, server_settings=QuicSettings(max_body=1024), method="moe/echo", params={},
+                        body=b"x" * 4096)
     assert info.value.reason == "payload_too_large"
 
 
 def test_nobody_listening_times_out_cleanly(server_identity) -> None:
     port = _free_udp_port()
     with pytest.raises(TransportError) as info:
-        _run(quic_call(host="127.0.0.1", port=port, pin_sha256=server_identity.cert_sha256, method="moe/status",
-                       params={}, settings=SETTINGS, timeout_s=1.5))
+        asyncio.run(quic_call(host="127.0.0.1", port=port, pin_sha256=server_identity.cert_sha256,
+                              method="moe/status", params={}, settings=SETTINGS, timeout_s=1.5))
     assert info.value.reason in {"timeout", "connection_failed"}

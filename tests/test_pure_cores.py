@@ -1,0 +1,36 @@
+"""The numeric and protocol cores are plain modules: importing them must not import Django.
+
+One subprocess per core, so a module that drags Django in is named by the failing case
+(petals' tests/test_aux_functions.py does the same for its heavy imports).
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PURE_CORES = {
+    "identity and supervisor": ["apps.node.identity", "apps.node.supervisor", "apps.node.liveness"],
+    "transport": ["apps.transport.framing", "apps.transport.quic"],
+    "quantization": ["apps.quantization.registry", "apps.quantization.payload", "apps.quantization.presets",
+                     "apps.quantization.activations", "apps.quantization.baseline"],
+    "expert runtime": ["apps.experts.runtime", "apps.experts.kernels", "apps.experts.backends",
+                       "apps.experts.gating", "apps.experts.wire", "apps.experts.handlers"],
+    "catalog": ["apps.catalog.shapes", "apps.catalog.checkpoint", "apps.catalog.slicing"],
+    "blobs": ["apps.blobs.store", "apps.blobs.resolver", "apps.blobs.handlers"],
+}
+
+
+@pytest.mark.parametrize("modules", PURE_CORES.values(), ids=PURE_CORES.keys())
+def test_core_imports_no_django(modules: list[str]) -> None:
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "loaded = sorted(m for m in sys.modules if m == 'django' or m.startswith('django.'))\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
