@@ -39,6 +39,27 @@
     document.getElementById("celery-heartbeat").textContent = age === null ? "none yet" : age + " s ago";
   }
 
+  function showRuntime(status) {
+    const mib = function (b) { return (b / 1048576).toFixed(1); };
+    const size = function (b) { return b >= 1048576 ? mib(b) + " MiB" : (b / 1024).toFixed(1) + " KiB"; };
+    document.getElementById("runtime-summary").textContent =
+      status.counts.warm + " warm, " + status.counts.cold + " cold experts, " + status.counts.gates + " gates; " +
+      mib(status.memory_used_bytes) + " of " + mib(status.memory_budget_bytes) + " MiB; kernel " + status.cpu_kernel +
+      (status.gpu_backend_active ? " (GPU)" : "") + "; " + status.committed_tps + " rows/s";
+    const body = document.querySelector("#experts tbody");
+    body.replaceChildren(...status.experts.map(function (e) {
+      const row = document.createElement("tr");
+      const formats = Object.values(e.formats).join("/");
+      [e.model_id, e.layer, e.expert, e.tier === "memory" ? "Warm" : "Cold", formats,
+       size(e.tier === "memory" ? e.memory_bytes : e.disk_bytes)].forEach(function (v) {
+        const cell = document.createElement("td");
+        cell.textContent = v;
+        row.appendChild(cell);
+      });
+      return row;
+    }));
+  }
+
   let retryMs = 500;
   function connect() {
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
@@ -57,8 +78,11 @@
 
   function poll() {
     fetch("/api/node/processes").then(function (r) { return r.json(); }).then(showProcesses).catch(function () {});
+    fetch("/api/moe/status").then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (s) { if (s) showRuntime(s); }).catch(function () {});
   }
 
   connect();
+  poll();
   setInterval(poll, 5000);
 })();

@@ -1,11 +1,14 @@
 """The dashboard in a real browser (Debian's chromium driven by Playwright) against a real node."""
 
+import base64
 import shutil
 
+import numpy as np
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from tests.e2e.nodes import TOKEN
+from tests.experts.factories import expert_payload, expert_weights
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -40,4 +43,14 @@ def test_dashboard_shows_identity_processes_and_live_policy(start_node, page, tm
     # No reload: the websocket delivers the change.
     expect(page.locator('#policy td[data-field="max_replication"]')).to_have_text("5", timeout=15000)
     expect(page.locator("#policy-id")).to_have_text(str(proposal["id"]))
+
+    # The expert runtime card follows what the worker holds (polled every 5 s).
+    rng = np.random.default_rng(0)
+    payload = expert_payload(expert_weights(rng, 64, 32), expert=3, quant="q8_0")
+    node.result("tenzro_moeExpertLoad", {"payload": base64.b64encode(payload).decode()}, token=TOKEN)
+    row = page.locator("#experts tbody tr")
+    expect(row).to_have_count(1, timeout=15000)
+    expect(row.locator("td").nth(3)).to_have_text("Warm")
+    expect(row.locator("td").nth(4)).to_have_text("Q8_0/Q8_0/Q8_0")
+    expect(page.locator("#runtime-summary")).to_contain_text("1 warm, 0 cold experts")
     page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
