@@ -9,6 +9,8 @@ Expert dims: Qwen3-30B-A3B (d_model 2048, d_ff 768) and DeepSeek-V3 (7168, 2048)
   it at batch >= 64.
 * memory copy bandwidth: np.copyto over 256 MiB, counted STREAM-style (bytes read + written
   per second). The batch-1 bandwidth limit is weight bytes / that bandwidth.
+* crossover: the fused C kernel (tokens in chunks of 8) against the tiled dequantize+sgemm
+  path at the same batch, both forced; `fused_max_rows` is set from it.
 * batch-1 "cold" times flush the caches first by writing a 512 MiB buffer (this VM reports
   a 300 MiB L3, which would otherwise hold a whole f32 expert), as for a holder serving
   more experts than fit in cache. Q8_0 and q4_k_m batch-1 cold times are reported as a
@@ -43,6 +45,7 @@ from bench.report import print_table, write_results
 
 DIMS = {"Qwen3-30B-A3B": (2048, 768), "DeepSeek-V3": (7168, 2048)}
 BATCHES = (1, 8, 64, 512)
+CROSSOVER_BATCHES = (8, 32, 128, 256)  # fused C kernel vs tiled dequantize+sgemm
 QUANTS = {"Q8_0": ("Q8_0", "Q8_0", "Q8_0"), "q4_k_m": ("Q4_K", "Q4_K", "Q6_K")}
 F16_FIELDS = {"Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}
 
@@ -105,7 +108,9 @@ def main(quick: bool = False) -> None:
         ["fused kernel up to batch", backend.fused_max_rows],
     ])
 
-    f32_rows, bw_rows, q_rows = [], [], []
+    f32_rows, bw_rows, q_rows, cross_rows = [], [], [], []
+    fused = CpuBackend(fused_max_rows=1 << 30) if backend.cpu_kernel.startswith("c-") else None
+    tiled = CpuBackend(fused_max_rows=0)
     results: dict[str, object] = {"sgemm_gflops": sgemm_gflops, "copy_bandwidth_gbs": copy_bw / 1e9,
                                   "cpu_kernel": backend.cpu_kernel, "experts": {}}
     for name, (d_model, d_ff) in DIMS.items():
@@ -129,6 +134,15 @@ def main(quick: bool = False) -> None:
             for q in QUANTS:
                 path = f"fused {backend.cpu_kernel}" if batch <= backend.fused_max_rows else "tiled+sgemm"
                 q_rows.append([name, q, batch, path, times[(q, batch)] * 1e3, t * 1e3, times[(q, batch)] / t])
+
+        if fused is not None:
+            for q in QUANTS:
+                for batch in CROSSOVER_BATCHES:
+                    x = rng.standard_normal((batch, d_model), dtype=np.float32)
+                    r = 2 if d_model > 4096 or quick else 3
+                    tf = best(lambda p=experts[q], x=x: fused.forward(p, x), r)
+                    tt = best(lambda p=experts[q], x=x: tiled.forward(p, x), r)
+                    cross_rows.append([name, q, batch, tf * 1e3, tt * 1e3, tf / tt, "fused" if tf < tt else "tiled"])
 
         # batch 1, caches flushed before every call
         x1 = rng.standard_normal((1, d_model), dtype=np.float32)
@@ -156,7 +170,10 @@ def main(quick: bool = False) -> None:
                  "target", "met"], bw_rows)
     print_table("Quantized expert forward by batch (warm) vs the f32 path",
                 ["expert", "format", "batch", "path", "ms", "f32 ms", "x f32"], q_rows)
-    results["tables"] = {"f32": f32_rows, "batch1": bw_rows, "quantized": q_rows}
+    if cross_rows:
+        print_table(f"Crossover: fused C kernel vs tiled dequantize+sgemm (fused_max_rows = {backend.fused_max_rows})",
+                    ["expert", "format", "batch", "fused ms", "tiled ms", "fused/tiled", "faster"], cross_rows)
+    results["tables"] = {"f32": f32_rows, "batch1": bw_rows, "quantized": q_rows, "crossover": cross_rows}
     write_results("runtime", results)
 
 

@@ -4,13 +4,9 @@
  * blocks, then every weight block is dotted with them in integer SIMD and the integer block
  * sums are scaled and accumulated in f32.
  *
- *   Q8_0 weights  x  "A16_32" activations: per 32 values an f32 scale d_a and two int8 parts,
- *                     x ≈ d_a·(q_a + r_a/128) (r_a: the rounding residual, quantized again), so
- *                     y += d_w·d_a · Σ q_w·(128·q_a + r_a) / 128       (one term per block)
- *                     A Q8_0 weight is as precise as an int8 activation, so plain int8
- *                     activations (llama.cpp's Q8_0 x Q8_0) would double a Q8_0 expert's error
- *                     (measured 0.9% -> 1.6% vs f32); the second part makes it negligible for
- *                     one more dot per block.
+ *   Q8_0 weights  x  "A8_32" activations: per 32 values an f32 scale d_a and int8 q_a, exactly
+ *                     llama.cpp's Q8_0 x Q8_0 (and what the wire carries between nodes):
+ *                     y += d_w·d_a · Σ q_w·q_a                          (one term per block)
  *   Q4_K weights  x  "A8_256" activations: per 256 values an f32 d_a, int8 q_a[256] and the
  *                     sums of q_a over each 16 values (bsums), so with w = d·sc_j·q − dmin·m_j
  *                     y += d_a·(d·Σ_j sc_j·Σ q·q_a − dmin·Σ_j m_j·bsum32_j)
@@ -18,7 +14,7 @@
  *                     operand of maddubs/dpbusd directly), k = 16-value group
  *                     y += d_a·d·Σ_k sc_k·(Σ q·q_a − 32·bsum16_k)
  *
- * The K-quants' own error (~10% per expert) dwarfs int8 activations' (~2%), so they use one part.
+ * Error bounds for these activation roundings are derived in tests/experts/test_ffn.py.
  *
  * Activation quantization is symmetric (d_a = amax/127, q_a in [-127, 127]) and rounds half to
  * even, so tests can rebuild it bit for bit in numpy. −128 never occurs, which keeps the
@@ -30,12 +26,21 @@
  *
  * ISA variants: the SIMD kernels below the QDOT_BODY guard are compiled several times by
  * including this file into itself under different `#pragma GCC target` regions (avx2+fma,
- * AVX-VNNI, AVX-512 VNNI on 256-bit vectors, where EVEX gives 32 registers and so 8 token
- * accumulators); the variant is picked at import with __builtin_cpu_supports, or forced by
- * name. A portable scalar C kernel is always present and computes the same integer sums.
+ * AVX-VNNI, AVX-512 VNNI, where EVEX gives 32 registers and so 8 token accumulators, and Q8_0
+ * runs on 512-bit vectors: two 32-value blocks per dpbusd); the variant is picked at import
+ * with __builtin_cpu_supports, or forced by name. A portable scalar C kernel is always present
+ * and computes the same integer sums.
+ *
+ * Entry points: matmul (one projection) and expert (the whole SwiGLU forward in one call:
+ * x quantized once for the stacked gate|up weights, one tile loop over both, silu·up in C,
+ * that quantized for down; no Python between the three matmuls).
  *
  * Weight layouts: see apps/experts/kernels.py (ggml-common.h byte for byte).
- * Threads: the compute runs with the GIL released; every call uses only its own scratch.
+ * Threads: the compute runs with the GIL released. Row tiles are handed out to a persistent
+ * pool of worker threads (created once, parked on a condition variable between calls, never
+ * spinning); one caller drives the pool at a time, a concurrent caller runs on its own thread.
+ * The activations and intermediates live in a per-calling-thread scratch buffer, grown as
+ * needed and reused, so a steady state call does no malloc and no thread creation.
  */
 
 #ifndef QDOT_BODY
@@ -55,10 +60,10 @@
 
 enum { FMT_Q8_0 = 0, FMT_Q4_K = 1, FMT_Q6_K = 2 };
 
-/* Activations quantized for one call. A16_32: qs, lo [t][n], d [t][n/32]. A8_256: qs [t][n],
+/* Activations quantized for one call. A8_32: qs [t][n], d [t][n/32]. A8_256: qs [t][n],
  * d [t][n/256], bsums [t][n/256][16]. */
 typedef struct {
-    int8_t *qs, *lo;
+    int8_t *qs;
     float *d;
     int16_t *bsums;
     int t, n;
@@ -82,7 +87,7 @@ static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] <
 
 /* One row of activations to int8 blocks of `block` values: d = amax/127, q = rint(x/d).
  * The scale and its inverse are f32 exactly as numpy computes them (tests rebuild this). */
-static void quantize_row(const float *x, int n, int block, int8_t *qs, float *d, int16_t *bsums, int8_t *lo) {
+static void quantize_row(const float *x, int n, int block, int8_t *qs, float *d, int16_t *bsums) {
     for (int b = 0; b < n / block; b++) {
         const float *xb = x + (size_t)b * block;
         float amax = 0.0f;
@@ -102,11 +107,6 @@ static void quantize_row(const float *x, int n, int block, int8_t *qs, float *d,
             int32_t q = (int32_t)((v + big) - big);
             q = q > 127 ? 127 : (q < -127 ? -127 : q);
             qb[i] = (int8_t)q;
-            if (lo) {
-                /* residual with one rounding (fma), then on a 128x finer grid: |r·128/d| <= 64 */
-                int32_t r = (int32_t)((fmaf(-(float)q, db, xb[i]) * (id * 128.0f) + big) - big);
-                lo[(size_t)b * block + i] = (int8_t)(r > 127 ? 127 : (r < -127 ? -127 : r));
-            }
         }
         if (bsums) {
             for (int g = 0; g < block / 16; g++) {
@@ -149,9 +149,8 @@ static void q8_0_rows_scalar(const uint8_t *w, size_t rb, int r0, int r1, const 
                 const uint8_t *blk = wr + (size_t)b * Q8_0_BYTES;
                 const int8_t *qw = (const int8_t *)(blk + 2);
                 int32_t s = 0;
-                const int8_t *lo = a->lo + (size_t)tt * a->n;
-                for (int i = 0; i < 32; i++) s += qw[i] * (128 * qa[32 * b + i] + lo[32 * b + i]);
-                acc += f16_to_f32(rd16(blk)) * (1.0f / 128) * da[b] * (float)s; /* 1/128: exact */
+                for (int i = 0; i < 32; i++) s += qw[i] * qa[32 * b + i];
+                acc += f16_to_f32(rd16(blk)) * da[b] * (float)s;
             }
             y[(size_t)tt * m + o] = acc;
         }
@@ -226,7 +225,7 @@ static void q6_k_rows_scalar(const uint8_t *w, size_t rb, int r0, int r1, const 
 
 typedef void (*rows_fn)(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m);
 
-typedef void (*quant_fn)(const float *x, int n, int block, int8_t *qs, float *d, int16_t *bsums, int8_t *lo);
+typedef void (*quant_fn)(const float *x, int n, int block, int8_t *qs, float *d, int16_t *bsums);
 
 typedef struct {
     const char *name;
@@ -246,7 +245,8 @@ static int has_avx2(void) {
 static int has_avxvnni(void) { return has_avx2() && __builtin_cpu_supports("avxvnni"); }
 static int has_avx512vnni(void) {
     return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vnni");
 }
 
 #define QDOT_BODY
@@ -280,16 +280,19 @@ static int has_avx512vnni(void) {
 #undef DOT_I16
 #pragma GCC pop_options
 
-/* AVX-512 VNNI on 256-bit vectors (EVEX, 32 registers: 8 tokens per pass). */
+/* AVX-512 VNNI (EVEX, 32 registers: 8 tokens per pass); Q8_0 on 512-bit vectors (QDOT_512),
+ * the K-quants on 256-bit ones (their 32-byte sub-block layout). */
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 #define SFX(name) name##_avx512vnni
 #define MAXT 8
+#define QDOT_512
 #define DOT_U8S8(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
 #define DOT_I16(acc, p, s) _mm256_dpwssd_epi32((acc), (p), (s))
 #include "_qdot.c"
 #undef SFX
 #undef MAXT
+#undef QDOT_512
 #undef DOT_U8S8
 #undef DOT_I16
 #pragma GCC pop_options
@@ -336,49 +339,233 @@ static PyObject *qdot_variants(PyObject *self, PyObject *noargs) {
     return out;
 }
 
-/* Rows are split between threads in whole ROW_TILEs; each thread writes only its own columns
- * y[:, r0:r1], and the activations are read-only by then. */
+/* --- persistent worker pool ------------------------------------------------------------------
+ *
+ * A job is a number of tasks (row tiles) handed out by an atomic counter; the caller takes
+ * part, so `threads` threads run a job with threads − 1 pool workers. Workers sleep on
+ * pool.wake between jobs (no spinning: on a 2-core VM a spinning worker steals the core that
+ * BLAS or the next Python call needs). `user` lets one caller at a time drive the pool; a
+ * second concurrent caller (another Python thread, GIL released) does not wait for it but
+ * runs its job on its own thread, since the cores are busy anyway. */
 #define MAX_THREADS 64
 
+typedef struct {
+    void (*fn)(void *ctx, int task);
+    void *ctx;
+    int ntasks;
+    int next; /* next task, taken with __atomic_fetch_add */
+} pjob_t;
+
+static void pjob_run(pjob_t *job) {
+    int i;
+    while ((i = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED)) < job->ntasks) job->fn(job->ctx, i);
+}
+
+typedef struct {
+    int index;
+    unsigned long gen; /* the generation when it was created: it takes part from the next one */
+} worker_arg_t;
+
+static struct {
+    pthread_mutex_t user; /* held by the caller driving the pool */
+    pthread_mutex_t mu;   /* guards the fields below */
+    pthread_cond_t wake;  /* gen changed */
+    pthread_cond_t done;  /* busy reached 0 */
+    int started;          /* workers alive */
+    int want;             /* workers 0..want-1 take part in the current job */
+    int busy;             /* of those, how many have not finished it */
+    unsigned long gen;    /* bumped once per job */
+    pjob_t *job;
+    worker_arg_t args[MAX_THREADS];
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
+            0, 0, 0, 0, NULL, {{0, 0}}};
+
+static void *pool_worker(void *arg) {
+    const worker_arg_t *me = (const worker_arg_t *)arg;
+    pthread_mutex_lock(&pool.mu);
+    unsigned long seen = me->gen;
+    for (;;) {
+        while (pool.gen == seen) pthread_cond_wait(&pool.wake, &pool.mu);
+        seen = pool.gen;
+        if (me->index >= pool.want) continue;
+        pjob_t *job = pool.job;
+        pthread_mutex_unlock(&pool.mu);
+        pjob_run(job);
+        pthread_mutex_lock(&pool.mu);
+        if (--pool.busy == 0) pthread_cond_signal(&pool.done);
+    }
+    return NULL;
+}
+
+/* A forked child (Celery prefork) has none of the parent's workers and may inherit locked
+ * mutexes: start over with an empty pool. */
+static void pool_after_fork(void) {
+    pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t c = PTHREAD_COND_INITIALIZER;
+    pool.user = m;
+    pool.mu = m;
+    pool.wake = c;
+    pool.done = c;
+    pool.started = pool.want = pool.busy = 0;
+    pool.job = NULL;
+}
+
+/* Run tasks 0..ntasks-1 of fn on up to `threads` threads (this one included). Call without
+ * the GIL. */
+static void parallel_for(void (*fn)(void *, int), void *ctx, int ntasks, int threads) {
+    pjob_t job = {fn, ctx, ntasks, 0};
+    int helpers = threads - 1;
+    if (helpers > ntasks - 1) helpers = ntasks - 1;
+    if (helpers > MAX_THREADS - 1) helpers = MAX_THREADS - 1;
+    if (helpers <= 0 || pthread_mutex_trylock(&pool.user) != 0) {
+        pjob_run(&job);
+        return;
+    }
+    pthread_mutex_lock(&pool.mu);
+    while (pool.started < helpers) {
+        pthread_attr_t attr;
+        pthread_t tid;
+        worker_arg_t *arg = &pool.args[pool.started];
+        *arg = (worker_arg_t){pool.started, pool.gen};
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&tid, &attr, pool_worker, arg);
+        pthread_attr_destroy(&attr);
+        if (rc != 0) break; /* fewer helpers; this thread does the rest */
+        pool.started++;
+    }
+    if (helpers > pool.started) helpers = pool.started;
+    pool.job = &job;
+    pool.want = pool.busy = helpers;
+    pool.gen++;
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.mu);
+    pjob_run(&job);
+    pthread_mutex_lock(&pool.mu);
+    while (pool.busy > 0) pthread_cond_wait(&pool.done, &pool.mu);
+    pthread_mutex_unlock(&pool.mu);
+    pthread_mutex_unlock(&pool.user);
+}
+
+/* --- per-thread scratch ----------------------------------------------------------------------
+ * One 64-byte aligned buffer per calling thread, grown on demand and kept for the next call
+ * (freed when the thread exits). Only the calling thread allocates; pool workers only read and
+ * write through pointers the caller hands them. */
+typedef struct {
+    void *p;
+    size_t size;
+} scratch_t;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static int scratch_key_ok;
+
+static void scratch_free(void *arg) {
+    scratch_t *s = (scratch_t *)arg;
+    free(s->p);
+    free(s);
+}
+
+static void scratch_init(void) { scratch_key_ok = pthread_key_create(&scratch_key, scratch_free) == 0; }
+
+static void *scratch_get(size_t bytes) {
+    pthread_once(&scratch_once, scratch_init);
+    if (!scratch_key_ok) return NULL;
+    scratch_t *s = (scratch_t *)pthread_getspecific(scratch_key);
+    if (!s) {
+        s = (scratch_t *)calloc(1, sizeof *s);
+        if (!s) return NULL;
+        if (pthread_setspecific(scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->size < bytes) {
+        free(s->p);
+        s->p = NULL;
+        s->size = 0;
+        size_t size = (bytes + 4095) & ~(size_t)4095;
+        if (posix_memalign(&s->p, 64, size) != 0) {
+            s->p = NULL;
+            return NULL;
+        }
+        s->size = size;
+    }
+    return s->p;
+}
+
+/* Bytes of an acts_t for t rows of n values in activation blocks of `ab` (each array padded
+ * to 64 bytes, so SIMD loads of a last partial vector stay inside the buffer). */
+static size_t pad64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
+
+static size_t acts_bytes(int t, int n, int ab) {
+    size_t nb = (size_t)t * (n / ab);
+    return pad64((size_t)t * n + 64) + pad64(nb * sizeof(float)) + (ab == 256 ? pad64(nb * 16 * sizeof(int16_t)) : 0);
+}
+
+static uint8_t *acts_carve(acts_t *a, uint8_t *p, int t, int n, int ab) {
+    size_t nb = (size_t)t * (n / ab);
+    a->t = t;
+    a->n = n;
+    a->qs = (int8_t *)p;
+    p += pad64((size_t)t * n + 64);
+    a->d = (float *)p;
+    p += pad64(nb * sizeof(float));
+    a->bsums = NULL;
+    if (ab == 256) {
+        a->bsums = (int16_t *)p;
+        p += pad64(nb * 16 * sizeof(int16_t));
+    }
+    return p;
+}
+
+static void acts_fill(const variant_t *var, const float *x, int ab, acts_t *a) {
+    const int nb = a->n / ab;
+    for (int tt = 0; tt < a->t; tt++)
+        var->quantize(x + (size_t)tt * a->n, a->n, ab, a->qs + (size_t)tt * a->n, a->d + (size_t)tt * nb,
+                      a->bsums ? a->bsums + (size_t)tt * nb * 16 : NULL);
+}
+
+/* One projection as a pool job: task i = weight rows [i·ROW_TILE, (i+1)·ROW_TILE); each task
+ * writes only its own columns y[:, rows], and the activations are read-only by then. */
 typedef struct {
     rows_fn fn;
     const uint8_t *w;
     size_t rb;
-    int r0, r1, m;
+    int m;
     const acts_t *a;
     float *y;
-} job_t;
+} rows_job_t;
 
-static void *run_job(void *arg) {
-    const job_t *j = (const job_t *)arg;
-    if (j->r1 > j->r0) j->fn(j->w, j->rb, j->r0, j->r1, j->a, j->y, j->m);
-    return NULL;
+static void rows_task(void *ctx, int i) {
+    const rows_job_t *j = (const rows_job_t *)ctx;
+    int r0 = i * ROW_TILE, r1 = r0 + ROW_TILE < j->m ? r0 + ROW_TILE : j->m;
+    j->fn(j->w, j->rb, r0, r1, j->a, j->y, j->m);
 }
 
 static void run_rows(rows_fn fn, const uint8_t *w, size_t rb, int m, const acts_t *a, float *y, int threads) {
-    int tiles = (m + ROW_TILE - 1) / ROW_TILE;
-    if (threads > tiles) threads = tiles;
-    if (threads > MAX_THREADS) threads = MAX_THREADS;
-    if (threads <= 1) {
-        fn(w, rb, 0, m, a, y, m);
-        return;
-    }
-    job_t jobs[MAX_THREADS];
-    pthread_t tids[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
-    for (int i = 0; i < threads; i++) {
-        int r0 = (int)((long long)tiles * i / threads) * ROW_TILE, r1 = (int)((long long)tiles * (i + 1) / threads) * ROW_TILE;
-        jobs[i] = (job_t){fn, w, rb, r0, r1 < m ? r1 : m, m, a, y};
-    }
-    /* helpers take jobs 1.., this thread job 0; a helper that cannot start runs here instead */
-    for (int i = 1; i < threads; i++) started[i] = pthread_create(&tids[i], NULL, run_job, &jobs[i]) == 0;
-    run_job(&jobs[0]);
-    for (int i = 1; i < threads; i++) {
-        if (started[i])
-            pthread_join(tids[i], NULL);
-        else
-            run_job(&jobs[i]);
-    }
+    rows_job_t job = {fn, w, rb, m, a, y};
+    parallel_for(rows_task, &job, (m + ROW_TILE - 1) / ROW_TILE, threads);
+}
+
+static int find_format(const char *name) {
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, FORMATS[i].name) == 0) return i;
+    PyErr_Format(PyExc_ValueError, "unknown format %s (Q8_0, Q4_K, Q6_K)", name);
+    return -1;
+}
+
+static const variant_t *find_variant(const char *name) {
+    for (int i = 0; i < N_VARIANTS; i++)
+        if (strcmp(name, VARIANTS[i].name) == 0 && VARIANTS[i].supported()) return &VARIANTS[i];
+    PyErr_Format(PyExc_ValueError, "kernel variant %s is unknown or unsupported by this CPU", name);
+    return NULL;
+}
+
+/* Threads for a projection of `macs` multiply-adds: one per min_macs, at most `threads`. */
+static int threads_for(double macs, long long min_macs, int threads) {
+    double k = min_macs > 0 ? macs / (double)min_macs : (double)threads;
+    return k < 1.0 ? 1 : (k < threads ? (int)k : threads);
 }
 
 static PyObject *qdot_matmul(PyObject *self, PyObject *args) {
@@ -389,22 +576,12 @@ static PyObject *qdot_matmul(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "sy*iiy*iw*si", &fmt_name, &wb, &m, &n, &xb, &t, &yb, &variant_name, &threads))
         return NULL;
     PyObject *result = NULL;
-    int fmt = -1;
-    for (int i = 0; i < 3; i++)
-        if (strcmp(fmt_name, FORMATS[i].name) == 0) fmt = i;
-    const variant_t *var = NULL;
-    for (int i = 0; i < N_VARIANTS; i++)
-        if (strcmp(variant_name, VARIANTS[i].name) == 0 && VARIANTS[i].supported()) var = &VARIANTS[i];
-    if (fmt < 0) {
-        PyErr_Format(PyExc_ValueError, "unknown format %s (Q8_0, Q4_K, Q6_K)", fmt_name);
-        goto done;
-    }
-    if (!var) {
-        PyErr_Format(PyExc_ValueError, "kernel variant %s is unknown or unsupported by this CPU", variant_name);
-        goto done;
-    }
-    if (m < 0 || t < 0 || n <= 0 || n % FORMATS[fmt].block != 0) {
-        PyErr_Format(PyExc_ValueError, "bad shape m=%d n=%d t=%d for %s", m, n, t, fmt_name);
+    const int fmt = find_format(fmt_name);
+    if (fmt < 0) goto done;
+    const variant_t *var = find_variant(variant_name);
+    if (!var) goto done;
+    if (m < 0 || t < 0 || n <= 0 || n % FORMATS[fmt].block != 0 || threads < 1) {
+        PyErr_Format(PyExc_ValueError, "bad shape m=%d n=%d t=%d threads=%d for %s", m, n, t, threads, fmt_name);
         goto done;
     }
     size_t rb = (size_t)(n / FORMATS[fmt].block) * FORMATS[fmt].bytes;
@@ -413,31 +590,96 @@ static PyObject *qdot_matmul(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "buffer sizes do not match %s m=%d n=%d t=%d", fmt_name, m, n, t);
         goto done;
     }
-    int ab = FORMATS[fmt].act_block, nb = n / ab;
-    acts_t a = {NULL, NULL, NULL, NULL, t, n};
-    a.qs = malloc((size_t)t * n + 64);
-    if (fmt == FMT_Q8_0) a.lo = malloc((size_t)t * n + 64);
-    a.d = malloc(((size_t)t * nb + 1) * sizeof(float));
-    if (ab == 256) a.bsums = malloc(((size_t)t * nb * 16 + 1) * sizeof(int16_t));
-    if (!a.qs || !a.d || (ab == 256 && !a.bsums) || (fmt == FMT_Q8_0 && !a.lo)) {
+    const int ab = FORMATS[fmt].act_block;
+    uint8_t *buf = scratch_get(acts_bytes(t, n, ab));
+    if (!buf) {
         PyErr_NoMemory();
-    } else {
-        const float *x = (const float *)xb.buf;
-        Py_BEGIN_ALLOW_THREADS
-        for (int tt = 0; tt < t; tt++)
-            var->quantize(x + (size_t)tt * n, n, ab, a.qs + (size_t)tt * n, a.d + (size_t)tt * nb,
-                         a.bsums ? a.bsums + (size_t)tt * nb * 16 : NULL, a.lo ? a.lo + (size_t)tt * n : NULL);
-        run_rows(var->fns[fmt], (const uint8_t *)wb.buf, rb, m, &a, (float *)yb.buf, threads);
-        Py_END_ALLOW_THREADS
-        result = Py_None;
-        Py_INCREF(result);
+        goto done;
     }
-    free(a.qs);
-    free(a.lo);
-    free(a.d);
-    free(a.bsums);
+    acts_t a;
+    acts_carve(&a, buf, t, n, ab);
+    Py_BEGIN_ALLOW_THREADS
+    acts_fill(var, (const float *)xb.buf, ab, &a);
+    run_rows(var->fns[fmt], (const uint8_t *)wb.buf, rb, m, &a, (float *)yb.buf, threads);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
 done:
     PyBuffer_Release(&wb);
+    PyBuffer_Release(&xb);
+    PyBuffer_Release(&yb);
+    return result;
+}
+
+/* silu(g)·u = g·u / (1 + e^−g) over row tt of gu = [g | u] (each d_ff wide), written over g.
+ * e^−g -> inf for g << 0 gives −0.0, the right limit. */
+static void silu_mul(float *gu, int d_ff) {
+    const float *u = gu + d_ff;
+    for (int j = 0; j < d_ff; j++) gu[j] = gu[j] / (1.0f + expf(-gu[j])) * u[j];
+}
+
+static PyObject *qdot_expert(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *gu_name, *down_name, *variant_name;
+    Py_buffer gub, downb, xb, yb;
+    int d_model, d_ff, t, threads;
+    long long min_macs;
+    if (!PyArg_ParseTuple(args, "sy*sy*iiy*iw*siL", &gu_name, &gub, &down_name, &downb, &d_model, &d_ff, &xb, &t,
+                          &yb, &variant_name, &threads, &min_macs))
+        return NULL;
+    PyObject *result = NULL;
+    const int fg = find_format(gu_name);
+    if (fg < 0) goto done;
+    const int fd = find_format(down_name);
+    if (fd < 0) goto done;
+    const variant_t *var = find_variant(variant_name);
+    if (!var) goto done;
+    if (t < 0 || d_model <= 0 || d_ff <= 0 || d_ff > (1 << 28) || threads < 1 || min_macs < 0 ||
+        d_model % FORMATS[fg].block != 0 || d_ff % FORMATS[fd].block != 0) {
+        PyErr_Format(PyExc_ValueError, "bad shape d_model=%d d_ff=%d t=%d threads=%d for %s/%s", d_model, d_ff, t,
+                     threads, gu_name, down_name);
+        goto done;
+    }
+    const size_t rb_gu = (size_t)(d_model / FORMATS[fg].block) * FORMATS[fg].bytes;
+    const size_t rb_down = (size_t)(d_ff / FORMATS[fd].block) * FORMATS[fd].bytes;
+    if ((size_t)gub.len != 2 * (size_t)d_ff * rb_gu || (size_t)downb.len != (size_t)d_model * rb_down ||
+        (size_t)xb.len != (size_t)t * d_model * sizeof(float) || (size_t)yb.len != (size_t)t * d_model * sizeof(float)) {
+        PyErr_Format(PyExc_ValueError, "buffer sizes do not match %s/%s d_model=%d d_ff=%d t=%d", gu_name, down_name,
+                     d_model, d_ff, t);
+        goto done;
+    }
+    const int ab_gu = FORMATS[fg].act_block, ab_down = FORMATS[fd].act_block;
+    /* scratch: x quantized | gu f32 [t][2·d_ff] (h over its first half) | h quantized */
+    const size_t gu_bytes = pad64((size_t)t * 2 * d_ff * sizeof(float));
+    uint8_t *buf = scratch_get(acts_bytes(t, d_model, ab_gu) + gu_bytes + acts_bytes(t, d_ff, ab_down));
+    if (!buf) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    acts_t xa, ha;
+    uint8_t *p = acts_carve(&xa, buf, t, d_model, ab_gu);
+    float *gu = (float *)p;
+    acts_carve(&ha, p + gu_bytes, t, d_ff, ab_down);
+    const double macs = (double)t * d_ff * d_model;
+    Py_BEGIN_ALLOW_THREADS
+    /* gate and up: one quantization of x, one tile loop over the stacked [2·d_ff, d_model] */
+    acts_fill(var, (const float *)xb.buf, ab_gu, &xa);
+    run_rows(var->fns[fg], (const uint8_t *)gub.buf, rb_gu, 2 * d_ff, &xa, gu, threads_for(2 * macs, min_macs, threads));
+    /* h = silu(g)·u, quantized row by row (h row tt sits at gu + tt·2·d_ff) */
+    for (int tt = 0; tt < t; tt++) {
+        float *row = gu + (size_t)tt * 2 * d_ff;
+        silu_mul(row, d_ff);
+        var->quantize(row, d_ff, ab_down, ha.qs + (size_t)tt * d_ff, ha.d + (size_t)tt * (d_ff / ab_down),
+                      ha.bsums ? ha.bsums + (size_t)tt * (d_ff / ab_down) * 16 : NULL);
+    }
+    run_rows(var->fns[fd], (const uint8_t *)downb.buf, rb_down, d_model, &ha, (float *)yb.buf,
+             threads_for(macs, min_macs, threads));
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&gub);
+    PyBuffer_Release(&downb);
     PyBuffer_Release(&xb);
     PyBuffer_Release(&yb);
     return result;
@@ -450,6 +692,12 @@ static PyMethodDef qdot_methods[] = {
      "y[t, m] = quantize_int8(x[t, n]) · W[m, n]ᵀ. w: the raw blocks, m·row_bytes bytes; x: f32 t·n;\n"
      "y: writable f32 t·m; all C-contiguous. Splits the rows over `threads` threads (this one\n"
      "included). Releases the GIL while computing."},
+    {"expert", qdot_expert, METH_VARARGS,
+     "expert(gu_fmt, w_gu, down_fmt, w_down, d_model, d_ff, x, t, y, variant, threads, min_macs) -> None\n\n"
+     "y[t, d_model] = down(silu(gate·x) ⊙ up·x) with int8 activations. w_gu: gate and up stacked,\n"
+     "[2·d_ff, d_model] blocks of gu_fmt; w_down: [d_model, d_ff] blocks of down_fmt; x, y: f32\n"
+     "t·d_model, C-contiguous. Each projection runs on one thread per min_macs multiply-adds, at\n"
+     "most `threads` (0: always `threads`). Releases the GIL while computing."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -460,13 +708,18 @@ PyMODINIT_FUNC PyInit__qdot(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
 #endif
+    static int atfork_done;
+    if (!atfork_done) {
+        if (pthread_atfork(NULL, NULL, pool_after_fork) != 0) return PyErr_NoMemory();
+        atfork_done = 1;
+    }
     return PyModule_Create(&qdot_module);
 }
 
 #else /* QDOT_BODY: the SIMD kernels, compiled once per ISA (SFX, MAXT, DOT_U8S8, DOT_I16) */
 
 /* quantize_row with SIMD; the same f32 operations, so the same bytes (tests compare variants). */
-static void SFX(quantize_row)(const float *x, int n, int block, int8_t *qs, float *d, int16_t *bsums, int8_t *lo) {
+static void SFX(quantize_row)(const float *x, int n, int block, int8_t *qs, float *d, int16_t *bsums) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int b = 0; b < n / block; b++) {
@@ -478,21 +731,13 @@ static void SFX(quantize_row)(const float *x, int n, int block, int8_t *qs, floa
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
         const float db = _mm_cvtss_f32(m4) / 127.0f;
         const float idf = db > 0.0f ? 1.0f / db : 0.0f;
-        const __m256 id = _mm256_set1_ps(idf), id_lo = _mm256_set1_ps(idf * 128.0f), vd = _mm256_set1_ps(db);
+        const __m256 id = _mm256_set1_ps(idf);
         d[b] = db;
         int8_t *qb = qs + (size_t)b * block;
         for (int i = 0; i < block; i += 32) {
             /* cvtps rounds half to even (default MXCSR); |x·id| <= 127 so no clamping needed */
             __m256i v[4];
             for (int k = 0; k < 4; k++) v[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8 * k), id));
-            if (lo) { /* the residual x − q·d (one rounding), on a 128x finer grid */
-                __m256i r[4];
-                for (int k = 0; k < 4; k++)
-                    r[k] = _mm256_cvtps_epi32(_mm256_mul_ps(
-                        _mm256_fnmadd_ps(_mm256_cvtepi32_ps(v[k]), vd, _mm256_loadu_ps(xb + i + 8 * k)), id_lo));
-                const __m256i pr = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
-                _mm256_storeu_si256((__m256i *)(lo + (size_t)b * block + i), _mm256_permutevar8x32_epi32(pr, order));
-            }
             if (bsums) {
                 for (int g = 0; g < 2; g++) {
                     const __m256i s8 = _mm256_add_epi32(v[2 * g], v[2 * g + 1]);
@@ -517,30 +762,80 @@ static inline float SFX(hsum)(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+#ifdef QDOT_512
+/* Q8_0 on 512-bit vectors: blocks b and b+1 (34 bytes apart, so two 256-bit loads) in one
+ * dpbusd; lanes 0-7 hold block b's partial sums, lanes 8-15 block b+1's, each scaled by its
+ * own d_w·d_a. Weights are the unsigned operand: |q_w|, and the activations take q_w's sign
+ * (negated where q_w < 0; AVX-512 has no sign_epi8). |q_w| <= 128, |q_a| <= 127: each i32
+ * lane sums 4 products <= 4·128·127, exact. */
+static inline __attribute__((always_inline)) void SFX(q8_0_tile)(const uint8_t *w, size_t rb, int r0, int r1,
+                                                                const int8_t *qa, const float *da, int n,
+                                                                float *y, int m, const int T) {
+    const int nb = n / 32;
+    const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i zero = _mm512_setzero_si512();
+    for (int o = r0; o < r1; o++) {
+        const uint8_t *wr = w + (size_t)o * rb;
+        __m512 acc[MAXT];
+        for (int tt = 0; tt < T; tt++) acc[tt] = _mm512_setzero_ps();
+        int b = 0;
+        for (; b + 1 < nb; b += 2) {
+            const uint8_t *blk = wr + (size_t)b * Q8_0_BYTES;
+            /* the same spot one row ahead: rows are contiguous, so this runs ahead of the
+             * hardware prefetcher, which stops at 4 KiB page boundaries (cold weights) */
+            _mm_prefetch((const char *)(blk + rb), _MM_HINT_T0);
+            _mm_prefetch((const char *)(blk + rb + 64), _MM_HINT_T0);
+            const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 2))),
+                                                 _mm256_loadu_si256((const __m256i *)(blk + Q8_0_BYTES + 2)), 1);
+            const __m512i aq = _mm512_abs_epi8(q);
+            const __mmask64 neg = _mm512_movepi8_mask(q);
+            /* the two f16 scales side by side -> 2 x f32 */
+            const __m128 dw = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)rd16(blk) | ((uint32_t)rd16(blk + Q8_0_BYTES) << 16))));
+            for (int tt = 0; tt < T; tt++) {
+                __m512i x = _mm512_loadu_si512((const void *)(qa + (size_t)tt * n + 32 * b));
+                x = _mm512_mask_sub_epi8(x, neg, zero, x);
+                const __m512i p = _mm512_dpbusd_epi32(zero, aq, x);
+                const __m128 s2 = _mm_mul_ps(dw, _mm_castpd_ps(_mm_load_sd((const double *)(da + (size_t)tt * nb + b))));
+                const __m512 s = _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(s2));
+                acc[tt] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[tt]);
+            }
+        }
+        if (b < nb) { /* odd block count: the last block alone on a 256-bit vector */
+            const uint8_t *blk = wr + (size_t)b * Q8_0_BYTES;
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 2));
+            const __m256i aq = _mm256_sign_epi8(q, q);
+            const float dw = _cvtsh_ss(rd16(blk));
+            for (int tt = 0; tt < T; tt++) {
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(qa + (size_t)tt * n + 32 * b));
+                const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aq, _mm256_sign_epi8(x, q));
+                const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * da[(size_t)tt * nb + b]));
+                acc[tt] = _mm512_add_ps(acc[tt], _mm512_zextps256_ps512(f));
+            }
+        }
+        for (int tt = 0; tt < T; tt++) y[(size_t)tt * m + o] = _mm512_reduce_add_ps(acc[tt]);
+    }
+}
+#else
 /* acc[tt] += d_w·d_a[tt] · Σ q_w·q_a[tt] over Q8_0 block b of row `wr`. The sign trick
  * makes the weights the unsigned operand: |q_w| · (q_a with q_w's sign). */
 static inline __attribute__((always_inline)) void SFX(q8_0_block)(const uint8_t *wr, int b, const int8_t *qa,
-                                                                 const int8_t *qlo, const float *da, int n, int nb,
-                                                                 __m256 *acc, const int T) {
+                                                                 const float *da, int n, int nb, __m256 *acc,
+                                                                 const int T) {
     const uint8_t *blk = wr + (size_t)b * Q8_0_BYTES;
-    const __m256 dw = _mm256_set1_ps(_cvtsh_ss(rd16(blk)) * (1.0f / 128)); /* 128·hi + lo: exact rescale */
+    const float dw = _cvtsh_ss(rd16(blk));
     const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 2));
     const __m256i aq = _mm256_sign_epi8(q, q);
     for (int tt = 0; tt < T; tt++) {
         const __m256i x = _mm256_loadu_si256((const __m256i *)(qa + (size_t)tt * n + 32 * b));
-        const __m256i xl = _mm256_loadu_si256((const __m256i *)(qlo + (size_t)tt * n + 32 * b));
-        const __m256i ph = DOT_U8S8(_mm256_setzero_si256(), aq, _mm256_sign_epi8(x, q));
-        const __m256i p = DOT_U8S8(_mm256_slli_epi32(ph, 7), aq, _mm256_sign_epi8(xl, q)); /* 128·hi + lo */
-        const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ss(da + (size_t)tt * nb + b));
-        acc[tt] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[tt]);
+        const __m256i p = DOT_U8S8(_mm256_setzero_si256(), aq, _mm256_sign_epi8(x, q));
+        acc[tt] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * da[(size_t)tt * nb + b]), acc[tt]);
     }
 }
 
 /* T tokens (a compile-time constant after inlining, so the per-token accumulators live in
  * registers) for weight rows r0..r1; `qa`, `da`, `bs` point at the chunk's first token. */
 static inline __attribute__((always_inline)) void SFX(q8_0_tile)(const uint8_t *w, size_t rb, int r0, int r1,
-                                                                const int8_t *qa, const int8_t *qlo,
-                                                                const float *da, int n,
+                                                                const int8_t *qa, const float *da, int n,
                                                                 float *y, int m, const int T) {
     const int nb = n / 32;
     for (int o = r0; o < r1; o++) {
@@ -550,13 +845,14 @@ static inline __attribute__((always_inline)) void SFX(q8_0_tile)(const uint8_t *
         for (int tt = 0; tt < T; tt++) acc[0][tt] = acc[1][tt] = _mm256_setzero_ps();
         int b = 0;
         for (; b + 1 < nb; b += 2) {
-            SFX(q8_0_block)(wr, b, qa, qlo, da, n, nb, acc[0], T);
-            SFX(q8_0_block)(wr, b + 1, qa, qlo, da, n, nb, acc[1], T);
+            SFX(q8_0_block)(wr, b, qa, da, n, nb, acc[0], T);
+            SFX(q8_0_block)(wr, b + 1, qa, da, n, nb, acc[1], T);
         }
-        if (b < nb) SFX(q8_0_block)(wr, b, qa, qlo, da, n, nb, acc[0], T);
+        if (b < nb) SFX(q8_0_block)(wr, b, qa, da, n, nb, acc[0], T);
         for (int tt = 0; tt < T; tt++) y[(size_t)tt * m + o] = SFX(hsum)(_mm256_add_ps(acc[0][tt], acc[1][tt]));
     }
 }
+#endif
 
 static inline __attribute__((always_inline)) void SFX(q4_k_tile)(const uint8_t *w, size_t rb, int r0, int r1,
                                                                 const int8_t *qa, const float *da,
@@ -570,6 +866,7 @@ static inline __attribute__((always_inline)) void SFX(q4_k_tile)(const uint8_t *
         for (int tt = 0; tt < T; tt++) acc[tt] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
             const uint8_t *blk = wr + (size_t)b * Q4_K_BYTES;
+            for (int c = 0; c < Q4_K_BYTES; c += 64) _mm_prefetch((const char *)(blk + rb + c), _MM_HINT_T0); /* row ahead, as Q8_0 */
             const float d = _cvtsh_ss(rd16(blk)), dmin = _cvtsh_ss(rd16(blk + 2));
             uint8_t sc[8], mn[8];
             q4_k_scales(blk + 4, sc, mn);
@@ -620,6 +917,7 @@ static inline __attribute__((always_inline)) void SFX(q6_k_tile)(const uint8_t *
         for (int tt = 0; tt < T; tt++) acc[tt] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
             const uint8_t *blk = wr + (size_t)b * Q6_K_BYTES;
+            for (int c = 0; c < Q6_K_BYTES; c += 64) _mm_prefetch((const char *)(blk + rb + c), _MM_HINT_T0); /* row ahead, as Q8_0 */
             const float d = _cvtsh_ss(rd16(blk + 208));
             const int8_t *sc = (const int8_t *)(blk + 192);
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)); /* 16 x i16 */
@@ -683,8 +981,7 @@ static inline __attribute__((always_inline)) void SFX(q6_k_tile)(const uint8_t *
 
 static void SFX(q8_0_rows)(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m) {
     const int nb = a->n / 32;
-    QDOT_CHUNKS(SFX(q8_0_tile), w, rb, rt, re, a->qs + (size_t)t0 * a->n, a->lo + (size_t)t0 * a->n,
-                a->d + (size_t)t0 * nb, a->n, yc, m)
+    QDOT_CHUNKS(SFX(q8_0_tile), w, rb, rt, re, a->qs + (size_t)t0 * a->n, a->d + (size_t)t0 * nb, a->n, yc, m)
 }
 
 static void SFX(q4_k_rows)(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m) {

@@ -9,17 +9,23 @@ present:
   through numpy; gate and up are stacked into one [2·d_ff, d_model] matrix so one sgemm
   reads x once and a small batch gets a wider, more efficient GEMM.
 * block-quantized (Q8_0/Q4_K/Q6_K): raw GGML blocks stay as loaded. Batches up to
-  `fused_max_rows` take a fused kernel that reads each block once per call:
+  `fused_max_rows` take a fused kernel that reads each block once per chunk of tokens:
   - the C kernels (apps/experts/_qdot.c, built by setup.py), as llama.cpp does on CPUs: the
-    activation rows are quantized to int8 blocks once per call and dotted with the weight
-    blocks in integer SIMD (AVX-512 VNNI / AVX-VNNI / AVX2, picked for the CPU at import,
-    or a portable scalar loop), rows split over threads, GIL released. Quantizing the
-    activations adds a relative error of ~0.5-1% per projection (tests/experts/test_ffn.py
-    derives the bound); the weights' own quantization error is larger.
+    activation rows are quantized to int8 blocks (Q8_0: 32 values, K-quants: 256) and dotted
+    with the weight blocks in integer SIMD (AVX-512 VNNI / AVX-VNNI / AVX2, picked for the CPU
+    at import, or a portable scalar loop). A whole expert is one C call: x quantized once for
+    the stacked gate|up weights, silu·up and its quantization in C, then down; row tiles go
+    to a persistent pool of worker threads, GIL released. Quantizing the activations adds a
+    relative error of ~1-2% per expert (tests/experts/test_ffn.py derives the bounds), as
+    llama.cpp's Q8_0 x Q8_0 does and as the Q8_0 wire format between nodes already does.
   - else the numba kernels, which dequantize each block to f32 and dot it with f32 x (exact
     up to f32 rounding, but compute-bound at ~3-5 G weights/s).
   Larger batches dequantize row tiles of ~1 MiB into a reused f32 buffer and sgemm each
-  tile (compute-bound, so BLAS wins and the tile stays in L2).
+  tile (compute-bound, so BLAS wins and the tile stays in L2). The C kernels work through the
+  tokens 8 at a time re-reading each weight tile from cache. Measured (bench/runtime.py,
+  crossover table): 0.15-0.5x the tiled time at batch 8-32, 0.5-0.85x at 128; at 256 Qwen3
+  dims are near the crossover (0.86-0.99x) and DeepSeek-V3 dims still ~0.55x. fused_max_rows
+  = 128 keeps a margin below the crossover against timing noise.
   Without numba or the C kernels (``use_numba=False``), every batch takes the tiled path
   with the numpy dequantizer: the exact reference path.
 """
@@ -44,9 +50,12 @@ except ImportError:
 BLOCK_TYPES = ("Q8_0", "Q4_K", "Q6_K")
 DENSE_TYPES = ("F32", "F16", "BF16")
 _TILE_BYTES = 1 << 20  # f32 tile per sgemm in the large-batch path: fits L2 with room for x
-# Below this many multiply-adds a C matmul runs on one thread: starting and joining a helper
-# thread costs ~20-50 us, about what 1M int8 MACs take on one core.
-_QDOT_MIN_MACS_PER_THREAD = 1 << 20
+# A C matmul gets one thread per this many multiply-adds (at most `threads`): waking a parked
+# pool worker costs ~5-20 us on this VM, about what 256K int8 MACs take on one core.
+_QDOT_MIN_MACS_PER_THREAD = 1 << 18
+# Batches up to this size take the fused kernels; see the module docstring. numba's f32 kernels
+# are compute-bound and lose to BLAS tiles much earlier.
+FUSED_MAX_ROWS = {"c": 128, "numba": 8}
 
 
 @dataclass(frozen=True)
@@ -136,6 +145,41 @@ def cpu_isa() -> str:
     return "baseline"
 
 
+def _silu_mul(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """silu(g)·u, overwriting g and u (returns g): silu(g) = g/2·(1 + tanh(g/2)).
+
+    tanh rather than g/(1 + e^-g): e^-g overflows for g << 0, and numpy's exp takes a slow
+    path on overflow (measured 3x slower on large activations); tanh saturates instead. Five
+    in-place passes, no temporaries; the halving is exact.
+    """
+    g *= 0.5
+    u *= g
+    np.tanh(g, out=g)
+    g += 1.0
+    g *= u
+    return g
+
+
+_TRANSPOSE_ROWS = 64  # rows of yᵀ per block: numpy's strided copy thrashes the cache on whole arrays
+
+
+def _c_order(y: np.ndarray) -> np.ndarray:
+    """y [t, m] as a C-contiguous array. The dense path leaves yᵀ C-contiguous (y F-order): copy
+    it in blocks of columns, ~2-3x faster than one np.ascontiguousarray (measured at t 64-512)."""
+    if y.flags.c_contiguous:
+        return y
+    out = np.empty(y.shape, dtype=np.float32)
+    for c0 in range(0, y.shape[1], _TRANSPOSE_ROWS):
+        out[:, c0 : c0 + _TRANSPOSE_ROWS] = y[:, c0 : c0 + _TRANSPOSE_ROWS]
+    return out
+
+
+def _fused_expert(prepared: CpuExpert) -> bool:
+    """Whether the C kernels run this expert in one call: gate and up stacked, all block types."""
+    return len(prepared.gate_up) == 1 and prepared.gate_up[0].ggml_type in BLOCK_TYPES and (
+        prepared.down.ggml_type in BLOCK_TYPES)
+
+
 class CpuBackend:
     """Dense f32 via BLAS; block formats via the C or numba kernels (or numpy tiles).
 
@@ -144,16 +188,17 @@ class CpuBackend:
         $TENZRO_QDOT_VARIANT or else the best this CPU runs; "off" uses numba instead.
         Raises ValueError for a variant the CPU cannot run.
     threads: threads per C matmul (default $TENZRO_QDOT_THREADS or the CPUs this process
-        may use); small matmuls run on one.
+        may use); small matmuls run on fewer, down to one.
+    fused_max_rows: the largest batch for the fused kernels (default FUSED_MAX_ROWS for the C
+        or numba kernels); larger ones take the tiles.
     """
 
     name = "cpu"
     is_gpu = False
 
-    def __init__(self, *, use_numba: bool = True, fused_max_rows: int = 8, c_variant: str | None = None,
+    def __init__(self, *, use_numba: bool = True, fused_max_rows: int | None = None, c_variant: str | None = None,
                  threads: int | None = None) -> None:
         self.isa = cpu_isa()
-        self.fused_max_rows = fused_max_rows
         self._kernels: Any = None
         self._qdot_variant: str | None = None
         self._threads = max(1, threads or int(os.environ.get("TENZRO_QDOT_THREADS") or 0) or _cpu_count())
@@ -169,6 +214,8 @@ class CpuBackend:
             except ImportError:  # numba missing or broken: the C kernels or numpy tiles still work
                 kernels = None
             self._kernels = kernels
+        default_rows = FUSED_MAX_ROWS["c" if self._qdot_variant else "numba"]
+        self.fused_max_rows = default_rows if fused_max_rows is None else fused_max_rows
         self._lut = self._kernels.f16_lut() if self._kernels else None
         # numba's default "workqueue" threading layer aborts on concurrent parallel launches
         # from two Python threads; one launch already uses every core, so serializing costs
@@ -222,19 +269,21 @@ class CpuBackend:
 
     def forward(self, prepared: CpuExpert, x: np.ndarray) -> np.ndarray:
         d_ff = prepared.d_ff
+        t = x.shape[0]
+        if self._qdot_variant is not None and t <= self.fused_max_rows and _fused_expert(prepared):
+            # the whole expert in one C call: x quantized once for gate and up, silu·up in C
+            (gu,), down = prepared.gate_up, prepared.down
+            x = np.ascontiguousarray(x, dtype=np.float32)
+            y = np.empty((t, down.shape[0]), dtype=np.float32)
+            _qdot.expert(gu.ggml_type, gu.data, down.ggml_type, down.data, down.shape[0], d_ff, x, t, y,
+                         self._qdot_variant, self._threads, _QDOT_MIN_MACS_PER_THREAD)
+            return y
         if len(prepared.gate_up) == 1:
-            gu = self.matmul(x, prepared.gate_up[0])  # [t, 2·d_ff]
+            gu = self.matmul(x, prepared.gate_up[0])  # [t, 2·d_ff], fresh, so ours to overwrite
             g, u = gu[:, :d_ff], gu[:, d_ff:]
         else:
             g, u = (self.matmul(x, w) for w in prepared.gate_up)
-        # silu(g)·u = g·u / (1 + e^-g), in place on one [t, d_ff] buffer
-        h = np.negative(g)
-        with np.errstate(over="ignore"):  # e^-g -> inf for g << 0 gives silu -> -0.0, correct
-            np.exp(h, out=h)
-        h += 1.0
-        np.divide(g, h, out=h)
-        h *= u
-        return np.ascontiguousarray(self.matmul(h, prepared.down))
+        return _c_order(self.matmul(_silu_mul(g, u), prepared.down))
 
     def matmul(self, x: np.ndarray, w: CpuWeight) -> np.ndarray:
         """f32 [t, n] · Wᵀ -> f32 [t, m]. x must be C-contiguous f32 for the kernels."""
@@ -249,7 +298,7 @@ class CpuBackend:
         if self._qdot_variant is not None and t <= self.fused_max_rows:
             y = np.empty((t, m), dtype=np.float32)
             threads = max(1, min(self._threads, t * m * n // _QDOT_MIN_MACS_PER_THREAD))
-            # no lock: each call has its own scratch, and the GIL is released inside
+            # no lock: each calling thread has its own scratch, and the GIL is released inside
             _qdot.matmul(w.ggml_type, w.data, m, n, x, t, y, self._qdot_variant, threads)
             return y
         if self._kernels is not None and t <= self.fused_max_rows:

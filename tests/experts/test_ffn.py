@@ -16,31 +16,38 @@ from tests.experts.factories import expert_payload, expert_weights, swiglu_refer
 D_MODEL, D_FF = 256, 512  # both multiples of 256, so q4_k_m uses Q4_K and Q6_K without fallback
 
 # Bounds on ||y - y_f32|| / ||y_f32|| for weights ~ N(0, 1/fan_in) and x ~ N(0, 1).
-# Rounding to a step s leaves an rms error s/sqrt(12) per weight.
-#  Q8_0: s = max|w|/127 over 32 weights (max ~ 2.1 sigma) -> 0.48% per projection; three
-#        projections in series add in quadrature -> ~0.8%; measured 0.92-0.99% over 5 seeds.
-#        Bound 1.5%.
+# Rounding to a step s leaves an rms error s/sqrt(12) per value, i.e. amax/(127·sqrt(12))
+# = amax/(440·rms) relative to a block's rms for an int8 grid. An output y_j = Σ w_ji x_i with
+# independent errors e_i has error Σ w_ji e_i against Σ w_ji x_i: for random signs both grow
+# as sqrt(n), so the *relative* error of an output equals the per-value one. Errors of the
+# three projections in series add in quadrature.
+#  Q8_0 weights: s = max|w|/127 over 32 weights (max ~ 2.1 sigma) -> 0.48% per projection,
+#        ~0.8% for three; measured 0.92-0.99% over 5 seeds with f32 activations.
 #  q4_k_m: Q4_K (gate, up) s ~ range/15 over 32 weights (~4 sigma) -> ~7.7% each; Q6_K (down)
-#        ~1.6% -> ~11%; measured 10.0-11.0%. Bound 15%.
-QUANT_BOUNDS = {"q8_0": 0.015, "q4_k_m": 0.15}
+#        ~1.6% -> ~11%; measured 10.0-11.0%.
+#  On the C kernels' path (batches up to fused_max_rows) the activations are also rounded to
+#  int8 (C_KERNEL_BOUNDS below, independent of the weight error, so in quadrature):
+#        Q8_0: sqrt(0.95² + 1.25²) ~ 1.6%, measured 1.39-1.73% over 8 seeds, t = 1 and 8.
+#        This is llama.cpp's Q8_0 x Q8_0 and what the wire carries between nodes anyway (hidden
+#        states travel as Q8_0 blocks), so a distributed forward already has this error.
+#        Bound 2.5%.
+#        q4_k_m: sqrt(11² + 2²) ~ 11.2%, measured 9.7-12.6%. Bound 15%.
+QUANT_BOUNDS = {"q8_0": 0.025, "q4_k_m": 0.15}
 
 # Bounds on ||y - y_deq|| / ||y_deq|| (y_deq: f64 forward with the dequantized weights) for the
-# C kernels, which round the activations of each projection to int8 blocks (d = amax/127).
-# Rounding to a step s leaves an rms error s/sqrt(12) per element, i.e. amax/(127·sqrt(12))
-# = amax/(440·rms) relative to the block's rms. An output y_j = Σ w_ji x_i with independent
-# errors e_i has error Σ w_ji e_i against Σ w_ji x_i: for random signs both grow as sqrt(n),
-# so the *relative* error of an output equals the per-element one (averaging only shrinks it
-# against Σ |w_ji x_i|).
-#  q4_k_m (blocks of 256, one int8 part, as llama.cpp's Q8_K): x ~ N(0, 1) has amax ~ 2.9 rms
-#        -> 0.66% into gate and up; h = silu(g)·u is heavy-tailed (amax ~ 6-8 rms over 256)
-#        -> ~1.5-1.8% into down; in quadrature ~2%. Measured 1.6-2.7% over 5 seeds, t = 1, 8.
+# C kernels, which round the activations of each projection to int8 blocks (d = amax/127),
+# llama.cpp's Q8_0 (blocks of 32) and Q8_K (blocks of 256) activations; by the argument above
+# each projection's output carries amax/(440·rms) of its input block:
+#  q8_0 (blocks of 32): x ~ N(0, 1) has amax ~ 2.1 rms over 32 -> 0.48% into gate and up;
+#        h = silu(g)·u is heavy-tailed (amax ~ 3.5-4.5 rms over 32) -> ~0.8-1% into down; the
+#        gate/up errors pass through silu·u roughly doubled (d(g·u) has both terms) -> ~0.7%;
+#        in quadrature ~1.2%. Measured 1.10-1.35% over 8 seeds, t = 1 and 8. Bound 2%.
+#  q4_k_m (blocks of 256): amax ~ 2.9 rms -> 0.66% into gate and up, h's amax ~ 6-8 rms over
+#        256 -> ~1.5-1.8% into down; in quadrature ~2%. Measured 1.7-2.5% over 8 seeds.
 #        Bound 4%, small next to the 15% weight bound.
-#  q8_0 (blocks of 32, two int8 parts: the residual quantized again on a 128x finer grid, see
-#        _qdot.c): the one-part error (measured 1.1-1.3%, which would push a Q8_0 expert past
-#        its 1.5% bound) shrinks 128x -> ~0.01%; measured 0.008-0.010%. Bound 0.05%.
 # The numba and numpy paths (and every batch above fused_max_rows) use f32 activations:
 # only f32 rounding, bound 1e-5.
-C_KERNEL_BOUNDS = {"q8_0": 5e-4, "q4_k_m": 0.04}
+C_KERNEL_BOUNDS = {"q8_0": 0.02, "q4_k_m": 0.04}
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +87,7 @@ def test_half_precision_payloads_widen_once(backend, quant):
 
 
 @pytest.mark.parametrize("quant", ["q8_0", "q4_k_m"])
-@pytest.mark.parametrize("t", [1, 8, 64])  # fused kernel at 1 and 8, tiled sgemm at 64
+@pytest.mark.parametrize("t", [1, 8, 64, 129])  # fused kernel up to fused_max_rows, then tiles
 def test_quantized_expert(backend, quant, t):
     rng = np.random.default_rng(22)
     w = expert_weights(rng, D_MODEL, D_FF)
@@ -136,3 +143,22 @@ def test_corrupt_payloads(backend):
             build_expert(bad, backend)
     with pytest.raises(InvalidPayload):
         parse_payload(b"\x00" * 16)
+
+
+def test_without_c_extension_numba_fallback(monkeypatch):
+    """A machine that could not compile _qdot: the backend runs numba (fused only up to 8
+    rows, where its f32 kernels still beat BLAS tiles) and gives the exact answer."""
+    from apps.experts import backends
+
+    monkeypatch.setattr(backends, "_qdot", None)
+    numba = CpuBackend()
+    assert numba.cpu_kernel.startswith("numba-") and numba.fused_max_rows == 8
+    assert backends.qdot_variants() == []
+    rng = np.random.default_rng(26)
+    payload = expert_payload(expert_weights(rng, D_MODEL, D_FF), expert=0, quant="q8_0")
+    stored = read_expert_payload(payload)
+    w_deq = {p: stored.dense(p) for p in ("gate", "up", "down")}
+    expert = build_expert(payload, numba)
+    for t in (1, 9):
+        x = rng.standard_normal((t, D_MODEL)).astype(np.float32)
+        assert _rel(expert_forward(expert, x, numba), swiglu_reference(w_deq, x)) < 1e-5
