@@ -39,15 +39,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from apps.experts import kernels
 from apps.experts.backends import CpuBackend, TensorIn
 from bench.report import print_table, write_results
+from tests.experts.factories import random_blocks
 
 DIMS = {"Qwen3-30B-A3B": (2048, 768), "DeepSeek-V3": (7168, 2048)}
 BATCHES = (1, 8, 64, 512)
 CROSSOVER_BATCHES = (8, 32, 128, 256)  # fused C kernel vs tiled dequantize+sgemm
 QUANTS = {"Q8_0": ("Q8_0", "Q8_0", "Q8_0"), "q4_k_m": ("Q4_K", "Q4_K", "Q6_K")}
-F16_FIELDS = {"Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}
 
 
 def best(fn: Callable[[], object], reps: int, before: Callable[[], object] | None = None) -> float:
@@ -61,15 +60,6 @@ def best(fn: Callable[[], object], reps: int, before: Callable[[], object] | Non
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
-
-
-def random_blocks(rng: np.random.Generator, fmt: str, rows: int, n: int) -> np.ndarray:
-    elems, size = kernels.BLOCK[fmt]
-    raw = rng.integers(0, 256, size=(rows, n // elems, size), dtype=np.uint8)
-    for off in F16_FIELDS[fmt]:
-        scale = (rng.standard_normal((rows, n // elems)) * 0.01).astype(np.float16)
-        raw[:, :, off : off + 2] = scale.view(np.uint8).reshape(rows, n // elems, 2)
-    return raw.reshape(rows, -1)
 
 
 def build(backend: CpuBackend, rng: np.random.Generator, d_model: int, d_ff: int, fmts: tuple[str, ...]):

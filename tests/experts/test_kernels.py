@@ -19,20 +19,10 @@ from gguf import GGMLQuantizationType, quants
 
 from apps.experts import kernels
 from apps.experts.backends import CpuBackend, CpuWeight, qdot_variants
+from tests.experts.factories import random_blocks
 
 FORMATS = ["Q8_0", "Q4_K", "Q6_K"]
-F16_FIELDS = {"Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}  # byte offsets of f16 d / dmin in a block
 RTOL = 1e-5  # f32 accumulation in a different order than the f64 reference
-
-
-def random_blocks(rng: np.random.Generator, fmt: str, rows: int, n: int) -> np.ndarray:
-    """u8 [rows, row_bytes] of random blocks with finite, small f16 scales."""
-    elems, size = kernels.BLOCK[fmt]
-    raw = rng.integers(0, 256, size=(rows, n // elems, size), dtype=np.uint8)
-    for off in F16_FIELDS[fmt]:
-        scale = (rng.standard_normal((rows, n // elems)) * 0.01).astype(np.float16)
-        raw[:, :, off : off + 2] = scale.view(np.uint8).reshape(rows, n // elems, 2)
-    return raw.reshape(rows, -1)
 
 
 def reference_weights(fmt: str, blocks: np.ndarray) -> np.ndarray:
