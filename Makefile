@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 REDIS_URL ?= redis://127.0.0.1:6379/0
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast bench lint install redis chromium superuser clean
+.PHONY: run test test-postgres test-fast bench lint install redis chromium superuser clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ run: install redis
 test: install chromium
 	REDIS_URL=redis://127.0.0.1:6379/15 scripts/ensure-redis.sh
 	$(BIN)/pytest
+
+## The database-touching in-process tests again on PostgreSQL (needs a server at POSTGRES_URL).
+POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/tenzro
+test-postgres: install
+	REDIS_URL=redis://127.0.0.1:6379/15 scripts/ensure-redis.sh
+	DATABASE_URL=$(POSTGRES_URL) REDIS_URL=redis://127.0.0.1:6379/15 $(BIN)/pytest -q tests/api tests/governance tests/catalog/test_api.py
 
 ## Pure cores only (no services needed).
 test-fast: install
