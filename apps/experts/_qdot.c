@@ -31,9 +31,10 @@
  * with __builtin_cpu_supports, or forced by name. A portable scalar C kernel is always present
  * and computes the same integer sums.
  *
- * Entry points: matmul (one projection) and expert (the whole SwiGLU forward in one call:
+ * Entry points: matmul (one projection), expert (the whole SwiGLU forward in one call:
  * x quantized once for the stacked gate|up weights, one tile loop over both, silu·up in C,
- * that quantized for down; no Python between the three matmuls).
+ * that quantized for down; no Python between the three matmuls), and dequantize (rows of W
+ * to f32, bit-identical to gguf's decoder, for the large-batch path: tile, then BLAS sgemm).
  *
  * Weight layouts: see apps/experts/kernels.py (ggml-common.h byte for byte).
  * Threads: the compute runs with the GIL released. Row tiles are handed out to a persistent
@@ -221,6 +222,72 @@ static void q6_k_rows_scalar(const uint8_t *w, size_t rb, int r0, int r1, const 
     }
 }
 
+/* --- dequantizers: rows r0..r1 of W to f32, for the large-batch path (tile, then BLAS sgemm) ---
+ *
+ * Bit-identical to gguf-py's dequantize_blocks (ggml's dequantize_row_*), which computes in f32
+ * with one rounding per numpy operation:
+ *   Q8_0: w = q·d                      Q6_K: w = (d·sc)·(q − 32)
+ *   Q4_K: w = (d·sc)·q − dmin·m        two roundings: an FMA would round once and differ
+ * so these functions are compiled with fp-contract off (GCC otherwise fuses a·q − c into an FMA
+ * wherever the target has one, intrinsics included: GCC's _mm256_mul_ps is a plain vector `*`).
+ * `out` is row r0's output; rows are n values apart. */
+#define NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+
+typedef void (*dequant_fn)(const uint8_t *w, size_t rb, int r0, int r1, int n, float *out);
+
+static NO_CONTRACT void q8_0_dequant_scalar(const uint8_t *w, size_t rb, int r0, int r1, int n, float *out) {
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *wr = w + (size_t)r * rb;
+        float *o = out + (size_t)(r - r0) * n;
+        for (int b = 0; b < n / 32; b++) {
+            const uint8_t *blk = wr + (size_t)b * Q8_0_BYTES;
+            const float d = f16_to_f32(rd16(blk));
+            for (int i = 0; i < 32; i++) o[32 * b + i] = (float)(int8_t)blk[2 + i] * d;
+        }
+    }
+}
+
+static NO_CONTRACT void q4_k_dequant_scalar(const uint8_t *w, size_t rb, int r0, int r1, int n, float *out) {
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *wr = w + (size_t)r * rb;
+        float *o = out + (size_t)(r - r0) * n;
+        for (int b = 0; b < n / 256; b++, o += 256) {
+            const uint8_t *blk = wr + (size_t)b * Q4_K_BYTES;
+            const float d = f16_to_f32(rd16(blk)), dmin = f16_to_f32(rd16(blk + 2));
+            uint8_t sc[8], mn[8];
+            q4_k_scales(blk + 4, sc, mn);
+            for (int j = 0; j < 4; j++) {
+                const uint8_t *qs = blk + 16 + 32 * j;
+                const float a0 = d * (float)sc[2 * j], c0 = dmin * (float)mn[2 * j];
+                const float a1 = d * (float)sc[2 * j + 1], c1 = dmin * (float)mn[2 * j + 1];
+                for (int i = 0; i < 32; i++) {
+                    o[64 * j + i] = a0 * (float)(qs[i] & 15) - c0;
+                    o[64 * j + 32 + i] = a1 * (float)(qs[i] >> 4) - c1;
+                }
+            }
+        }
+    }
+}
+
+static NO_CONTRACT void q6_k_dequant_scalar(const uint8_t *w, size_t rb, int r0, int r1, int n, float *out) {
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *wr = w + (size_t)r * rb;
+        float *o = out + (size_t)(r - r0) * n;
+        for (int b = 0; b < n / 256; b++, o += 256) {
+            const uint8_t *blk = wr + (size_t)b * Q6_K_BYTES;
+            const float d = f16_to_f32(rd16(blk + 208));
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            for (int e = 0; e < 256; e++) {
+                /* element e: half h, quarter k of the half, lane l (diagram in kernels.py) */
+                const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+                const int lo = (blk[64 * h + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15;
+                const int hi = (blk[128 + 32 * h + l] >> (2 * k)) & 3;
+                o[e] = (d * (float)sc[e / 16]) * (float)((lo | (hi << 4)) - 32);
+            }
+        }
+    }
+}
+
 /* --- SIMD variants ------------------------------------------------------------------------- */
 
 typedef void (*rows_fn)(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m);
@@ -231,7 +298,8 @@ typedef struct {
     const char *name;
     int (*supported)(void);
     quant_fn quantize;
-    rows_fn fns[3]; /* by FMT_* */
+    rows_fn fns[3];          /* by FMT_* */
+    dequant_fn dequant[3];   /* by FMT_* */
 } variant_t;
 
 static int always(void) { return 1; }
@@ -301,14 +369,19 @@ static int has_avx512vnni(void) {
 
 /* best first */
 static const variant_t VARIANTS[] = {
-    {"avx512vnni", has_avx512vnni, quantize_row_avx512vnni, {q8_0_rows_avx512vnni, q4_k_rows_avx512vnni, q6_k_rows_avx512vnni}},
-    {"avxvnni", has_avxvnni, quantize_row_avxvnni, {q8_0_rows_avxvnni, q4_k_rows_avxvnni, q6_k_rows_avxvnni}},
-    {"avx2", has_avx2, quantize_row_avx2, {q8_0_rows_avx2, q4_k_rows_avx2, q6_k_rows_avx2}},
-    {"scalar", always, quantize_row, {q8_0_rows_scalar, q4_k_rows_scalar, q6_k_rows_scalar}},
+    {"avx512vnni", has_avx512vnni, quantize_row_avx512vnni, {q8_0_rows_avx512vnni, q4_k_rows_avx512vnni, q6_k_rows_avx512vnni},
+     {q8_0_dequant_avx512vnni, q4_k_dequant_avx512vnni, q6_k_dequant_avx512vnni}},
+    {"avxvnni", has_avxvnni, quantize_row_avxvnni, {q8_0_rows_avxvnni, q4_k_rows_avxvnni, q6_k_rows_avxvnni},
+     {q8_0_dequant_avxvnni, q4_k_dequant_avxvnni, q6_k_dequant_avxvnni}},
+    {"avx2", has_avx2, quantize_row_avx2, {q8_0_rows_avx2, q4_k_rows_avx2, q6_k_rows_avx2},
+     {q8_0_dequant_avx2, q4_k_dequant_avx2, q6_k_dequant_avx2}},
+    {"scalar", always, quantize_row, {q8_0_rows_scalar, q4_k_rows_scalar, q6_k_rows_scalar},
+     {q8_0_dequant_scalar, q4_k_dequant_scalar, q6_k_dequant_scalar}},
 };
 #else
 static const variant_t VARIANTS[] = {
-    {"scalar", always, quantize_row, {q8_0_rows_scalar, q4_k_rows_scalar, q6_k_rows_scalar}},
+    {"scalar", always, quantize_row, {q8_0_rows_scalar, q4_k_rows_scalar, q6_k_rows_scalar},
+     {q8_0_dequant_scalar, q4_k_dequant_scalar, q6_k_dequant_scalar}},
 };
 #endif
 
@@ -611,6 +684,64 @@ done:
     return result;
 }
 
+/* Dequantize as a pool job: task i = rows r0 + [i·rows_per_task, (i+1)·rows_per_task); each
+ * task writes only its own rows of out. */
+typedef struct {
+    dequant_fn fn;
+    const uint8_t *w;
+    size_t rb;
+    int r0, r1, n, rows_per_task;
+    float *out;
+} dequant_job_t;
+
+static void dequant_task(void *ctx, int i) {
+    const dequant_job_t *j = (const dequant_job_t *)ctx;
+    const int a = j->r0 + i * j->rows_per_task, b = a + j->rows_per_task < j->r1 ? a + j->rows_per_task : j->r1;
+    j->fn(j->w, j->rb, a, b, j->n, j->out + (size_t)(a - j->r0) * j->n);
+}
+
+#define DEQUANT_TASK_VALUES 65536 /* ~256 KiB of f32 per task: enough to amortize the hand-out */
+
+static PyObject *qdot_dequantize(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *fmt_name, *variant_name;
+    Py_buffer wb, ob;
+    int m, n, r0, r1, threads;
+    if (!PyArg_ParseTuple(args, "sy*iiiiw*si", &fmt_name, &wb, &m, &n, &r0, &r1, &ob, &variant_name, &threads))
+        return NULL;
+    PyObject *result = NULL;
+    const int fmt = find_format(fmt_name);
+    if (fmt < 0) goto done;
+    const variant_t *var = find_variant(variant_name);
+    if (!var) goto done;
+    if (m < 0 || n <= 0 || n % FORMATS[fmt].block != 0 || r0 < 0 || r1 < r0 || r1 > m || threads < 1) {
+        PyErr_Format(PyExc_ValueError, "bad shape m=%d n=%d rows %d..%d threads=%d for %s", m, n, r0, r1, threads,
+                     fmt_name);
+        goto done;
+    }
+    const size_t rb = (size_t)(n / FORMATS[fmt].block) * FORMATS[fmt].bytes;
+    size_t w_len, out_len;
+    if (__builtin_mul_overflow((size_t)m, rb, &w_len) ||
+        __builtin_mul_overflow((size_t)(r1 - r0), (size_t)n * sizeof(float), &out_len) ||
+        (size_t)wb.len != w_len || (size_t)ob.len != out_len) {
+        PyErr_Format(PyExc_ValueError, "buffer sizes do not match %s m=%d n=%d rows %d..%d", fmt_name, m, n, r0, r1);
+        goto done;
+    }
+    int per_task = DEQUANT_TASK_VALUES / n;
+    if (per_task < 1) per_task = 1;
+    const int ntasks = (r1 - r0 + per_task - 1) / per_task;
+    dequant_job_t job = {var->dequant[fmt], (const uint8_t *)wb.buf, rb, r0, r1, n, per_task, (float *)ob.buf};
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for(dequant_task, &job, ntasks, threads);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&wb);
+    PyBuffer_Release(&ob);
+    return result;
+}
+
 /* silu(g)·u = g·u / (1 + e^−g) over row tt of gu = [g | u] (each d_ff wide), written over g.
  * e^−g -> inf for g << 0 gives −0.0, the right limit. */
 static void silu_mul(float *gu, int d_ff) {
@@ -692,6 +823,11 @@ static PyMethodDef qdot_methods[] = {
      "y[t, m] = quantize_int8(x[t, n]) · W[m, n]ᵀ. w: the raw blocks, m·row_bytes bytes; x: f32 t·n;\n"
      "y: writable f32 t·m; all C-contiguous. Splits the rows over `threads` threads (this one\n"
      "included). Releases the GIL while computing."},
+    {"dequantize", qdot_dequantize, METH_VARARGS,
+     "dequantize(fmt, w, m, n, r0, r1, out, variant, threads) -> None\n\n"
+     "out[r1 - r0, n] = rows r0..r1 of W[m, n] as f32, bit-identical to gguf's dequantize. w: the raw\n"
+     "blocks, m·row_bytes bytes; out: writable f32 (r1 - r0)·n, C-contiguous. Splits the rows over\n"
+     "`threads` threads (this one included). Releases the GIL while computing."},
     {"expert", qdot_expert, METH_VARARGS,
      "expert(gu_fmt, w_gu, down_fmt, w_down, d_model, d_ff, x, t, y, variant, threads, min_macs) -> None\n\n"
      "y[t, d_model] = down(silu(gate·x) ⊙ up·x) with int8 activations. w_gu: gate and up stacked,\n"
@@ -997,5 +1133,86 @@ static void SFX(q6_k_rows)(const uint8_t *w, size_t rb, int r0, int r1, const ac
 }
 
 #undef QDOT_CHUNKS
+
+/* Dequantizers (the scalar ones above, 8 values per 256-bit vector; the same f32 operations in
+ * the same order, so the same bits). Bytes widen to i32 lanes 8 at a time (cvtepu8/cvtepi8),
+ * where the nibble and 2-bit fields are cut out with shifts and masks. */
+
+static NO_CONTRACT void SFX(q8_0_dequant)(const uint8_t *w, size_t rb, int r0, int r1, int n, float *out) {
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *wr = w + (size_t)r * rb;
+        float *o = out + (size_t)(r - r0) * n;
+        for (int b = 0; b < n / 32; b++, o += 32) {
+            const uint8_t *blk = wr + (size_t)b * Q8_0_BYTES;
+            const __m256 d = _mm256_set1_ps(_cvtsh_ss(rd16(blk)));
+            for (int k = 0; k < 4; k++) {
+                const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * k)));
+                _mm256_storeu_ps(o + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+            }
+        }
+    }
+}
+
+static NO_CONTRACT void SFX(q4_k_dequant)(const uint8_t *w, size_t rb, int r0, int r1, int n, float *out) {
+    const __m256i low4 = _mm256_set1_epi32(15);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *wr = w + (size_t)r * rb;
+        float *o = out + (size_t)(r - r0) * n;
+        for (int b = 0; b < n / 256; b++, o += 256) {
+            const uint8_t *blk = wr + (size_t)b * Q4_K_BYTES;
+            const float d = _cvtsh_ss(rd16(blk)), dmin = _cvtsh_ss(rd16(blk + 2));
+            uint8_t sc[8], mn[8];
+            q4_k_scales(blk + 4, sc, mn);
+            for (int j = 0; j < 4; j++) {
+                /* sub-block 2j: low nibbles of qs[32j .. 32j+32]; sub-block 2j+1: high nibbles */
+                const __m256 a0 = _mm256_set1_ps(d * (float)sc[2 * j]), c0 = _mm256_set1_ps(dmin * (float)mn[2 * j]);
+                const __m256 a1 = _mm256_set1_ps(d * (float)sc[2 * j + 1]);
+                const __m256 c1 = _mm256_set1_ps(dmin * (float)mn[2 * j + 1]);
+                for (int k = 0; k < 4; k++) {
+                    const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 16 + 32 * j + 8 * k)));
+                    const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(q, low4));
+                    const __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4));
+                    _mm256_storeu_ps(o + 64 * j + 8 * k, _mm256_sub_ps(_mm256_mul_ps(a0, lo), c0));
+                    _mm256_storeu_ps(o + 64 * j + 32 + 8 * k, _mm256_sub_ps(_mm256_mul_ps(a1, hi), c1));
+                }
+            }
+        }
+    }
+}
+
+static NO_CONTRACT void SFX(q6_k_dequant)(const uint8_t *w, size_t rb, int r0, int r1, int n, float *out) {
+    const __m256i low4 = _mm256_set1_epi32(15), two = _mm256_set1_epi32(3), off = _mm256_set1_epi32(32);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *wr = w + (size_t)r * rb;
+        float *o = out + (size_t)(r - r0) * n;
+        for (int b = 0; b < n / 256; b++, o += 256) {
+            const uint8_t *blk = wr + (size_t)b * Q6_K_BYTES;
+            const float d = _cvtsh_ss(rd16(blk + 208));
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            for (int h = 0; h < 2; h++) {
+                for (int k8 = 0; k8 < 4; k8++) { /* lanes l = 8·k8 .. 8·k8+8 of every quarter */
+                    const int l = 8 * k8;
+                    const __m256i l0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 64 * h + l)));
+                    const __m256i l1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 64 * h + 32 + l)));
+                    const __m256i qh = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 128 + 32 * h + l)));
+                    /* quarter k: 4 low bits | 2 high bits << 4, minus 32 */
+                    __m256i q[4];
+                    q[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi32(_mm256_and_si256(qh, two), 4));
+                    q[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(qh, 2), two), 4));
+                    q[2] = _mm256_or_si256(_mm256_srli_epi32(l0, 4),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(qh, 4), two), 4));
+                    q[3] = _mm256_or_si256(_mm256_srli_epi32(l1, 4), _mm256_slli_epi32(_mm256_srli_epi32(qh, 6), 4));
+                    for (int k = 0; k < 4; k++) {
+                        /* element 128h + 32k + l: scale group (32k + l) / 16 of the half */
+                        const __m256 s = _mm256_set1_ps(d * (float)sc[8 * h + 2 * k + l / 16]);
+                        const __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(q[k], off));
+                        _mm256_storeu_ps(o + 128 * h + 32 * k + l, _mm256_mul_ps(s, v));
+                    }
+                }
+            }
+        }
+    }
+}
 
 #endif /* QDOT_BODY */

@@ -20,12 +20,19 @@ present:
     llama.cpp's Q8_0 x Q8_0 does and as the Q8_0 wire format between nodes already does.
   - else the numba kernels, which dequantize each block to f32 and dot it with f32 x (exact
     up to f32 rounding, but compute-bound at ~3-5 G weights/s).
-  Larger batches dequantize row tiles of ~1 MiB into a reused f32 buffer and sgemm each
-  tile (compute-bound, so BLAS wins and the tile stays in L2). The C kernels work through the
-  tokens 8 at a time re-reading each weight tile from cache. Measured (bench/runtime.py,
-  crossover table): 0.15-0.5x the tiled time at batch 8-32, 0.5-0.85x at 128; at 256 Qwen3
-  dims are near the crossover (0.86-0.99x) and DeepSeek-V3 dims still ~0.55x. fused_max_rows
-  = 128 keeps a margin below the crossover against timing noise.
+  Larger batches take the tiled path: dequantize row tiles to f32 (bit-identical to gguf's
+  decoder) into a per-thread reused buffer and sgemm each tile straight into rows of yᵀ. The
+  arithmetic is the f32 path's plus a dequantize of 4-7x fewer bytes (~2-5% of the sgemm time
+  at batch 512). Tiles are as large as _TILE_BYTES allows (whole matrices for Qwen3 dims, 1024+
+  rows for DeepSeek-V3), because every sgemm call repacks all of x: the old ~1 MiB tiles (36
+  rows at d_model 7168) ran the tiled path at 1.5-2.5x the f32 path. The dequantizer is the C
+  one on the pool (GIL released) when the extension is built, else numba's (under the kernel
+  lock), else numpy's. bench/runtime.py, batch 256-512: ~0.95-1.15x the f32 path.
+  The fused C kernels work through the tokens 8 at a time re-reading each weight tile from
+  cache; crossover table: 0.2-0.25x the tiled time at batch 8, 0.6-0.75x at 32; at 128
+  DeepSeek-V3 dims are ~0.95x and Qwen3 dims ~1.05-1.2x (the faster tiles moved its crossover
+  below 128); at 256 tiles win on both (1.1-1.3x). fused_max_rows = 128 is kept: the fused
+  path's loss at Qwen3 dims and batch 128 is within the timing noise of this VM's runs.
   Without numba or the C kernels (``use_numba=False``), every batch takes the tiled path
   with the numpy dequantizer: the exact reference path.
 """
@@ -49,7 +56,7 @@ except ImportError:
 
 BLOCK_TYPES = ("Q8_0", "Q4_K", "Q6_K")
 DENSE_TYPES = ("F32", "F16", "BF16")
-_TILE_BYTES = 1 << 20  # f32 tile per sgemm in the large-batch path: fits L2 with room for x
+_TILE_BYTES = 32 << 20  # f32 tile per sgemm in the large-batch path; see _tile_rows
 # A C matmul gets one thread per this many multiply-adds (at most `threads`): waking a parked
 # pool worker costs ~5-20 us on this VM, about what 256K int8 MACs take on one core.
 _QDOT_MIN_MACS_PER_THREAD = 1 << 18
@@ -160,6 +167,21 @@ def _silu_mul(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     return g
 
 
+def _tile_rows(m: int, n: int) -> int:
+    """Rows per f32 tile of the large-batch path: the whole matrix when it fits _TILE_BYTES,
+    else equal tiles under it (the last one not a sliver).
+
+    Large tiles because each sgemm call packs all of x again (t·n floats) and OpenBLAS splits a
+    call's rows over its threads: measured at t 256-512 on 2 cores, 64-128-row tiles ran at
+    1.2-2x the time of one whole-matrix sgemm, 512-1024-row tiles within ~10% of it. 32 MiB
+    gives 1024+ rows for n up to 8192 (DeepSeek-V3 gate|up: 4 tiles of 1024 rows, 28 MiB)."""
+    per_row = 4 * n
+    if m * per_row <= _TILE_BYTES:
+        return max(1, m)
+    tiles = -(-m * per_row // _TILE_BYTES)
+    return -(-m // tiles)
+
+
 _TRANSPOSE_ROWS = 64  # rows of yᵀ per block: numpy's strided copy thrashes the cache on whole arrays
 
 
@@ -221,6 +243,7 @@ class CpuBackend:
         # from two Python threads; one launch already uses every core, so serializing costs
         # nothing. Dense BLAS calls run unlocked.
         self._kernel_lock = threading.Lock()
+        self._tiles = threading.local()  # the large-batch path's f32 tile buffer, per calling thread
         # what the fused (small-batch) path runs; numba compiles for the host CPU (LLVM picks
         # the widest vectors the ISA allows)
         if self._qdot_variant:
@@ -286,43 +309,63 @@ class CpuBackend:
         return _c_order(self.matmul(_silu_mul(g, u), prepared.down))
 
     def matmul(self, x: np.ndarray, w: CpuWeight) -> np.ndarray:
-        """f32 [t, n] · Wᵀ -> f32 [t, m]. x must be C-contiguous f32 for the kernels."""
+        """f32 [t, n] · Wᵀ -> f32 [t, m]; the dense and tiled paths return an F-order view (of yᵀ
+        from BLAS). x: f32 in either order; the fused kernels copy it to C order if needed."""
         if w.ggml_type == "F32":
             # (W·xᵀ)ᵀ rather than x·Wᵀ: OpenBLAS runs the tall-skinny product with W as the
             # row-major A operand ~25% faster at batches 8-64 (measured). Returns an F-order
             # view; the caller's elementwise ops and the next product accept it.
             return (w.data @ x.T).T
-        x = np.ascontiguousarray(x, dtype=np.float32)
         t = x.shape[0]
         m, n = w.shape
-        if self._qdot_variant is not None and t <= self.fused_max_rows:
+        if t > self.fused_max_rows or (self._qdot_variant is None and self._kernels is None):
+            return self._tiled(x, w)  # BLAS takes x in either order: no copy
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if self._qdot_variant is not None:
             y = np.empty((t, m), dtype=np.float32)
             threads = max(1, min(self._threads, t * m * n // _QDOT_MIN_MACS_PER_THREAD))
             # no lock: each calling thread has its own scratch, and the GIL is released inside
             _qdot.matmul(w.ggml_type, w.data, m, n, x, t, y, self._qdot_variant, threads)
             return y
-        if self._kernels is not None and t <= self.fused_max_rows:
-            y = np.empty((t, m), dtype=np.float32)
-            with self._kernel_lock:
-                # Q8_0's kernel reads the blocks as int8 (a view, see kernels.q8_0_matmul)
-                data = w.data.view(np.int8) if w.ggml_type == "Q8_0" else w.data
-                self._kernels.MATMUL[w.ggml_type](data, x, self._lut, y)
-            return y
-        return self._tiled(x, w)
-
-    def _tiled(self, x: np.ndarray, w: CpuWeight) -> np.ndarray:
-        m, n = w.shape
-        rows = max(16, min(m, _TILE_BYTES // (4 * n)))
-        y = np.empty((x.shape[0], m), dtype=np.float32)
-        tile = np.empty((rows, n), dtype=np.float32)
-        for r0 in range(0, m, rows):
-            r1 = min(m, r0 + rows)
-            buf = tile[: r1 - r0]
-            self._dequant_rows(w, r0, buf)
-            y[:, r0:r1] = (buf @ x.T).T
+        y = np.empty((t, m), dtype=np.float32)
+        with self._kernel_lock:
+            # Q8_0's kernel reads the blocks as int8 (a view, see kernels.q8_0_matmul)
+            data = w.data.view(np.int8) if w.ggml_type == "Q8_0" else w.data
+            self._kernels.MATMUL[w.ggml_type](data, x, self._lut, y)
         return y
 
+    def _tiled(self, x: np.ndarray, w: CpuWeight) -> np.ndarray:
+        """Dequantize row tiles into a reused f32 buffer and sgemm each into yᵀ; returns y [t, m]
+        as an F-order view of yᵀ, like the dense path (so the same elementwise ops follow)."""
+        m, n = w.shape
+        x = np.asarray(x, dtype=np.float32)
+        rows = _tile_rows(m, n)
+        tile = self._tile_buffer(rows * n)
+        y_t = np.empty((m, x.shape[0]), dtype=np.float32)
+        for r0 in range(0, m, rows):
+            r1 = min(m, r0 + rows)
+            buf = tile[: (r1 - r0) * n].reshape(r1 - r0, n)
+            self._dequant_rows(w, r0, buf)
+            # written in place into contiguous rows of yᵀ: no copy of the product
+            np.matmul(buf, x.T, out=y_t[r0:r1])
+        return y_t.T
+
+    def _tile_buffer(self, size: int) -> np.ndarray:
+        """f32[size], one per calling thread, kept for its next call: a fresh multi-MiB buffer
+        page-faults every page on first touch, a cost of the order of the dequantize itself at
+        Qwen3 dims. Holds at most _TILE_BYTES (plus one row) per thread that ran a large batch."""
+        buf = getattr(self._tiles, "buf", None)
+        if buf is None or buf.size < size:
+            buf = self._tiles.buf = np.empty(size, dtype=np.float32)
+        return buf
+
     def _dequant_rows(self, w: CpuWeight, r0: int, out: np.ndarray) -> None:
+        if self._qdot_variant is not None:
+            # the C dequantizer on the pool (GIL released, bit-identical to gguf's)
+            m, n = w.shape
+            _qdot.dequantize(w.ggml_type, w.data, m, n, r0, r0 + out.shape[0], out, self._qdot_variant,
+                             self._threads)
+            return
         if self._kernels is not None:
             with self._kernel_lock:
                 self._kernels.DEQUANT_ROWS[w.ggml_type](w.data, r0, self._lut, out)

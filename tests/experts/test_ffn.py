@@ -87,7 +87,7 @@ def test_half_precision_payloads_widen_once(backend, quant):
 
 
 @pytest.mark.parametrize("quant", ["q8_0", "q4_k_m"])
-@pytest.mark.parametrize("t", [1, 8, 64, 129])  # fused kernel up to fused_max_rows, then tiles
+@pytest.mark.parametrize("t", [1, 8, 64, 129, 300])  # fused kernel up to fused_max_rows, then tiles
 def test_quantized_expert(backend, quant, t):
     rng = np.random.default_rng(22)
     w = expert_weights(rng, D_MODEL, D_FF)
@@ -104,6 +104,35 @@ def test_quantized_expert(backend, quant, t):
     assert _rel(y, swiglu_reference(w_deq, x)) < (C_KERNEL_BOUNDS[quant] if c_path else 1e-5)
     # ... and the quantization error stays within the bound derived above
     assert _rel(y, swiglu_reference(w, x)) < QUANT_BOUNDS[quant]
+
+
+def test_tiled_forward_from_two_threads(monkeypatch):
+    """The large-batch path keeps one tile buffer per calling thread: two Python threads running
+    tiled forwards at once (several tiles each, GIL released in the dequantizer and in BLAS) get
+    what each gets alone."""
+    import threading
+
+    from apps.experts import backends
+
+    monkeypatch.setattr(backends, "_TILE_BYTES", 64 * D_MODEL * 4)  # 64-row tiles: 16 for gate|up
+    backend = CpuBackend(fused_max_rows=0)
+    rng = np.random.default_rng(27)
+    experts = [build_expert(expert_payload(expert_weights(rng, D_MODEL, D_FF), expert=i, quant=q), backend)
+               for i, q in enumerate(("q8_0", "q4_k_m"))]
+    xs = [rng.standard_normal((t, D_MODEL)).astype(np.float32) for t in (200, 33)]
+    alone = [expert_forward(e, x, backend) for e, x in zip(experts, xs, strict=True)]
+    results: dict[int, list[np.ndarray]] = {}
+
+    def work(i: int) -> None:
+        results[i] = [expert_forward(experts[i], xs[i], backend) for _ in range(10)]
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for th in workers:
+        th.start()
+    for th in workers:
+        th.join()
+    for i in range(2):
+        assert all(_rel(y, alone[i]) < 1e-6 for y in results[i])
 
 
 def test_numpy_fallback_matches_numba(backend):

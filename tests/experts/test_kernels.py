@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType, quants
 
 from apps.experts import kernels
 from apps.experts.backends import CpuBackend, CpuWeight, qdot_variants
-from tests.experts.factories import random_blocks
+from tests.experts.factories import F16_FIELDS, random_blocks
 
 FORMATS = ["Q8_0", "Q4_K", "Q6_K"]
 RTOL = 1e-5  # f32 accumulation in a different order than the f64 reference
@@ -58,21 +58,51 @@ def test_fused_matmul_matches_reference(fmt, t):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("use_numba", [True, False])
-def test_backend_paths_agree(fmt, use_numba):
-    """Fused (small batch) and tiled (large batch) paths, with and without numba (the C
-    kernels, which quantize the activations, are tested against their own reference below)."""
+@pytest.mark.parametrize("kernels_", ["numba", "numpy", "c"])
+@pytest.mark.parametrize("tile_bytes", [None, 100_000])
+def test_backend_paths_agree(fmt, kernels_, tile_bytes, monkeypatch):
+    """Fused (small batch) and tiled (large batch) paths, with numba, without compiled kernels,
+    and with the C dequantizer under the tiles (the C fused kernels, which quantize the
+    activations, are tested against their own reference below). tile_bytes 100_000: 300 rows
+    of 2 KiB in 7 tiles of 43 rows, the last one 42; None: one tile."""
+    from apps.experts import backends
+
+    if kernels_ == "c" and not qdot_variants():
+        pytest.skip("C kernels not built")
+    if tile_bytes is not None:
+        monkeypatch.setattr(backends, "_TILE_BYTES", tile_bytes)
     rng = np.random.default_rng(12)
-    m, n = 300, 512  # 300 rows: the last tile is partial
+    m, n = 300, 512
     blocks = random_blocks(rng, fmt, m, n)
     w = CpuWeight(fmt, (m, n), blocks)
     ref_w = reference_weights(fmt, blocks).astype(np.float64)
-    backend = CpuBackend(use_numba=use_numba, fused_max_rows=4, c_variant="off")
+    if kernels_ == "c":  # fused_max_rows 0: every batch takes the tiles
+        backend = CpuBackend(fused_max_rows=0)
+    else:
+        backend = CpuBackend(use_numba=kernels_ == "numba", fused_max_rows=4, c_variant="off")
     for t in (1, 4, 5, 40):
         x = rng.standard_normal((t, n)).astype(np.float32)
         ref = x.astype(np.float64) @ ref_w.T
-        err = np.abs(backend.matmul(x, w) - ref).max() / np.abs(ref).max()
-        assert err < RTOL, f"{fmt} t={t} numba={use_numba}: max error {err:.2e}"
+        # x in either order: the tiles hand it to BLAS as given, the fused kernels copy it
+        for xo in (x, np.asfortranarray(x)):
+            y = backend.matmul(xo, w)
+            assert y.shape == (t, m) and y.dtype == np.float32
+            err = np.abs(y - ref).max() / np.abs(ref).max()
+            assert err < RTOL, f"{fmt} t={t} {kernels_}: max error {err:.2e}"
+
+
+def test_tile_rows():
+    """Whole matrix when it fits the budget, else equal tiles under it that cover every row."""
+    from apps.experts.backends import _TILE_BYTES, _tile_rows
+
+    assert _tile_rows(1536, 2048) == 1536  # Qwen3 gate|up, 12 MiB: one sgemm
+    assert _tile_rows(2048, 768) == 2048
+    for m, n in ((4096, 7168), (7168, 2048), (1, 1 << 24), (7, 1 << 22), (100_000, 256)):
+        rows = _tile_rows(m, n)
+        tiles = -(-m // rows)
+        assert 1 <= rows <= m and (rows * n * 4 <= _TILE_BYTES or rows == 1), (m, n, rows)
+        assert m - (tiles - 1) * rows >= rows - tiles, (m, n, rows)  # the last tile is not a sliver
+    assert _tile_rows(4096, 7168) >= 1024  # DeepSeek-V3 gate|up: large enough for sgemm
 
 
 def test_q8_0_from_gguf_quantizer():
@@ -360,3 +390,118 @@ def test_c_expert_rejects_bad_arguments():
         _qdot.expert("Q4_K", gu, "Q6_K", down, 256, 256, x, 2, y, "scalar", 0, 0)
     with pytest.raises(ValueError, match="bad shape"):
         _qdot.expert("Q4_K", gu, "Q6_K", down, 256, 256, x, -1, y, "scalar", 1, 0)
+
+
+# --- the C dequantizer (_qdot.dequantize, the large-batch path's tiles) --------------------------
+
+
+def c_dequantize(fmt: str, blocks: np.ndarray, n: int, r0: int, r1: int, variant: str,
+                 threads: int = 1) -> np.ndarray:
+    from apps.experts import _qdot
+
+    out = np.empty((r1 - r0, n), dtype=np.float32)
+    _qdot.dequantize(fmt, blocks, blocks.shape[0], n, r0, r1, out, variant, threads)
+    return out
+
+
+def special_scales(fmt: str, blocks: np.ndarray) -> np.ndarray:
+    """blocks with some f16 scales set to edge values: +-0, the smallest subnormal, a
+    subnormal, the largest finite, 1.0 (bit patterns, little-endian)."""
+    blocks = blocks.copy()
+    size = kernels.BLOCK[fmt][1]
+    raw = blocks.reshape(blocks.shape[0], -1, size)
+    specials = np.array([0x0000, 0x8000, 0x0001, 0x83FF, 0x7BFF, 0xFBFF, 0x3C00], dtype=np.uint16)
+    for off in F16_FIELDS[fmt]:
+        flat = raw[:, :, off : off + 2].reshape(-1, 2)
+        picks = np.arange(0, flat.shape[0], 5)
+        flat[picks] = specials[picks % len(specials)].view(np.uint8).reshape(-1, 2)
+        raw[:, :, off : off + 2] = flat.reshape(raw.shape[0], raw.shape[1], 2)
+    return blocks
+
+
+@needs_c
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_c_dequantize_bit_exact(fmt, variant):
+    """Every variant against gguf's decoder, bit for bit: random valid blocks (every bit of every
+    packed field), edge-value scales, odd row counts and offsets, an odd Q8_0 block count, one
+    and two threads, empty ranges."""
+    rng = np.random.default_rng(40)
+    m, n = 37, (800 if fmt == "Q8_0" else 768)
+    blocks = special_scales(fmt, random_blocks(rng, fmt, m, n))
+    ref = reference_weights(fmt, blocks)
+    for r0, r1 in ((0, m), (3, 36), (36, 37), (5, 5), (m, m)):
+        for threads in (1, 2):
+            out = c_dequantize(fmt, blocks, n, r0, r1, variant, threads)
+            assert np.array_equal(out.view(np.uint32), ref[r0:r1].view(np.uint32)), (
+                f"{fmt} {variant} rows {r0}..{r1}: " + _report(out, ref[r0:r1]))
+
+
+@needs_c
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_c_dequantize_on_the_pool(fmt):
+    """A tile large enough to be split into many pool tasks (~64K values each), with a partial
+    last task, matches the single-threaded result and gguf bit for bit; two Python threads
+    dequantizing at once (one drives the pool, the other runs alone) agree with it too."""
+    rng = np.random.default_rng(41)
+    m, n = 301, 4096  # 16 rows per task: 19 tasks, the last of 13 rows
+    blocks = random_blocks(rng, fmt, m, n)
+    ref = reference_weights(fmt, blocks)
+    assert np.array_equal(c_dequantize(fmt, blocks, n, 0, m, VARIANTS[0], threads=2), ref)
+    assert np.array_equal(c_dequantize(fmt, blocks, n, 1, m, VARIANTS[0], threads=3), ref[1:])
+    results: dict[int, list[np.ndarray]] = {}
+
+    def work(i: int) -> None:
+        results[i] = [c_dequantize(fmt, blocks, n, 0, m, VARIANTS[0], threads=2) for _ in range(5)]
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for th in workers:
+        th.start()
+    for th in workers:
+        th.join()
+    assert all(np.array_equal(out, ref) for i in range(2) for out in results[i])
+
+
+@needs_c
+def test_c_dequantize_from_gguf_quantizer():
+    """Real Q8_0 blocks from gguf-py's quantizer round-trip exactly as gguf decodes them."""
+    rng = np.random.default_rng(42)
+    blocks = quants.quantize(rng.standard_normal((9, 96)).astype(np.float32), GGMLQuantizationType.Q8_0)
+    for variant in VARIANTS:
+        assert np.array_equal(c_dequantize("Q8_0", blocks, 96, 0, 9, variant), reference_weights("Q8_0", blocks))
+
+
+@needs_c
+def test_c_dequantize_rejects_bad_arguments():
+    from apps.experts import _qdot
+
+    blocks = random_blocks(np.random.default_rng(43), "Q6_K", 4, 512)
+    out = np.zeros((2, 512), np.float32)
+    _qdot.dequantize("Q6_K", blocks, 4, 512, 1, 3, out, "scalar", 1)  # the valid call
+    for args, match in [
+        (("Q6_K", blocks[:3], 4, 512, 1, 3, out), "buffer sizes"),  # w short
+        (("Q6_K", blocks, 4, 512, 1, 3, out[:1]), "buffer sizes"),  # out short
+        (("Q6_K", blocks, 4, 512, 0, 3, out), "buffer sizes"),  # out too long for 3 rows
+        (("Q4_K", blocks, 4, 512, 1, 3, out), "buffer sizes"),  # another format's row size
+        (("Q5_K", blocks, 4, 512, 1, 3, out), "unknown format"),
+        (("Q6_K", blocks, 4, 500, 1, 3, out), "bad shape"),  # n not a multiple of 256
+        (("Q6_K", blocks, 4, 0, 1, 3, out), "bad shape"),
+        (("Q6_K", blocks, 4, 512, -1, 1, out), "bad shape"),
+        (("Q6_K", blocks, 4, 512, 3, 1, out), "bad shape"),  # r1 < r0
+        (("Q6_K", blocks, 4, 512, 3, 5, out), "bad shape"),  # r1 > m
+        (("Q6_K", blocks, -4, 512, 0, 0, out[:0]), "bad shape"),
+        (("Q6_K", blocks, 1 << 30, 1 << 30, 0, 2, out), "buffer sizes"),  # huge sizes
+    ]:
+        with pytest.raises(ValueError, match=match):
+            _qdot.dequantize(*args, "scalar", 1)
+    with pytest.raises(ValueError, match="bad shape"):
+        _qdot.dequantize("Q6_K", blocks, 4, 512, 1, 3, out, "scalar", 0)
+    with pytest.raises(ValueError, match="unsupported"):
+        _qdot.dequantize("Q6_K", blocks, 4, 512, 1, 3, out, "neon", 1)
+    readonly = out.copy()
+    readonly.flags.writeable = False
+    with pytest.raises((TypeError, BufferError, ValueError)):
+        _qdot.dequantize("Q6_K", blocks, 4, 512, 1, 3, readonly, "scalar", 1)
+    strided = np.zeros((2, 1024), np.float32)[:, ::2]  # the right size, not contiguous
+    with pytest.raises((TypeError, BufferError, ValueError)):
+        _qdot.dequantize("Q6_K", blocks, 4, 512, 1, 3, strided, "scalar", 1)
