@@ -1,10 +1,19 @@
-"""Build the optional C kernels (apps/experts/_qdot.c); everything else is in pyproject.toml.
+"""Build the optional C extensions; everything else is in pyproject.toml.
 
-The extension is optional at run time: without it (no compiler at install time) the expert
-backend falls back to the numba kernels.
+* apps.experts._qdot (apps/experts/_qdot.c): quantized expert matmuls; without it the expert
+  backend falls back to the numba kernels.
+* apps.quantization._kquant (apps/quantization/_kquant.c): llama.cpp's reference Q4_K/Q6_K
+  encoders; without it apps.quantization uses its numpy encoders.  -ffp-contract=off keeps
+  every multiply and add separately rounded, as the reference's bytes require.
+
+Both are optional at build time (no compiler: the install still succeeds) and at run time.
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("apps.experts._qdot", ["apps/experts/_qdot.c"], extra_compile_args=["-O3"],
-                                 optional=True)])
+setup(ext_modules=[
+    Extension("apps.experts._qdot", ["apps/experts/_qdot.c"], extra_compile_args=["-O3"], optional=True),
+    Extension("apps.quantization._kquant", ["apps/quantization/_kquant.c"],
+              extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread"],
+              extra_link_args=["-pthread"], optional=True),
+])

@@ -5,6 +5,11 @@ Run: .venv/bin/python -m bench.quant
 Throughput is MB/s of f32 (input for quantize, output for dequantize), best of several
 runs, measured back to back with the `gguf` package's kernels on the same bytes; the ratio
 is ours / gguf.  gguf-py has no Q4_K/Q6_K quantizer, so those rows have no reference.
+The "encoder" column says which quantizer ran (registry.encoder): "c" is the
+apps.quantization._kquant extension (llama.cpp's reference Q4_K/Q6_K quantizers, bit for
+bit), "numba" / "numpy" the Python paths; TENZRO_KQUANT_C=0 forces numpy for Q4_K/Q6_K.
+When the C encoder ran, "numpy enc" is the numpy fallback timed on the same input and
+"c/numpy" the speed-up.
 Quality is the relative RMSE sqrt(mean (y-x)^2 / mean x^2) on Gaussian and Student-t (3 dof)
 weights, next to the naive min/max encoder of the same layout (apps.quantization.baseline)
 and llama.cpp reference figures (see LLAMA_CPP below).
@@ -18,14 +23,16 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import quants as gq
 
+from apps.quantization import kquant
 from apps.quantization.baseline import NAIVE
-from apps.quantization.registry import dequantize, quantize
+from apps.quantization.registry import dequantize, encoder, quantize
 from apps.quantization.types import GGMLType
 
 from .report import print_table, write_results
 
 SHAPES = [(768, 2048), (2048, 7168)]
 TYPES = [GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.F16, GGMLType.BF16]
+K_QUANTS = (GGMLType.Q4_K, GGMLType.Q6_K)
 GGUF = {t: GGMLQuantizationType[t.value] for t in GGMLType}
 
 # llama.cpp figures for the same bits per weight, as published in llama.cpp's
@@ -56,7 +63,15 @@ def throughput() -> list[dict]:
         for t in TYPES:
             blob = quantize(x, t)  # also JIT warm-up
             dequantize(blob, t, shape)
-            q_ours = best_time(lambda t=t, x=x: quantize(x, t), 1 if t.value in ("Q4_K", "Q6_K") else repeat)
+            slow = encoder(t) == "numpy" and t in K_QUANTS
+            q_ours = best_time(lambda t=t, x=x: quantize(x, t), 1 if slow else repeat)
+            q_numpy = None
+            if t in K_QUANTS and encoder(t) == "c":  # the numpy fallback on the same input, for the speed-up
+                kquant.set_enabled(False)
+                try:
+                    q_numpy = best_time(lambda t=t, x=x: quantize(x, t), 1)
+                finally:
+                    kquant.set_enabled(True)
             d_ours = best_time(lambda t=t, blob=blob, shape=shape: dequantize(blob, t, shape), repeat)
             ref_blob = blob if t.is_block else blob.view(np.uint16 if t != GGMLType.F32 else np.float32)
             if t == GGMLType.F16:
@@ -69,8 +84,9 @@ def throughput() -> list[dict]:
             if t in (GGMLType.Q8_0, GGMLType.BF16, GGMLType.F16):
                 q_ref = best_time(lambda t=t, x=x: gq.quantize(x, GGUF[t]), repeat)
             results.append({
-                "shape": f"{shape[0]}x{shape[1]}", "type": t.value,
+                "shape": f"{shape[0]}x{shape[1]}", "type": t.value, "encoder": encoder(t),
                 "quant_mb_s": mb / q_ours, "quant_ref_mb_s": mb / q_ref if q_ref else None,
+                "quant_numpy_mb_s": mb / q_numpy if q_numpy else None,
                 "dequant_mb_s": mb / d_ours, "dequant_ref_mb_s": mb / d_ref,
             })
     return results
@@ -82,7 +98,7 @@ def quality() -> list[dict]:
             "student_t3": rng.standard_t(3, (256, 4096)).astype(np.float32)}
     rows = []
     for t in (GGMLType.Q8_0, GGMLType.Q6_K, GGMLType.Q4_K):
-        row: dict = {"type": t.value, "bpw": t.bits_per_weight}
+        row: dict = {"type": t.value, "bpw": t.bits_per_weight, "encoder": encoder(t)}
         for name, x in data.items():
             def rel(blob, x=x, t=t):
                 y = dequantize(blob, t, x.shape)
@@ -104,16 +120,19 @@ def main() -> None:
 
     print_table(
         "quantize / dequantize throughput (MB/s of f32), ours vs gguf-py, same run",
-        ["shape", "type", "quant", "gguf quant", "ratio", "dequant", "gguf dequant", "ratio"],
-        [[r["shape"], r["type"], f(r["quant_mb_s"]), f(r["quant_ref_mb_s"]),
-          ratio(r["quant_mb_s"], r["quant_ref_mb_s"]),
+        ["shape", "type", "encoder", "quant", "gguf quant", "ratio", "numpy enc", "c/numpy", "dequant",
+         "gguf dequant", "ratio"],
+        [[r["shape"], r["type"], r["encoder"], f(r["quant_mb_s"]), f(r["quant_ref_mb_s"]),
+          ratio(r["quant_mb_s"], r["quant_ref_mb_s"]), f(r["quant_numpy_mb_s"]),
+          ratio(r["quant_mb_s"], r["quant_numpy_mb_s"]),
           f(r["dequant_mb_s"]), f(r["dequant_ref_mb_s"]), ratio(r["dequant_mb_s"], r["dequant_ref_mb_s"])]
          for r in tp])
     q = quality()
     print_table(
         "relative RMSE (lower is better): searched scales vs naive min/max, same layout",
-        ["type", "bpw", "gaussian", "naive", "gain", "student-t(3)", "naive", "gain", "llama.cpp published"],
-        [[r["type"], r["bpw"], f"{r['gaussian']:.5f}",
+        ["type", "encoder", "bpw", "gaussian", "naive", "gain", "student-t(3)", "naive", "gain",
+         "llama.cpp published"],
+        [[r["type"], r["encoder"], r["bpw"], f"{r['gaussian']:.5f}",
           "-" if r["gaussian_naive"] is None else f"{r['gaussian_naive']:.5f}",
           "-" if r["gaussian_naive"] is None else f"{1 - r['gaussian'] / r['gaussian_naive']:.1%}",
           f"{r['student_t3']:.5f}", "-" if r["student_t3_naive"] is None else f"{r['student_t3_naive']:.5f}",

@@ -2,10 +2,13 @@
 
 Each format is one subclass of `BlockKernel`, registered by its `GGMLType`, with
 `quantize_blocks` (f32 (n_blocks, block_size) -> u8 (n_blocks, type_size)) and
-`dequantize_blocks` (the inverse direction).  `quantize_rows`/`dequantize_rows` assert
-dtype and shape at the boundary and process the rows in cache-sized chunks of whole
-blocks: every kernel is fully vectorized over the blocks of a chunk (no Python loop over
-blocks), and chunking only keeps the many-pass numpy temporaries inside L2.
+`dequantize_blocks` (the inverse direction).  Faster encoders hook in per format:
+`native_quantize` (the C extension, tried first) and `jit_quantize` (numba); each returns
+None when unavailable or switched off, and quantize_blocks is the numpy fallback.
+`quantize_rows`/`dequantize_rows` assert dtype and shape at the boundary and process the
+rows in cache-sized chunks of whole blocks: every kernel is fully vectorized over the
+blocks of a chunk (no Python loop over blocks), and chunking only keeps the many-pass numpy
+temporaries inside L2.
 
 Pure module: numpy only, never Django.
 """
@@ -70,6 +73,11 @@ class BlockKernel:
         raise NotImplementedError
 
     @classmethod
+    def native_quantize(cls, flat: np.ndarray) -> np.ndarray | None:
+        """C equivalent of quantize_blocks on all blocks (apps.quantization.kquant), or None."""
+        return None
+
+    @classmethod
     def jit_quantize(cls, flat: np.ndarray) -> np.ndarray | None:
         """Compiled equivalent of quantize_blocks on all blocks, or None if there is none."""
         return None
@@ -86,6 +94,8 @@ class BlockKernel:
         rows, n = x.shape
         assert n % cls.block_size == 0, (n, cls.block_size)
         flat = np.ascontiguousarray(x).reshape(-1, cls.block_size)  # (n_blocks, block_size)
+        if (fast := cls.native_quantize(flat)) is not None:
+            return fast.reshape(rows, n // cls.block_size * cls.type_size)
         if _jit.enabled() and (fast := cls.jit_quantize(flat)) is not None:
             return fast.reshape(rows, n // cls.block_size * cls.type_size)
         out = np.empty((flat.shape[0], cls.type_size), dtype=np.uint8)

@@ -20,15 +20,22 @@ Scale/min choice follows llama.cpp's quantize_row_q4_K_ref: per sub-block a weig
 least-squares search over 21 candidate scales (make_qkx2_quants, nmax 15, rmin -1,
 rdelta 0.1, weights sqrt(mean x^2) + |x|), then the 8 scales and 8 mins are themselves
 quantized to 6 bits against the super-block maxima, and the quants recomputed from the
-stored (f16 x 6-bit) values.  Float summation order differs from the C loop, so bytes
-can differ from llama.cpp's in rare ties; the decode path is GGUF's.
+stored (f16 x 6-bit) values.
+
+Two encoders.  With the C extension (apps.quantization.kquant, the default when built) the
+bytes are llama.cpp's quantize_row_q4_K_ref's, bit for bit: same f32 loop order, and the
+reference's quirks (a winning candidate's min shifts the range of later candidates; a
+sub-block whose stored scale is 0 keeps the search's quants).  The numpy encoder below is
+the fallback: it evaluates the candidates in closed form from f64 sums over a fixed range,
+so its bytes can differ from the reference's in some blocks (its error is about the same).
+The decode path is GGUF's.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import _jit
+from . import _jit, kquant
 from .blocks import BlockKernel, f16_bits_to_f32, nearest_int
 from .types import GGMLType
 
@@ -180,6 +187,10 @@ class Q4_K(BlockKernel, ggml_type=GGMLType.Q4_K):
         np.multiply(qs >> np.uint8(4), d_sub[:, :, 1:2], out=o[:, :, 1:2])
         np.subtract(o, m_sub, out=o)
         return out
+
+    @classmethod
+    def native_quantize(cls, flat: np.ndarray) -> np.ndarray | None:
+        return kquant.quantize_q4_k(flat)
 
     @classmethod
     def jit_dequantize(cls, flat: np.ndarray) -> np.ndarray:

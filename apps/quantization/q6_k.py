@@ -20,13 +20,19 @@ Scale choice follows llama.cpp's quantize_row_q6_K_ref: per 16-weight sub-block
 make_qx_quants (nmax 32, weights x^2, 19 candidate scales -(32 + 0.1*k)/max), then the 16
 sub-block scales are quantized to int8 against the one with the largest magnitude, and
 the quants recomputed from the stored (f16 x int8) scales.
+
+Two encoders.  With the C extension (apps.quantization.kquant, the default when built) the
+bytes are llama.cpp's quantize_row_q6_K_ref's, bit for bit (f32 sums in the C loop order;
+an all-zero sub-block keeps quants 0 and a sub-block whose stored scale is 0 keeps the
+search's quants, as in the reference).  The numpy encoder below is the fallback (f64 sums,
+quants 32 for zero-scale sub-blocks): same decoded values up to rare scale ties.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import _jit
+from . import _jit, kquant
 from .blocks import BlockKernel, f16_bits_to_f32, nearest_int
 from .types import GGMLType
 
@@ -131,6 +137,10 @@ class Q6_K(BlockKernel, ggml_type=GGMLType.Q6_K):
         o = out.reshape(n_blocks, 2, 4, 2, 16)
         np.multiply(q.reshape(n_blocks, 2, 4, 2, 16), d_sub, out=o)
         return out
+
+    @classmethod
+    def native_quantize(cls, flat: np.ndarray) -> np.ndarray | None:
+        return kquant.quantize_q6_k(flat)
 
     @classmethod
     def jit_dequantize(cls, flat: np.ndarray) -> np.ndarray:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import q4_k, q6_k, q8_0  # noqa: F401  (importing registers the kernels)
+from . import _jit, kquant, q4_k, q6_k, q8_0  # noqa: F401  (importing registers the kernels)
 from .blocks import KERNELS, BlockKernel
 from .types import GGMLType, parse_type, row_bytes
 
-__all__ = ["KERNELS", "dense_to_f32", "dequantize", "f32_to_dense", "kernel", "quantize"]
+__all__ = ["KERNELS", "dense_to_f32", "dequantize", "encoder", "f32_to_dense", "kernel", "quantize"]
 
 
 def kernel(ggml_type: GGMLType) -> type[BlockKernel]:
@@ -27,6 +27,20 @@ def kernel(ggml_type: GGMLType) -> type[BlockKernel]:
         return KERNELS[ggml_type]
     except KeyError:
         raise ValueError(f"{ggml_type.value} is not a block type") from None
+
+
+def encoder(ggml_type: GGMLType) -> str:
+    """Which encoder `quantize` runs for a type now: "c" (apps.quantization._kquant, llama.cpp's
+    reference quantizer), "numba", "numpy" (block types) or "dense"."""
+    ggml_type = parse_type(ggml_type)
+    if not ggml_type.is_block:
+        return "dense"
+    k = KERNELS[ggml_type]
+    if kquant.enabled() and k.native_quantize.__func__ is not BlockKernel.native_quantize.__func__:
+        return "c"
+    if _jit.enabled() and k.jit_quantize.__func__ is not BlockKernel.jit_quantize.__func__:
+        return "numba"
+    return "numpy"
 
 
 def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:

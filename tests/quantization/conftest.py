@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from apps.quantization import _jit
+from apps.quantization import _jit, kquant
 
 
 def adversarial_inputs(n: int, rows: int = 4, seed: int = 0) -> dict[str, np.ndarray]:
@@ -35,6 +35,17 @@ def jit_mode(request):
     _jit.set_enabled(request.param)
     yield request.param
     _jit.set_enabled(before)
+
+
+@pytest.fixture(params=["c", "numpy"], ids=["kquant_c", "kquant_numpy"])
+def kquant_mode(request):
+    """Run a test with the C Q4_K/Q6_K encoders (skipped when not built) and with numpy's."""
+    if request.param == "c" and not kquant.available():
+        pytest.skip("apps.quantization._kquant not built")
+    before = kquant.enabled()
+    kquant.set_enabled(request.param == "c")
+    yield request.param
+    kquant.set_enabled(before)
 
 
 def bit_diff_report(a: np.ndarray, b: np.ndarray) -> str:
