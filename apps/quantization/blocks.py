@@ -15,6 +15,7 @@ Pure module: numpy only, never Django.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import ClassVar
 
 import numpy as np
@@ -43,7 +44,7 @@ def nearest_int(x: np.ndarray) -> np.ndarray:
     return np.rint(x)
 
 
-class BlockKernel:
+class BlockKernel(ABC):
     """One GGML block format.  Subclasses set `ggml_type` via the class keyword."""
 
     ggml_type: ClassVar[GGMLType]
@@ -58,19 +59,19 @@ class BlockKernel:
         KERNELS[ggml_type] = cls
 
     @classmethod
+    @abstractmethod
     def quantize_blocks(cls, blocks: np.ndarray) -> np.ndarray:
         """f32 (n_blocks, block_size) -> u8 (n_blocks, type_size)."""
-        raise NotImplementedError
 
     @classmethod
+    @abstractmethod
     def dequantize_blocks(cls, blocks: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """u8 (n_blocks, type_size) -> f32 (n_blocks, block_size), written into `out` if given."""
-        raise NotImplementedError
 
     @classmethod
+    @abstractmethod
     def scale_fields(cls, blocks: np.ndarray) -> list[np.ndarray]:
         """The f16 scale fields of each block, widened to f32 (for finiteness checks)."""
-        raise NotImplementedError
 
     @classmethod
     def native_quantize(cls, flat: np.ndarray) -> np.ndarray | None:
