@@ -164,9 +164,13 @@ def test_prepare_failures_are_reported_with_reasons(start_node, checkpoint, tmp_
 
 
 def test_prepare_job_survives_a_celery_worker_kill(start_node, tmp_path) -> None:
-    model = qwen3_moe(tmp_path / "big", d_model=512, d_ff=512, n_experts=10, n_layers=1, shards=2, dtype="F32")
+    # Big enough that the job is still running when the kill lands (~40 ms per expert with the
+    # C encoder on this machine, ~1.5 s for the whole job).
+    n_experts = 32
+    model = qwen3_moe(tmp_path / "big", d_model=1024, d_ff=512, n_experts=n_experts, n_layers=1, shards=2,
+                      dtype="F16")
     a = start_node()
-    job = a.result("tenzro_moePrepareExperts", {"model_id": MODEL, "layer": 0, "experts": list(range(10)),
+    job = a.result("tenzro_moePrepareExperts", {"model_id": MODEL, "layer": 0, "experts": list(range(n_experts)),
                                                 "quant": "q4_k_m", "checkpoint": str(model.root)}, token=TOKEN)
     deadline = time.monotonic() + 60
     while a.result("tenzro_moePrepareStatus", {"job_id": job["job_id"]})["progress"]["done"] < 2:
@@ -174,6 +178,8 @@ def test_prepare_job_survives_a_celery_worker_kill(start_node, tmp_path) -> None
         time.sleep(0.1)
     worker = next(p for p in a.result("tenzro_nodeProcesses")["processes"] if p["name"] == "celery-worker")
     psutil.Process(worker["pid"]).kill()
+    killed_at = a.result("tenzro_moePrepareStatus", {"job_id": job["job_id"]})
+    assert killed_at["state"] == "running" and killed_at["progress"]["done"] < n_experts, killed_at
 
     final = wait_job(a, job["job_id"], timeout_s=180)
     assert final["state"] == "done" and final["attempts"] >= 2
