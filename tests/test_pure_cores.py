@@ -18,7 +18,7 @@ PURE_CORES = {
                      "apps.quantization.activations", "apps.quantization.baseline"],
     "expert runtime": ["apps.experts.runtime", "apps.experts.kernels", "apps.experts.backends",
                        "apps.experts.gating", "apps.experts.wire", "apps.experts.handlers"],
-    "catalog": ["apps.catalog.shapes", "apps.catalog.checkpoint", "apps.catalog.slicing"],
+    "catalog": ["apps.catalog.shapes", "apps.catalog.sources", "apps.catalog.checkpoint", "apps.catalog.slicing"],
     "blobs": ["apps.blobs.store", "apps.blobs.resolver", "apps.blobs.handlers"],
 }
 
