@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import numpy as np
 
 from apps.experts import kernels
@@ -115,3 +118,18 @@ def moe_block_reference(hidden, idx, w, experts: dict[int, dict[str, np.ndarray]
         for e in shared:
             out[t] += swiglu_reference(experts[e], hidden[t : t + 1])[0]
     return out
+
+
+def run_in_threads(work: Callable[[int], list[np.ndarray]], n: int = 2) -> list[list[np.ndarray]]:
+    """Run work(0) … work(n-1) in n threads at once; their results, by thread index."""
+    results: dict[int, list[np.ndarray]] = {}
+
+    def target(i: int) -> None:
+        results[i] = work(i)
+
+    workers = [threading.Thread(target=target, args=(i,)) for i in range(n)]
+    for th in workers:
+        th.start()
+    for th in workers:
+        th.join()
+    return [results[i] for i in range(n)]

@@ -11,7 +11,7 @@ from apps.experts.backends import CpuBackend
 from apps.experts.errors import InvalidPayload, NonFiniteInput, ShapeMismatch
 from apps.experts.ffn import build_expert, expert_forward, parse_payload
 from apps.quantization.payload import read_expert_payload
-from tests.experts.factories import expert_payload, expert_weights, swiglu_reference
+from tests.experts.factories import expert_payload, expert_weights, run_in_threads, swiglu_reference
 
 D_MODEL, D_FF = 256, 512  # both multiples of 256, so q4_k_m uses Q4_K and Q6_K without fallback
 
@@ -110,7 +110,6 @@ def test_tiled_forward_from_two_threads(monkeypatch):
     """The large-batch path keeps one tile buffer per calling thread: two Python threads running
     tiled forwards at once (several tiles each, GIL released in the dequantizer and in BLAS) get
     what each gets alone."""
-    import threading
 
     from apps.experts import backends
 
@@ -121,16 +120,7 @@ def test_tiled_forward_from_two_threads(monkeypatch):
                for i, q in enumerate(("q8_0", "q4_k_m"))]
     xs = [rng.standard_normal((t, D_MODEL)).astype(np.float32) for t in (200, 33)]
     alone = [expert_forward(e, x, backend) for e, x in zip(experts, xs, strict=True)]
-    results: dict[int, list[np.ndarray]] = {}
-
-    def work(i: int) -> None:
-        results[i] = [expert_forward(experts[i], xs[i], backend) for _ in range(10)]
-
-    workers = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for th in workers:
-        th.start()
-    for th in workers:
-        th.join()
+    results = run_in_threads(lambda i: [expert_forward(experts[i], xs[i], backend) for _ in range(10)])
     for i in range(2):
         assert all(_rel(y, alone[i]) < 1e-6 for y in results[i])
 

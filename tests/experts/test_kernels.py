@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType, quants
 
 from apps.experts import kernels
 from apps.experts.backends import CpuBackend, CpuWeight, qdot_variants
-from tests.experts.factories import F16_FIELDS, random_blocks
+from tests.experts.factories import F16_FIELDS, random_blocks, run_in_threads
 
 FORMATS = ["Q8_0", "Q4_K", "Q6_K"]
 RTOL = 1e-5  # f32 accumulation in a different order than the f64 reference
@@ -254,18 +254,9 @@ def test_c_from_gguf_quantizer_and_threads():
         # an element's rms, so ~0.5% of a typical output, ~1.7% at 3.5 sigma over these outputs,
         # i.e. ~0.5% of the largest output; measured 0.48%
         assert _rel_max(y, x.astype(np.float64) @ w.T) < 1e-2
-    results: dict[int, list[np.ndarray]] = {}
-
-    def work(i: int) -> None:
-        results[i] = [c_matmul("Q8_0", blocks, x, VARIANTS[0], threads=2) for x in xs * 20]
-
-    workers = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for th in workers:
-        th.start()
-    for th in workers:
-        th.join()
-    for i in range(2):
-        for k, y in enumerate(results[i]):
+    results = run_in_threads(lambda i: [c_matmul("Q8_0", blocks, x, VARIANTS[0], threads=2) for x in xs * 20])
+    for per_thread in results:
+        for k, y in enumerate(per_thread):
             assert np.array_equal(y, alone[k % 2])
 
 
@@ -345,18 +336,10 @@ def test_c_expert_threads_and_fork():
     gu, down = random_blocks(rng, "Q8_0", 512, 1024), random_blocks(rng, "Q8_0", 1024, 256)
     xs = [rng.standard_normal((t, 1024)).astype(np.float32) for t in (1, 6)]
     alone = [c_expert(fmts, gu, down, x, VARIANTS[0], threads=2, min_macs=1) for x in xs]
-    results: dict[int, list[np.ndarray]] = {}
-
-    def work(i: int) -> None:
-        results[i] = [c_expert(fmts, gu, down, x, VARIANTS[0], threads=2, min_macs=1) for x in xs * 20]
-
-    workers = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for th in workers:
-        th.start()
-    for th in workers:
-        th.join()
-    for i in range(2):
-        for k, y in enumerate(results[i]):
+    results = run_in_threads(
+        lambda i: [c_expert(fmts, gu, down, x, VARIANTS[0], threads=2, min_macs=1) for x in xs * 20])
+    for per_thread in results:
+        for k, y in enumerate(per_thread):
             assert np.array_equal(y, alone[k % 2])
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(1) as child:
