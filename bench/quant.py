@@ -6,7 +6,7 @@ Throughput is MB/s of f32 (input for quantize, output for dequantize), best of s
 runs, measured back to back with the `gguf` package's kernels on the same bytes; the ratio
 is ours / gguf.  gguf-py has no Q4_K/Q6_K quantizer, so those rows have no reference.
 The "encoder" column says which quantizer ran (registry.encoder): "c" is the
-apps.quantization._kquant extension (llama.cpp's reference Q4_K/Q6_K quantizers, bit for
+apps.quantization._kquant_encoders extension (llama.cpp's reference Q4_K/Q6_K quantizers, bit for
 bit), "numba" / "numpy" the Python paths; TENZRO_KQUANT_C=0 forces numpy for Q4_K/Q6_K.
 When the C encoder ran, "numpy enc" is the numpy fallback timed on the same input and
 "c/numpy" the speed-up.
@@ -23,7 +23,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import quants as gq
 
-from apps.quantization import kquant
+from apps.quantization import kquant_c
 from apps.quantization.baseline import NAIVE
 from apps.quantization.registry import dequantize, encoder, quantize
 from apps.quantization.types import GGMLType
@@ -67,11 +67,11 @@ def throughput() -> list[dict]:
             q_ours = best_time(lambda t=t, x=x: quantize(x, t), 1 if slow else repeat)
             q_numpy = None
             if t in K_QUANTS and encoder(t) == "c":  # the numpy fallback on the same input, for the speed-up
-                kquant.set_enabled(False)
+                kquant_c.set_enabled(False)
                 try:
                     q_numpy = best_time(lambda t=t, x=x: quantize(x, t), 1)
                 finally:
-                    kquant.set_enabled(True)
+                    kquant_c.set_enabled(True)
             d_ours = best_time(lambda t=t, blob=blob, shape=shape: dequantize(blob, t, shape), repeat)
             ref_blob = blob if t.is_block else blob.view(np.uint16 if t != GGMLType.F32 else np.float32)
             if t == GGMLType.F16:

@@ -16,7 +16,7 @@ PURE_CORES = {
     "transport": ["apps.transport.framing", "apps.transport.quic"],
     "quantization": ["apps.quantization.registry", "apps.quantization.payload", "apps.quantization.presets",
                      "apps.quantization.activations", "apps.quantization.baseline"],
-    "expert runtime": ["apps.experts.runtime", "apps.experts.kernels", "apps.experts.backends",
+    "expert runtime": ["apps.experts.runtime", "apps.experts.numba_matmul", "apps.experts.backends",
                        "apps.experts.gating", "apps.experts.wire", "apps.experts.handlers"],
     "catalog": ["apps.catalog.shapes", "apps.catalog.sources", "apps.catalog.checkpoint", "apps.catalog.slicing"],
     "blobs": ["apps.blobs.store", "apps.blobs.resolver", "apps.blobs.handlers"],

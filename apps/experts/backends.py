@@ -10,7 +10,7 @@ present:
   reads x once and a small batch gets a wider, more efficient GEMM.
 * block-quantized (Q8_0/Q4_K/Q6_K): raw GGML blocks stay as loaded. Batches up to
   `fused_max_rows` take a fused kernel that reads each block once per chunk of tokens:
-  - the C kernels (apps/experts/_qdot.c, built by setup.py), as llama.cpp does on CPUs: the
+  - the C kernels (apps/experts/_quant_matmul.c, built by setup.py), as llama.cpp does on CPUs: the
     activation rows are quantized to int8 blocks (Q8_0: 32 values, K-quants: 256) and dotted
     with the weight blocks in integer SIMD (AVX-512 VNNI / AVX-VNNI / AVX2, picked for the CPU
     at import, or a portable scalar loop). A whole expert is one C call: x quantized once for
@@ -50,16 +50,16 @@ import numpy as np
 from apps.experts.errors import InvalidPayload
 
 try:  # the C kernels; a machine that could not compile them falls back to numba
-    from apps.experts import _qdot
+    from apps.experts import _quant_matmul
 except ImportError:
-    _qdot = None
+    _quant_matmul = None
 
 BLOCK_TYPES = ("Q8_0", "Q4_K", "Q6_K")
 DENSE_TYPES = ("F32", "F16", "BF16")
 _TILE_BYTES = 32 << 20  # f32 tile per sgemm in the large-batch path; see _tile_rows
 # A C matmul gets one thread per this many multiply-adds (at most `threads`): waking a parked
 # pool worker costs ~5-20 us on this VM, about what 256K int8 MACs take on one core.
-_QDOT_MIN_MACS_PER_THREAD = 1 << 18
+_C_MIN_MACS_PER_THREAD = 1 << 18
 # Batches up to this size take the fused kernels; see the module docstring. numba's f32 kernels
 # are compute-bound and lose to BLAS tiles much earlier.
 FUSED_MAX_ROWS = {"c": 128, "numba": 8}
@@ -123,9 +123,9 @@ class CpuExpert:
         return sum(w.nbytes for w in self.gate_up) + self.down.nbytes
 
 
-def qdot_variants() -> list[str]:
+def quant_matmul_variants() -> list[str]:
     """The C kernel variants this CPU can run, best first ([] when the extension is missing)."""
-    return list(_qdot.variants()) if _qdot is not None else []
+    return list(_quant_matmul.variants()) if _quant_matmul is not None else []
 
 
 def _cpu_count() -> int:
@@ -222,21 +222,21 @@ class CpuBackend:
                  threads: int | None = None) -> None:
         self.isa = cpu_isa()
         self._kernels: Any = None
-        self._qdot_variant: str | None = None
+        self._c_variant: str | None = None
         self._threads = max(1, threads or int(os.environ.get("TENZRO_QDOT_THREADS") or 0) or _cpu_count())
         if use_numba:
             variant = (c_variant or os.environ.get("TENZRO_QDOT_VARIANT") or "").lower()
-            available = qdot_variants()
+            available = quant_matmul_variants()
             if variant not in ("", "off") and variant not in available:
                 raise ValueError(f"C kernel variant {variant!r} is not available here (available: {available})")
             if variant != "off" and available:
-                self._qdot_variant = variant or available[0]
+                self._c_variant = variant or available[0]
             try:
-                from apps.experts import kernels
+                from apps.experts import numba_matmul
             except ImportError:  # numba missing or broken: the C kernels or numpy tiles still work
-                kernels = None
-            self._kernels = kernels
-        default_rows = FUSED_MAX_ROWS["c" if self._qdot_variant else "numba"]
+                numba_matmul = None
+            self._kernels = numba_matmul
+        default_rows = FUSED_MAX_ROWS["c" if self._c_variant else "numba"]
         self.fused_max_rows = default_rows if fused_max_rows is None else fused_max_rows
         self._lut = self._kernels.f16_lut() if self._kernels else None
         # numba's default "workqueue" threading layer aborts on concurrent parallel launches
@@ -246,8 +246,8 @@ class CpuBackend:
         self._tiles = threading.local()  # the large-batch path's f32 tile buffer, per calling thread
         # what the fused (small-batch) path runs; numba compiles for the host CPU (LLVM picks
         # the widest vectors the ISA allows)
-        if self._qdot_variant:
-            self.cpu_kernel = f"c-{self._qdot_variant}"
+        if self._c_variant:
+            self.cpu_kernel = f"c-{self._c_variant}"
         else:
             self.cpu_kernel = f"numba-{self.isa}" if self._kernels else "numpy-tiled"
 
@@ -293,13 +293,13 @@ class CpuBackend:
     def forward(self, prepared: CpuExpert, x: np.ndarray) -> np.ndarray:
         d_ff = prepared.d_ff
         t = x.shape[0]
-        if self._qdot_variant is not None and t <= self.fused_max_rows and _fused_expert(prepared):
+        if self._c_variant is not None and t <= self.fused_max_rows and _fused_expert(prepared):
             # the whole expert in one C call: x quantized once for gate and up, silu·up in C
             (gu,), down = prepared.gate_up, prepared.down
             x = np.ascontiguousarray(x, dtype=np.float32)
             y = np.empty((t, down.shape[0]), dtype=np.float32)
-            _qdot.expert(gu.ggml_type, gu.data, down.ggml_type, down.data, down.shape[0], d_ff, x, t, y,
-                         self._qdot_variant, self._threads, _QDOT_MIN_MACS_PER_THREAD)
+            _quant_matmul.expert(gu.ggml_type, gu.data, down.ggml_type, down.data, down.shape[0], d_ff, x, t, y,
+                         self._c_variant, self._threads, _C_MIN_MACS_PER_THREAD)
             return y
         if len(prepared.gate_up) == 1:
             gu = self.matmul(x, prepared.gate_up[0])  # [t, 2·d_ff], fresh, so ours to overwrite
@@ -318,18 +318,18 @@ class CpuBackend:
             return (w.data @ x.T).T
         t = x.shape[0]
         m, n = w.shape
-        if t > self.fused_max_rows or (self._qdot_variant is None and self._kernels is None):
+        if t > self.fused_max_rows or (self._c_variant is None and self._kernels is None):
             return self._tiled(x, w)  # BLAS takes x in either order: no copy
         x = np.ascontiguousarray(x, dtype=np.float32)
-        if self._qdot_variant is not None:
+        if self._c_variant is not None:
             y = np.empty((t, m), dtype=np.float32)
-            threads = max(1, min(self._threads, t * m * n // _QDOT_MIN_MACS_PER_THREAD))
+            threads = max(1, min(self._threads, t * m * n // _C_MIN_MACS_PER_THREAD))
             # no lock: each calling thread has its own scratch, and the GIL is released inside
-            _qdot.matmul(w.ggml_type, w.data, m, n, x, t, y, self._qdot_variant, threads)
+            _quant_matmul.matmul(w.ggml_type, w.data, m, n, x, t, y, self._c_variant, threads)
             return y
         y = np.empty((t, m), dtype=np.float32)
         with self._kernel_lock:
-            # Q8_0's kernel reads the blocks as int8 (a view, see kernels.q8_0_matmul)
+            # Q8_0's kernel reads the blocks as int8 (a view, see numba_matmul.q8_0_matmul)
             data = w.data.view(np.int8) if w.ggml_type == "Q8_0" else w.data
             self._kernels.MATMUL[w.ggml_type](data, x, self._lut, y)
         return y
@@ -360,10 +360,10 @@ class CpuBackend:
         return buf
 
     def _dequant_rows(self, w: CpuWeight, r0: int, out: np.ndarray) -> None:
-        if self._qdot_variant is not None:
+        if self._c_variant is not None:
             # the C dequantizer on the pool (GIL released, bit-identical to gguf's)
             m, n = w.shape
-            _qdot.dequantize(w.ggml_type, w.data, m, n, r0, r0 + out.shape[0], out, self._qdot_variant,
+            _quant_matmul.dequantize(w.ggml_type, w.data, m, n, r0, r0 + out.shape[0], out, self._c_variant,
                              self._threads)
             return
         if self._kernels is not None:

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from . import _jit
+from . import numba_codecs
 from .types import BLOCK_GEOMETRY, GGMLType
 
 KERNELS: dict[GGMLType, type[BlockKernel]] = {}
@@ -75,7 +75,7 @@ class BlockKernel(ABC):
 
     @classmethod
     def native_quantize(cls, flat: np.ndarray) -> np.ndarray | None:
-        """C equivalent of quantize_blocks on all blocks (apps.quantization.kquant), or None."""
+        """C equivalent of quantize_blocks on all blocks (apps.quantization.kquant_c), or None."""
         return None
 
     @classmethod
@@ -97,7 +97,7 @@ class BlockKernel(ABC):
         flat = np.ascontiguousarray(x).reshape(-1, cls.block_size)  # (n_blocks, block_size)
         if (fast := cls.native_quantize(flat)) is not None:
             return fast.reshape(rows, n // cls.block_size * cls.type_size)
-        if _jit.enabled() and (fast := cls.jit_quantize(flat)) is not None:
+        if numba_codecs.enabled() and (fast := cls.jit_quantize(flat)) is not None:
             return fast.reshape(rows, n // cls.block_size * cls.type_size)
         out = np.empty((flat.shape[0], cls.type_size), dtype=np.uint8)
         step = max(1, CHUNK_ELEMENTS // cls.block_size)
@@ -117,7 +117,7 @@ class BlockKernel(ABC):
     @classmethod
     def dequantize_flat(cls, flat: np.ndarray) -> np.ndarray:
         """u8 (n_blocks, type_size) -> f32 (n_blocks, block_size), chunked."""
-        if _jit.enabled() and (fast := cls.jit_dequantize(flat)) is not None:
+        if numba_codecs.enabled() and (fast := cls.jit_dequantize(flat)) is not None:
             return fast
         out = np.empty((flat.shape[0], cls.block_size), dtype=np.float32)
         step = max(1, CHUNK_ELEMENTS // cls.block_size)

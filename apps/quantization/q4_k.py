@@ -22,7 +22,7 @@ rdelta 0.1, weights sqrt(mean x^2) + |x|), then the 8 scales and 8 mins are them
 quantized to 6 bits against the super-block maxima, and the quants recomputed from the
 stored (f16 x 6-bit) values.
 
-Two encoders.  With the C extension (apps.quantization.kquant, the default when built) the
+Two encoders.  With the C extension (apps.quantization.kquant_c, the default when built) the
 bytes are llama.cpp's quantize_row_q4_K_ref's, bit for bit: same f32 loop order, and the
 reference's quirks (a winning candidate's min shifts the range of later candidates; a
 sub-block whose stored scale is 0 keeps the search's quants).  The numpy encoder below is
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _jit, kquant
+from . import kquant_c, numba_codecs
 from .blocks import BlockKernel, f16_bits_to_f32, nearest_int
 from .types import GGMLType
 
@@ -190,12 +190,12 @@ class Q4_K(BlockKernel, ggml_type=GGMLType.Q4_K):
 
     @classmethod
     def native_quantize(cls, flat: np.ndarray) -> np.ndarray | None:
-        return kquant.quantize_q4_k(flat)
+        return kquant_c.quantize_q4_k(flat)
 
     @classmethod
     def jit_dequantize(cls, flat: np.ndarray) -> np.ndarray:
         out = np.empty((flat.shape[0], 256), dtype=np.float32)
-        _jit.dequant_q4_k(flat, _jit.F16_TO_F32, out)
+        numba_codecs.dequant_q4_k(flat, numba_codecs.F16_TO_F32, out)
         return out
 
     @classmethod

@@ -21,7 +21,7 @@ make_qx_quants (nmax 32, weights x^2, 19 candidate scales -(32 + 0.1*k)/max), th
 sub-block scales are quantized to int8 against the one with the largest magnitude, and
 the quants recomputed from the stored (f16 x int8) scales.
 
-Two encoders.  With the C extension (apps.quantization.kquant, the default when built) the
+Two encoders.  With the C extension (apps.quantization.kquant_c, the default when built) the
 bytes are llama.cpp's quantize_row_q6_K_ref's, bit for bit (f32 sums in the C loop order;
 an all-zero sub-block keeps quants 0 and a sub-block whose stored scale is 0 keeps the
 search's quants, as in the reference).  The numpy encoder below is the fallback (f64 sums,
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _jit, kquant
+from . import kquant_c, numba_codecs
 from .blocks import BlockKernel, f16_bits_to_f32, nearest_int
 from .types import GGMLType
 
@@ -140,12 +140,12 @@ class Q6_K(BlockKernel, ggml_type=GGMLType.Q6_K):
 
     @classmethod
     def native_quantize(cls, flat: np.ndarray) -> np.ndarray | None:
-        return kquant.quantize_q6_k(flat)
+        return kquant_c.quantize_q6_k(flat)
 
     @classmethod
     def jit_dequantize(cls, flat: np.ndarray) -> np.ndarray:
         out = np.empty((flat.shape[0], 256), dtype=np.float32)
-        _jit.dequant_q6_k(flat, _jit.F16_TO_F32, out)
+        numba_codecs.dequant_q6_k(flat, numba_codecs.F16_TO_F32, out)
         return out
 
     @classmethod

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _jit
+from . import numba_codecs
 from .blocks import BlockKernel, f16_bits_to_f32
 from .types import GGMLType
 
@@ -64,7 +64,7 @@ class Q8_0(BlockKernel, ggml_type=GGMLType.Q8_0):
         d = np.empty(n_blocks, dtype=np.float32)
         out = np.empty((n_blocks, cls.type_size), dtype=np.uint8)
         qs = np.empty((n_blocks, 32), dtype=np.int8)
-        _jit.quant_q8_0(flat, d, qs)
+        numba_codecs.quant_q8_0(flat, d, qs)
         with np.errstate(over="ignore"):  # overflow is reported by registry.quantize
             out[:, :2] = d.astype("<f2").view(np.uint8).reshape(n_blocks, 2)
         out[:, 2:] = qs.view(np.uint8)
@@ -73,7 +73,7 @@ class Q8_0(BlockKernel, ggml_type=GGMLType.Q8_0):
     @classmethod
     def jit_dequantize(cls, flat: np.ndarray) -> np.ndarray:
         out = np.empty((flat.shape[0], 32), dtype=np.float32)
-        _jit.dequant_q8_0(flat, _jit.F16_TO_F32, out)
+        numba_codecs.dequant_q8_0(flat, numba_codecs.F16_TO_F32, out)
         return out
 
     @classmethod

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _jit, kquant, q4_k, q6_k, q8_0  # noqa: F401  (importing registers the kernels)
+from . import kquant_c, numba_codecs, q4_k, q6_k, q8_0  # noqa: F401  (importing registers the kernels)
 from .blocks import KERNELS, BlockKernel
 from .types import GGMLType, parse_type, row_bytes
 
@@ -30,15 +30,15 @@ def kernel(ggml_type: GGMLType) -> type[BlockKernel]:
 
 
 def encoder(ggml_type: GGMLType) -> str:
-    """Which encoder `quantize` runs for a type now: "c" (apps.quantization._kquant, llama.cpp's
+    """Which encoder `quantize` runs for a type now: "c" (apps.quantization._kquant_encoders, llama.cpp's
     reference quantizer), "numba", "numpy" (block types) or "dense"."""
     ggml_type = parse_type(ggml_type)
     if not ggml_type.is_block:
         return "dense"
     k = KERNELS[ggml_type]
-    if kquant.enabled() and k.native_quantize.__func__ is not BlockKernel.native_quantize.__func__:
+    if kquant_c.enabled() and k.native_quantize.__func__ is not BlockKernel.native_quantize.__func__:
         return "c"
-    if _jit.enabled() and k.jit_quantize.__func__ is not BlockKernel.jit_quantize.__func__:
+    if numba_codecs.enabled() and k.jit_quantize.__func__ is not BlockKernel.jit_quantize.__func__:
         return "numba"
     return "numpy"
 

@@ -165,14 +165,14 @@ def test_corrupt_payloads(backend):
 
 
 def test_without_c_extension_numba_fallback(monkeypatch):
-    """A machine that could not compile _qdot: the backend runs numba (fused only up to 8
+    """A machine that could not compile _quant_matmul: the backend runs numba (fused only up to 8
     rows, where its f32 kernels still beat BLAS tiles) and gives the exact answer."""
     from apps.experts import backends
 
-    monkeypatch.setattr(backends, "_qdot", None)
+    monkeypatch.setattr(backends, "_quant_matmul", None)
     numba = CpuBackend()
     assert numba.cpu_kernel.startswith("numba-") and numba.fused_max_rows == 8
-    assert backends.qdot_variants() == []
+    assert backends.quant_matmul_variants() == []
     rng = np.random.default_rng(26)
     payload = expert_payload(expert_weights(rng, D_MODEL, D_FF), expert=0, quant="q8_0")
     stored = read_expert_payload(payload)

@@ -4,7 +4,7 @@ layouts).
 Weights are random *valid* blocks (arbitrary quant bytes and scale bytes, finite f16 d/dmin),
 which exercises every bit of every packed field, not just what a quantizer happens to emit.
 
-The C kernels quantize the activations to int8 first (apps/experts/_qdot.c); `quantized_x`
+The C kernels quantize the activations to int8 first (apps/experts/_quant_matmul.c); `quantized_x`
 rebuilds that quantization in numpy bit for bit, so the C result is compared with an f64
 product of exactly what the kernel multiplies, within f32 accumulation error.
 """
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from apps.experts import kernels
-from apps.experts.backends import CpuBackend, CpuWeight, qdot_variants
+from apps.experts import numba_matmul
+from apps.experts.backends import CpuBackend, CpuWeight, quant_matmul_variants
 from tests.experts.factories import F16_FIELDS, random_blocks, run_in_threads
 
 FORMATS = ["Q8_0", "Q4_K", "Q6_K"]
@@ -40,7 +40,7 @@ def test_dequant_rows_bit_exact(fmt):
     blocks = random_blocks(rng, fmt, 24, 512)
     ref = reference_weights(fmt, blocks)
     out = np.empty((16, 512), dtype=np.float32)
-    kernels.DEQUANT_ROWS[fmt](blocks, 5, kernels.f16_lut(), out)
+    numba_matmul.DEQUANT_ROWS[fmt](blocks, 5, numba_matmul.f16_lut(), out)
     assert np.array_equal(out, ref[5:21]), _report(out, ref[5:21])
 
 
@@ -51,7 +51,7 @@ def test_fused_matmul_matches_reference(fmt, t):
     blocks = random_blocks(rng, fmt, 40, 768)
     x = rng.standard_normal((t, 768)).astype(np.float32)
     y = np.empty((t, 40), dtype=np.float32)
-    kernels.MATMUL[fmt](blocks.view(np.int8) if fmt == "Q8_0" else blocks, x, kernels.f16_lut(), y)
+    numba_matmul.MATMUL[fmt](blocks.view(np.int8) if fmt == "Q8_0" else blocks, x, numba_matmul.f16_lut(), y)
     ref = x.astype(np.float64) @ reference_weights(fmt, blocks).astype(np.float64).T
     err = np.abs(y - ref).max() / np.abs(ref).max()
     assert err < RTOL, f"{fmt} t={t}: max error {err:.2e} of the largest output"
@@ -67,7 +67,7 @@ def test_backend_paths_agree(fmt, kernels_, tile_bytes, monkeypatch):
     of 2 KiB in 7 tiles of 43 rows, the last one 42; None: one tile."""
     from apps.experts import backends
 
-    if kernels_ == "c" and not qdot_variants():
+    if kernels_ == "c" and not quant_matmul_variants():
         pytest.skip("C kernels not built")
     if tile_bytes is not None:
         monkeypatch.setattr(backends, "_TILE_BYTES", tile_bytes)
@@ -112,21 +112,21 @@ def test_q8_0_from_gguf_quantizer():
     blocks = quants.quantize(dense, GGMLQuantizationType.Q8_0)
     x = rng.standard_normal((2, 256)).astype(np.float32)
     y = np.empty((2, 64), dtype=np.float32)
-    kernels.q8_0_matmul(blocks.view(np.int8), x, kernels.f16_lut(), y)
+    numba_matmul.q8_0_matmul(blocks.view(np.int8), x, numba_matmul.f16_lut(), y)
     ref = x.astype(np.float64) @ quants.dequantize(blocks, GGMLQuantizationType.Q8_0).astype(np.float64).T
     assert np.abs(y - ref).max() / np.abs(ref).max() < RTOL
 
 
 def test_f16_lut_is_exact():
-    lut = kernels.f16_lut()
+    lut = numba_matmul.f16_lut()
     finite = np.isfinite(np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16))
     ref = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
     assert np.array_equal(lut[finite], ref[finite])
 
 
-# --- C kernels (apps/experts/_qdot.c) ------------------------------------------------------------
+# --- C kernels (apps/experts/_quant_matmul.c) ------------------------------------------------------------
 
-VARIANTS = qdot_variants()
+VARIANTS = quant_matmul_variants()
 needs_c = pytest.mark.skipif(not VARIANTS, reason="C kernels not built (pip install -e . compiles them)")
 ACT_BLOCK = {"Q8_0": 32, "Q4_K": 256, "Q6_K": 256}
 C_RTOL = 1e-5  # f32 accumulation of exact integer block sums, vs an f64 reference
@@ -151,11 +151,11 @@ def quantized_x(fmt: str, x: np.ndarray) -> np.ndarray:
 
 def c_matmul(fmt: str, blocks: np.ndarray, x: np.ndarray, variant: str, threads: int = 1) -> np.ndarray:
     """The extension called directly (the backend would run matmuls this small on one thread)."""
-    from apps.experts import _qdot
+    from apps.experts import _quant_matmul
 
     (t, n), m = x.shape, blocks.shape[0]
     y = np.empty((t, m), dtype=np.float32)
-    _qdot.matmul(fmt, np.ascontiguousarray(blocks), m, n, np.ascontiguousarray(x), t, y, variant, threads)
+    _quant_matmul.matmul(fmt, np.ascontiguousarray(blocks), m, n, np.ascontiguousarray(x), t, y, variant, threads)
     return y
 
 
@@ -262,33 +262,34 @@ def test_c_from_gguf_quantizer_and_threads():
 
 @needs_c
 def test_c_rejects_bad_arguments():
-    from apps.experts import _qdot
+    from apps.experts import _quant_matmul
 
     blocks = random_blocks(np.random.default_rng(34), "Q4_K", 4, 256)
     x = np.zeros((1, 256), np.float32)
     y = np.zeros((1, 4), np.float32)
     with pytest.raises(ValueError, match="buffer sizes"):
-        _qdot.matmul("Q4_K", blocks[:3], 4, 256, x, 1, y, "scalar", 1)
+        _quant_matmul.matmul("Q4_K", blocks[:3], 4, 256, x, 1, y, "scalar", 1)
     with pytest.raises(ValueError, match="unknown format"):
-        _qdot.matmul("Q5_K", blocks, 4, 256, x, 1, y, "scalar", 1)
+        _quant_matmul.matmul("Q5_K", blocks, 4, 256, x, 1, y, "scalar", 1)
     with pytest.raises(ValueError, match="unsupported"):
-        _qdot.matmul("Q4_K", blocks, 4, 256, x, 1, y, "neon", 1)
+        _quant_matmul.matmul("Q4_K", blocks, 4, 256, x, 1, y, "neon", 1)
     with pytest.raises(ValueError, match="bad shape"):
-        _qdot.matmul("Q4_K", blocks, 4, 200, x, 1, y, "scalar", 1)
+        _quant_matmul.matmul("Q4_K", blocks, 4, 200, x, 1, y, "scalar", 1)
 
 
-# --- the fused expert entry point (_qdot.expert) -------------------------------------------------
+# --- the fused expert entry point (_quant_matmul.expert) -------------------------------------------------
 
 EXPERT_FORMATS = [("Q8_0", "Q8_0"), ("Q4_K", "Q6_K"), ("Q6_K", "Q4_K")]
 
 
 def c_expert(fmts: tuple[str, str], gu: np.ndarray, down: np.ndarray, x: np.ndarray, variant: str,
              threads: int = 1, min_macs: int = 0) -> np.ndarray:
-    from apps.experts import _qdot
+    from apps.experts import _quant_matmul
 
     (t, d_model), d_ff = x.shape, gu.shape[0] // 2
     y = np.empty((t, d_model), dtype=np.float32)
-    _qdot.expert(fmts[0], gu, fmts[1], down, d_model, d_ff, np.ascontiguousarray(x), t, y, variant, threads, min_macs)
+    _quant_matmul.expert(fmts[0], gu, fmts[1], down, d_model, d_ff, np.ascontiguousarray(x), t, y, variant, threads,
+                         min_macs)
     return y
 
 
@@ -349,41 +350,41 @@ def test_c_expert_threads_and_fork():
 
 @needs_c
 def test_c_expert_rejects_bad_arguments():
-    from apps.experts import _qdot
+    from apps.experts import _quant_matmul
 
     rng = np.random.default_rng(38)
     gu, down = random_blocks(rng, "Q4_K", 512, 256), random_blocks(rng, "Q6_K", 256, 256)
     x, y = np.zeros((2, 256), np.float32), np.zeros((2, 256), np.float32)
-    _qdot.expert("Q4_K", gu, "Q6_K", down, 256, 256, x, 2, y, "scalar", 1, 0)  # the valid call
+    _quant_matmul.expert("Q4_K", gu, "Q6_K", down, 256, 256, x, 2, y, "scalar", 1, 0)  # the valid call
     with pytest.raises(ValueError, match="buffer sizes"):
-        _qdot.expert("Q4_K", gu[:511], "Q6_K", down, 256, 256, x, 2, y, "scalar", 1, 0)
+        _quant_matmul.expert("Q4_K", gu[:511], "Q6_K", down, 256, 256, x, 2, y, "scalar", 1, 0)
     with pytest.raises(ValueError, match="buffer sizes"):
-        _qdot.expert("Q4_K", gu, "Q6_K", np.ascontiguousarray(down[:, :100]), 256, 256, x, 2, y, "scalar", 1, 0)
+        _quant_matmul.expert("Q4_K", gu, "Q6_K", np.ascontiguousarray(down[:, :100]), 256, 256, x, 2, y, "scalar", 1, 0)
     with pytest.raises(ValueError, match="buffer sizes"):
-        _qdot.expert("Q4_K", gu, "Q6_K", down, 256, 256, x, 3, y, "scalar", 1, 0)
+        _quant_matmul.expert("Q4_K", gu, "Q6_K", down, 256, 256, x, 3, y, "scalar", 1, 0)
     with pytest.raises(ValueError, match="buffer sizes"):
-        _qdot.expert("Q4_K", gu, "Q6_K", down, 256, 256, x, 2, y[:1], "scalar", 1, 0)
+        _quant_matmul.expert("Q4_K", gu, "Q6_K", down, 256, 256, x, 2, y[:1], "scalar", 1, 0)
     with pytest.raises(ValueError, match="unknown format"):
-        _qdot.expert("Q4_K", gu, "Q5_K", down, 256, 256, x, 2, y, "scalar", 1, 0)
+        _quant_matmul.expert("Q4_K", gu, "Q5_K", down, 256, 256, x, 2, y, "scalar", 1, 0)
     with pytest.raises(ValueError, match="unsupported"):
-        _qdot.expert("Q4_K", gu, "Q6_K", down, 256, 256, x, 2, y, "neon", 1, 0)
+        _quant_matmul.expert("Q4_K", gu, "Q6_K", down, 256, 256, x, 2, y, "neon", 1, 0)
     with pytest.raises(ValueError, match="bad shape"):
-        _qdot.expert("Q4_K", gu, "Q6_K", down, 256, 200, x, 2, y, "scalar", 1, 0)
+        _quant_matmul.expert("Q4_K", gu, "Q6_K", down, 256, 200, x, 2, y, "scalar", 1, 0)
     with pytest.raises(ValueError, match="bad shape"):
-        _qdot.expert("Q4_K", gu, "Q6_K", down, 256, 256, x, 2, y, "scalar", 0, 0)
+        _quant_matmul.expert("Q4_K", gu, "Q6_K", down, 256, 256, x, 2, y, "scalar", 0, 0)
     with pytest.raises(ValueError, match="bad shape"):
-        _qdot.expert("Q4_K", gu, "Q6_K", down, 256, 256, x, -1, y, "scalar", 1, 0)
+        _quant_matmul.expert("Q4_K", gu, "Q6_K", down, 256, 256, x, -1, y, "scalar", 1, 0)
 
 
-# --- the C dequantizer (_qdot.dequantize, the large-batch path's tiles) --------------------------
+# --- the C dequantizer (_quant_matmul.dequantize, the large-batch path's tiles) --------------------------
 
 
 def c_dequantize(fmt: str, blocks: np.ndarray, n: int, r0: int, r1: int, variant: str,
                  threads: int = 1) -> np.ndarray:
-    from apps.experts import _qdot
+    from apps.experts import _quant_matmul
 
     out = np.empty((r1 - r0, n), dtype=np.float32)
-    _qdot.dequantize(fmt, blocks, blocks.shape[0], n, r0, r1, out, variant, threads)
+    _quant_matmul.dequantize(fmt, blocks, blocks.shape[0], n, r0, r1, out, variant, threads)
     return out
 
 
@@ -391,7 +392,7 @@ def special_scales(fmt: str, blocks: np.ndarray) -> np.ndarray:
     """blocks with some f16 scales set to edge values: +-0, the smallest subnormal, a
     subnormal, the largest finite, 1.0 (bit patterns, little-endian)."""
     blocks = blocks.copy()
-    size = kernels.BLOCK[fmt][1]
+    size = numba_matmul.BLOCK[fmt][1]
     raw = blocks.reshape(blocks.shape[0], -1, size)
     specials = np.array([0x0000, 0x8000, 0x0001, 0x83FF, 0x7BFF, 0xFBFF, 0x3C00], dtype=np.uint16)
     for off in F16_FIELDS[fmt]:
@@ -456,11 +457,11 @@ def test_c_dequantize_from_gguf_quantizer():
 
 @needs_c
 def test_c_dequantize_rejects_bad_arguments():
-    from apps.experts import _qdot
+    from apps.experts import _quant_matmul
 
     blocks = random_blocks(np.random.default_rng(43), "Q6_K", 4, 512)
     out = np.zeros((2, 512), np.float32)
-    _qdot.dequantize("Q6_K", blocks, 4, 512, 1, 3, out, "scalar", 1)  # the valid call
+    _quant_matmul.dequantize("Q6_K", blocks, 4, 512, 1, 3, out, "scalar", 1)  # the valid call
     for args, match in [
         (("Q6_K", blocks[:3], 4, 512, 1, 3, out), "buffer sizes"),  # w short
         (("Q6_K", blocks, 4, 512, 1, 3, out[:1]), "buffer sizes"),  # out short
@@ -476,15 +477,15 @@ def test_c_dequantize_rejects_bad_arguments():
         (("Q6_K", blocks, 1 << 30, 1 << 30, 0, 2, out), "buffer sizes"),  # huge sizes
     ]:
         with pytest.raises(ValueError, match=match):
-            _qdot.dequantize(*args, "scalar", 1)
+            _quant_matmul.dequantize(*args, "scalar", 1)
     with pytest.raises(ValueError, match="bad shape"):
-        _qdot.dequantize("Q6_K", blocks, 4, 512, 1, 3, out, "scalar", 0)
+        _quant_matmul.dequantize("Q6_K", blocks, 4, 512, 1, 3, out, "scalar", 0)
     with pytest.raises(ValueError, match="unsupported"):
-        _qdot.dequantize("Q6_K", blocks, 4, 512, 1, 3, out, "neon", 1)
+        _quant_matmul.dequantize("Q6_K", blocks, 4, 512, 1, 3, out, "neon", 1)
     readonly = out.copy()
     readonly.flags.writeable = False
     with pytest.raises((TypeError, BufferError, ValueError)):
-        _qdot.dequantize("Q6_K", blocks, 4, 512, 1, 3, readonly, "scalar", 1)
+        _quant_matmul.dequantize("Q6_K", blocks, 4, 512, 1, 3, readonly, "scalar", 1)
     strided = np.zeros((2, 1024), np.float32)[:, ::2]  # the right size, not contiguous
     with pytest.raises((TypeError, BufferError, ValueError)):
-        _qdot.dequantize("Q6_K", blocks, 4, 512, 1, 3, strided, "scalar", 1)
+        _quant_matmul.dequantize("Q6_K", blocks, 4, 512, 1, 3, strided, "scalar", 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from apps.quantization import _jit, kquant
+from apps.quantization import kquant_c, numba_codecs
 
 
 def adversarial_inputs(n: int, rows: int = 4, seed: int = 0) -> dict[str, np.ndarray]:
@@ -31,21 +31,21 @@ def adversarial_inputs(n: int, rows: int = 4, seed: int = 0) -> dict[str, np.nda
 @pytest.fixture(params=[True, False], ids=["jit", "numpy"])
 def jit_mode(request):
     """Run a test on both the numba path and the pure numpy reference path."""
-    before = _jit.enabled()
-    _jit.set_enabled(request.param)
+    before = numba_codecs.enabled()
+    numba_codecs.set_enabled(request.param)
     yield request.param
-    _jit.set_enabled(before)
+    numba_codecs.set_enabled(before)
 
 
 @pytest.fixture(params=["c", "numpy"], ids=["kquant_c", "kquant_numpy"])
 def kquant_mode(request):
     """Run a test with the C Q4_K/Q6_K encoders (skipped when not built) and with numpy's."""
-    if request.param == "c" and not kquant.available():
-        pytest.skip("apps.quantization._kquant not built")
-    before = kquant.enabled()
-    kquant.set_enabled(request.param == "c")
+    if request.param == "c" and not kquant_c.available():
+        pytest.skip("apps.quantization._kquant_encoders not built")
+    before = kquant_c.enabled()
+    kquant_c.set_enabled(request.param == "c")
     yield request.param
-    kquant.set_enabled(before)
+    kquant_c.set_enabled(before)
 
 
 def bit_diff_report(a: np.ndarray, b: np.ndarray) -> str:

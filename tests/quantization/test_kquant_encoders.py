@@ -1,4 +1,4 @@
-"""The C Q4_K/Q6_K encoders (apps/quantization/_kquant.c, wired through kquant.py).
+"""The C Q4_K/Q6_K encoders (apps/quantization/_kquant_encoders.c, wired through kquant_c.py).
 
 Bit-identity with llama.cpp's reference quantizers (quantize_row_q4_K_ref,
 quantize_row_q6_K_ref) is pinned by GOLDEN: sha256 prefixes of the reference's bytes for the
@@ -6,7 +6,7 @@ inputs of `golden_inputs`, produced by compiling the reference functions of
 ggml-org/llama.cpp ggml/src/ggml-quants.c (commit 01243c58) with gcc -O2, no FMA
 contraction, with both F16C and software f16 rounding (identical).  The hand-checked blocks
 below exercise the reference's edge paths.  Every seeded input; the module skips when the
-extension was not built (the numpy path is covered by test_k_quants).
+extension was not built (the numpy path is covered by test_block_formats).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf import quants as gq
 
-from apps.quantization import kquant
+from apps.quantization import kquant_c
 from apps.quantization.baseline import NAIVE
 from apps.quantization.registry import dequantize, encoder, quantize
 from apps.quantization.types import GGMLType
 
 from .conftest import adversarial_inputs, bit_diff_report
 
-_kquant = pytest.importorskip("apps.quantization._kquant")
+_kquant = pytest.importorskip("apps.quantization._kquant_encoders")
 
 K_TYPES = [GGMLType.Q4_K, GGMLType.Q6_K]
 TYPE_SIZE = {GGMLType.Q4_K: 144, GGMLType.Q6_K: 210}
@@ -79,19 +79,19 @@ def c_encode(ggml_type: GGMLType, x: np.ndarray, isa: str | None = None) -> np.n
 
 @pytest.fixture
 def c_on():
-    before = kquant.enabled()
-    kquant.set_enabled(True)
+    before = kquant_c.enabled()
+    kquant_c.set_enabled(True)
     yield
-    kquant.set_enabled(before)
+    kquant_c.set_enabled(before)
 
 
 def numpy_encode(ggml_type: GGMLType, x: np.ndarray) -> np.ndarray:
-    before = kquant.enabled()
-    kquant.set_enabled(False)
+    before = kquant_c.enabled()
+    kquant_c.set_enabled(False)
     try:
         return quantize(x, ggml_type)
     finally:
-        kquant.set_enabled(before)
+        kquant_c.set_enabled(before)
 
 
 @pytest.mark.parametrize("isa", _kquant.supported_isas())
@@ -256,5 +256,5 @@ def test_env_var_forces_numpy_and_package_works_without_extension():
              "print(encoder('Q4_K'), encoder('Q6_K'), 'django' in sys.modules)")
     assert _run(probe) == "c c False"
     assert _run(probe, TENZRO_KQUANT_C="0") == "numpy numpy False"
-    blocked = "import sys; sys.modules['apps.quantization._kquant'] = None; " + probe
+    blocked = "import sys; sys.modules['apps.quantization._kquant_encoders'] = None; " + probe
     assert _run(blocked) == "numpy numpy False"

@@ -36,7 +36,7 @@
  * that quantized for down; no Python between the three matmuls), and dequantize (rows of W
  * to f32, bit-identical to gguf's decoder, for the large-batch path: tile, then BLAS sgemm).
  *
- * Weight layouts: see apps/experts/kernels.py (ggml-common.h byte for byte).
+ * Weight layouts: see apps/experts/numba_matmul.py (ggml-common.h byte for byte).
  * Threads: the compute runs with the GIL released. Row tiles are handed out to a persistent
  * pool of worker threads (created once, parked on a condition variable between calls, never
  * spinning); one caller drives the pool at a time, a concurrent caller runs on its own thread.
@@ -119,7 +119,7 @@ static void quantize_row(const float *x, int n, int block, int8_t *qs, float *d,
     }
 }
 
-/* Q4_K's 12 packed bytes -> 8 six-bit scales and 8 six-bit mins (diagram in kernels.py):
+/* Q4_K's 12 packed bytes -> 8 six-bit scales and 8 six-bit mins (diagram in numba_matmul.py):
  * bytes 0-3 hold scale j (low 6 bits) and the top bits of scale j+4, bytes 4-7 min j and the
  * top bits of min j+4, bytes 8-11 the low nibbles of scale j+4 | min j+4. Done on 32-bit
  * words, four sub-blocks at a time. */
@@ -278,7 +278,7 @@ static NO_CONTRACT void q6_k_dequant_scalar(const uint8_t *w, size_t rb, int r0,
             const float d = f16_to_f32(rd16(blk + 208));
             const int8_t *sc = (const int8_t *)(blk + 192);
             for (int e = 0; e < 256; e++) {
-                /* element e: half h, quarter k of the half, lane l (diagram in kernels.py) */
+                /* element e: half h, quarter k of the half, lane l (diagram in numba_matmul.py) */
                 const int h = e / 128, k = (e % 128) / 32, l = e % 32;
                 const int lo = (blk[64 * h + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15;
                 const int hi = (blk[128 + 32 * h + l] >> (2 * k)) & 3;
@@ -326,7 +326,7 @@ static int has_avx512vnni(void) {
 #define MAXT 4
 #define DOT_U8S8(acc, u, s) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(1)))
 #define DOT_I16(acc, p, s) _mm256_add_epi32((acc), _mm256_madd_epi16((p), (s)))
-#include "_qdot.c"
+#include "_quant_matmul.c"
 #undef SFX
 #undef MAXT
 #undef DOT_U8S8
@@ -341,7 +341,7 @@ static int has_avx512vnni(void) {
 #define MAXT 4
 #define DOT_U8S8(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
 #define DOT_I16(acc, p, s) _mm256_dpwssd_avx_epi32((acc), (p), (s))
-#include "_qdot.c"
+#include "_quant_matmul.c"
 #undef SFX
 #undef MAXT
 #undef DOT_U8S8
@@ -357,7 +357,7 @@ static int has_avx512vnni(void) {
 #define QDOT_512
 #define DOT_U8S8(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
 #define DOT_I16(acc, p, s) _mm256_dpwssd_epi32((acc), (p), (s))
-#include "_qdot.c"
+#include "_quant_matmul.c"
 #undef SFX
 #undef MAXT
 #undef QDOT_512
@@ -837,10 +837,10 @@ static PyMethodDef qdot_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef qdot_module = {PyModuleDef_HEAD_INIT, "_qdot", "Integer SIMD kernels for GGML blocks.", -1,
+static struct PyModuleDef qdot_module = {PyModuleDef_HEAD_INIT, "_quant_matmul", "Integer SIMD kernels for GGML blocks.", -1,
                                          qdot_methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__qdot(void) {
+PyMODINIT_FUNC PyInit__quant_matmul(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
 #endif

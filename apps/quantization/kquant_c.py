@@ -1,6 +1,6 @@
-"""The optional C encoders for Q4_K and Q6_K (apps/quantization/_kquant.c).
+"""The optional C encoders for Q4_K and Q6_K (apps/quantization/_kquant_encoders.c).
 
-_kquant implements llama.cpp's reference quantizers (quantize_row_q4_K_ref,
+_kquant_encoders implements llama.cpp's reference quantizers (quantize_row_q4_K_ref,
 quantize_row_q6_K_ref) in their C loop order, so its bytes are those of the reference;
 the numpy encoders in q4_k/q6_k search the same candidate scales with f64 sums and are
 the fallback.  `registry.quantize` uses the C encoder when the extension imported (built
@@ -16,11 +16,11 @@ import os
 import numpy as np
 
 try:
-    from . import _kquant
+    from . import _kquant_encoders as _ext
 except ImportError:  # pragma: no cover - no compiler at install time
-    _kquant = None
+    _ext = None
 
-ENABLED = _kquant is not None and os.environ.get("TENZRO_KQUANT_C", "1") != "0"
+ENABLED = _ext is not None and os.environ.get("TENZRO_KQUANT_C", "1") != "0"
 
 # bytes per 256-value block
 _Q4_K_BYTES, _Q6_K_BYTES = 144, 210
@@ -28,7 +28,7 @@ _Q4_K_BYTES, _Q6_K_BYTES = 144, 210
 
 def available() -> bool:
     """True when the C extension imported."""
-    return _kquant is not None
+    return _ext is not None
 
 
 def enabled() -> bool:
@@ -38,7 +38,7 @@ def enabled() -> bool:
 def set_enabled(flag: bool) -> None:
     """Switch the C encoders on or off (tests compare both paths)."""
     global ENABLED
-    ENABLED = bool(flag) and _kquant is not None
+    ENABLED = bool(flag) and _ext is not None
 
 
 def _encode(fn, flat: np.ndarray, type_size: int) -> np.ndarray:
@@ -50,9 +50,9 @@ def _encode(fn, flat: np.ndarray, type_size: int) -> np.ndarray:
 
 def quantize_q4_k(flat: np.ndarray) -> np.ndarray | None:
     """f32 (n_blocks, 256) -> u8 (n_blocks, 144), or None when the C encoder is off."""
-    return _encode(_kquant.quantize_q4_k, flat, _Q4_K_BYTES) if ENABLED else None
+    return _encode(_ext.quantize_q4_k, flat, _Q4_K_BYTES) if ENABLED else None
 
 
 def quantize_q6_k(flat: np.ndarray) -> np.ndarray | None:
     """f32 (n_blocks, 256) -> u8 (n_blocks, 210), or None when the C encoder is off."""
-    return _encode(_kquant.quantize_q6_k, flat, _Q6_K_BYTES) if ENABLED else None
+    return _encode(_ext.quantize_q6_k, flat, _Q6_K_BYTES) if ENABLED else None

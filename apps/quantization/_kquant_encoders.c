@@ -336,18 +336,18 @@ typedef void (*rows_fn)(const float *, uint8_t *, Py_ssize_t);
 #define SFX(name) name##_avx512
 #pragma GCC push_options
 #pragma GCC target("avx512f")
-#include "_kquant.c"
+#include "_kquant_encoders.c"
 #pragma GCC pop_options
 #undef SFX
 #define SFX(name) name##_avx2
 #pragma GCC push_options
 #pragma GCC target("avx2")
-#include "_kquant.c"
+#include "_kquant_encoders.c"
 #pragma GCC pop_options
 #undef SFX
 #endif
 #define SFX(name) name##_generic
-#include "_kquant.c"
+#include "_kquant_encoders.c"
 #undef SFX
 #undef KQUANT_BODY
 
@@ -562,10 +562,10 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_kquant", "llama.cpp reference Q4_K / Q6_K encoders (C).", -1, methods,
+    PyModuleDef_HEAD_INIT, "_kquant_encoders", "llama.cpp reference Q4_K / Q6_K encoders (C).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__kquant(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__kquant_encoders(void) { return PyModule_Create(&module); }
 
 #endif /* !KQUANT_BODY */

@@ -61,19 +61,19 @@ def test_decode_random_bytes_matches_gguf(ggml_type, jit_mode):
 
 @pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.value)
 def test_jit_and_numpy_paths_agree(ggml_type):
-    from apps.quantization import _jit
+    from apps.quantization import numba_codecs
 
     x = adversarial_inputs(1024, seed=7)["student_t"]
-    before = _jit.enabled()
+    before = numba_codecs.enabled()
     try:
-        _jit.set_enabled(False)
+        numba_codecs.set_enabled(False)
         blob_np = quantize(x, ggml_type)
         y_np = dequantize(blob_np, ggml_type, x.shape)
-        _jit.set_enabled(True)
+        numba_codecs.set_enabled(True)
         blob_jit = quantize(x, ggml_type)
         y_jit = dequantize(blob_np, ggml_type, x.shape)
     finally:
-        _jit.set_enabled(before)
+        numba_codecs.set_enabled(before)
     assert np.array_equal(blob_np, blob_jit), bit_diff_report(blob_np, blob_jit)
     assert np.array_equal(y_np.view(np.uint32), y_jit.view(np.uint32)), bit_diff_report(y_np, y_jit)
 
@@ -177,7 +177,7 @@ def test_property_decode_is_gguf_and_bounded(ggml_type, rows, blocks, data):
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(st.sampled_from(BLOCK_TYPES), st.integers(0, 2**32 - 1))
 def test_property_requantize_is_stable(ggml_type, seed):
-    # (runs with the default encoder: C when built; test_kquant covers the C path directly)
+    # (runs with the default encoder: C when built; test_kquant_encoders covers the C path directly)
     """Quantizing a decoded tensor again must not drift far (idempotence up to rounding)."""
     x = np.random.default_rng(seed).standard_normal((2, 256)).astype(np.float32)
     y1 = dequantize(quantize(x, ggml_type), ggml_type, x.shape)
