@@ -311,11 +311,6 @@ class CheckpointReader:
         full = full[r0 - b0 * block: r1 - b0 * block, :cols]
         return (values * full).astype(np.float32, copy=False)
 
-    def read_raw(self, name: str) -> tuple[TensorInfo, bytes]:
-        """The stored bytes of `name` (no decoding)."""
-        info = self.tensor_info(name)
-        return info, self._read(info, info.start, info.end)
-
 
 __all__ = ["CONFIG", "FP8_E4M3_LUT", "HEADER_PROBE", "INDEX", "SINGLE", "CheckpointError", "CheckpointReader",
            "TensorInfo", "decode_dense"]

@@ -48,14 +48,16 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from apps.experts.errors import InvalidPayload
+from apps.quantization.f16 import F16_TO_F32
+from apps.quantization.types import GGMLType, row_bytes
 
 try:  # the C kernels; a machine that could not compile them falls back to numba
     from apps.experts import _quant_matmul
 except ImportError:
     _quant_matmul = None
 
-BLOCK_TYPES = ("Q8_0", "Q4_K", "Q6_K")
-DENSE_TYPES = ("F32", "F16", "BF16")
+BLOCK_TYPES = tuple(t.value for t in GGMLType if t.is_block)  # ("Q8_0", "Q4_K", "Q6_K")
+DENSE_TYPES = tuple(t.value for t in GGMLType if not t.is_block)  # ("F32", "F16", "BF16")
 _TILE_BYTES = 32 << 20  # f32 tile per sgemm in the large-batch path; see _tile_rows
 # A C matmul gets one thread per this many multiply-adds (at most `threads`): waking a parked
 # pool worker costs ~5-20 us on this VM, about what 256K int8 MACs take on one core.
@@ -238,7 +240,7 @@ class CpuBackend:
             self._kernels = numba_matmul
         default_rows = FUSED_MAX_ROWS["c" if self._c_variant else "numba"]
         self.fused_max_rows = default_rows if fused_max_rows is None else fused_max_rows
-        self._lut = self._kernels.f16_lut() if self._kernels else None
+        self._lut = F16_TO_F32 if self._kernels else None
         # numba's default "workqueue" threading layer aborts on concurrent parallel launches
         # from two Python threads; one launch already uses every core, so serializing costs
         # nothing. Dense BLAS calls run unlocked.
@@ -265,7 +267,6 @@ class CpuBackend:
 
     def _prepare(self, t: TensorIn) -> CpuWeight:
         from apps.quantization.registry import dequantize  # dense widening (F16/BF16 -> f32)
-        from apps.quantization.types import row_bytes
 
         rows, n = t.shape
         try:

@@ -7,15 +7,21 @@ handed to the compute backend, which keeps the weights in whatever form it compu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from apps.experts.backends import ComputeBackend, TensorIn
 from apps.experts.errors import InvalidPayload
 from apps.experts.validation import check_hidden
+from apps.quantization.presets import TENSOR_NAMES
 
-PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+if TYPE_CHECKING:  # the payload reader pulls in the codecs (and numba): imported where used
+    from apps.quantization.payload import ExpertPayload
+
+# The projection names come from the payload format: "gate" -> "gate_proj.weight". Experts and
+# their `formats` are keyed by the tensor name without ".weight" ("gate_proj"; docs/protocol.md).
+FORMAT_KEYS = {p: name.removesuffix(".weight") for p, name in TENSOR_NAMES.items()}
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ class ExpertHeader:
     formats: dict[str, str]
 
 
-def parse_payload(payload: bytes) -> Any:
+def parse_payload(payload: bytes) -> ExpertPayload:
     """read_expert_payload with every parse failure mapped to InvalidPayload."""
     from apps.quantization.payload import PayloadError, read_expert_payload
 
@@ -60,26 +66,21 @@ def parse_payload(payload: bytes) -> Any:
         raise InvalidPayload(f"expert payload could not be parsed: {exc}") from exc
 
 
-def _projection(parsed: Any, name: str) -> TensorIn:
-    tensors = parsed.tensors
-    tensor = tensors.get(f"{name}.weight", tensors.get(name))
-    if tensor is None:
-        raise InvalidPayload(f"expert payload lacks {name}.weight (found {sorted(tensors)})")
-    ggml_type = getattr(tensor.ggml_type, "value", tensor.ggml_type)
-    shape = tuple(int(s) for s in tensor.shape)
-    if len(shape) != 2:
-        raise InvalidPayload(f"{name}.weight must be 2-D, received shape {shape}")
-    return TensorIn(ggml_type=str(ggml_type), shape=(shape[0], shape[1]), data=tensor.data)
+def read_header(parsed: ExpertPayload) -> tuple[ExpertHeader, dict[str, TensorIn]]:
+    """The header and the three projections (keyed "gate_proj", "up_proj", "down_proj") of a
+    parsed payload, with gate/up [d_ff, d_model] and down [d_model, d_ff] checked by
+    apps.quantization.payload.expert_dims (raises InvalidPayload)."""
+    from apps.quantization.payload import PayloadError, expert_dims
 
-
-def read_header(parsed: Any) -> tuple[ExpertHeader, dict[str, TensorIn]]:
-    """Check the three projections agree: gate/up [d_ff, d_model], down [d_model, d_ff]."""
-    tensors = {name: _projection(parsed, name) for name in PROJECTIONS}
-    d_ff, d_model = tensors["gate_proj"].shape
-    expected = {"gate_proj": (d_ff, d_model), "up_proj": (d_ff, d_model), "down_proj": (d_model, d_ff)}
-    for name, shape in expected.items():
-        if tensors[name].shape != shape:
-            raise InvalidPayload(f"{name}.weight has shape {tensors[name].shape}, expected {shape}")
+    try:
+        stored = {p: parsed.tensors[name] for p, name in TENSOR_NAMES.items()}
+        d_ff, d_model = expert_dims({p: t.shape for p, t in stored.items()})
+    except KeyError as exc:
+        raise InvalidPayload(f"expert payload lacks {exc} (found {sorted(parsed.tensors)})") from exc
+    except PayloadError as exc:
+        raise InvalidPayload(str(exc)) from exc
+    tensors = {FORMAT_KEYS[p]: TensorIn(ggml_type=t.ggml_type.value, shape=(int(t.shape[0]), int(t.shape[1])),
+                                        data=t.data) for p, t in stored.items()}
     try:
         layer, expert = int(parsed.layer), int(parsed.expert)
     except (TypeError, ValueError) as exc:

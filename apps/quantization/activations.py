@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .blocks import f16_bits_to_f32
+from .f16 import f16_bits_to_f32
 from .registry import dequantize, quantize
 from .types import QK8_0, GGMLType
 
-BLOCK_BYTES = 34
+BLOCK_BYTES = GGMLType.Q8_0.type_size  # 34: f16 d + 32 x int8
 
 
 def row_bytes_q8_0(d: int) -> int:

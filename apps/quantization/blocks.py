@@ -29,16 +29,6 @@ KERNELS: dict[GGMLType, type[BlockKernel]] = {}
 CHUNK_ELEMENTS = 1 << 16
 
 
-def f16_bits_to_f32(raw: np.ndarray) -> np.ndarray:
-    """(…, 2) u8 little-endian half floats -> (…, 1) f32 (exact widening)."""
-    return raw.view("<f2").astype(np.float32)
-
-
-def f32_to_f16_bytes(values: np.ndarray) -> np.ndarray:
-    """(…, 1) f32 -> (…, 2) u8, round-to-nearest-even like GGML_FP32_TO_FP16."""
-    return values.astype("<f2").view(np.uint8)
-
-
 def nearest_int(x: np.ndarray) -> np.ndarray:
     """llama.cpp's nearest_int: round half to even (the 1.5*2^23 trick), as f32."""
     return np.rint(x)

@@ -15,6 +15,8 @@ import os
 
 import numpy as np
 
+from .types import GGMLType
+
 try:
     from . import _kquant_encoders as _ext
 except ImportError:  # pragma: no cover - no compiler at install time
@@ -22,8 +24,6 @@ except ImportError:  # pragma: no cover - no compiler at install time
 
 ENABLED = _ext is not None and os.environ.get("TENZRO_KQUANT_C", "1") != "0"
 
-# bytes per 256-value block
-_Q4_K_BYTES, _Q6_K_BYTES = 144, 210
 
 
 def available() -> bool:
@@ -50,9 +50,9 @@ def _encode(fn, flat: np.ndarray, type_size: int) -> np.ndarray:
 
 def quantize_q4_k(flat: np.ndarray) -> np.ndarray | None:
     """f32 (n_blocks, 256) -> u8 (n_blocks, 144), or None when the C encoder is off."""
-    return _encode(_ext.quantize_q4_k, flat, _Q4_K_BYTES) if ENABLED else None
+    return _encode(_ext.quantize_q4_k, flat, GGMLType.Q4_K.type_size) if ENABLED else None
 
 
 def quantize_q6_k(flat: np.ndarray) -> np.ndarray | None:
     """f32 (n_blocks, 256) -> u8 (n_blocks, 210), or None when the C encoder is off."""
-    return _encode(_ext.quantize_q6_k, flat, _Q6_K_BYTES) if ENABLED else None
+    return _encode(_ext.quantize_q6_k, flat, GGMLType.Q6_K.type_size) if ENABLED else None

@@ -1,14 +1,28 @@
-"""Optional numba kernels for the hot paths (decode of every block type, Q8_0 encode).
+"""Numba block codecs: one decoder per block format, and the Q8_0 encoder.
 
-The numpy kernels in q8_0/q4_k/q6_k are the reference; these compute the same
-f32 products in the same order, so results are bit-identical, which the tests check.  (LLVM
-may contract a multiply followed by a subtract into an FMA even without fastmath; the
-Q4_K kernel routes its product through an exact f64 multiply to prevent that.)  We run
-serially: on this 2-core node numba's thread pool cost more than it saved.  f16 fields
-are widened through a lookup table (numba has no f16).
+Block decoders (inlined into every caller, `inline="always"`):
 
-Compiled lazily on first use and cached on disk (`cache=True`); set
-TENZRO_QUANT_JIT=0 to force the numpy path.  Without numba everything still works.
+    decode_<fmt>(w, base, lut, out, off)
+        w     u8 1-D C-contiguous view holding the block at byte offset `base`
+        lut   f32[65536], apps.quantization.f16.F16_TO_F32 (numba has no f16 type)
+        out   f32 1-D, the block's values are written to out[off : off + block_size]
+
+They are used two ways: by the whole-array kernels below (`dequant_<fmt>`, the compiled
+path of apps.quantization.registry.dequantize) and by the expert matmuls in
+apps.experts.numba_matmul, which decode a block into a scratch in L1 and dot it with the
+activations.  An inlined function is compiled with its *caller's* flags: the kernels here
+and numba_matmul's dequant_rows run without fastmath, so every product and difference is
+rounded separately, as gguf-py's numpy decoder does (`(d*sc)*q - dmin*m` is two roundings;
+an FMA would be one), and their output is bit-identical to it, which the tests check.  The
+matmuls run with fastmath and may fuse; their result is checked against an f64 reference.
+
+Block layouts: apps/quantization/q8_0.py, q4_k.py, q6_k.py (ggml-common.h byte for byte).
+The numpy kernels in q8_0/q4_k/q6_k are the reference.  We run serially here: on a 2-core
+node numba's thread pool cost more than it saved (numba_matmul's kernels are parallel over
+output rows instead).
+
+Compiled lazily on first use and cached on disk (`cache=True`); TENZRO_QUANT_JIT=0 forces
+the numpy path.  Without numba everything still works (the names below are then missing).
 """
 
 from __future__ import annotations
@@ -25,11 +39,6 @@ except ImportError:  # pragma: no cover
 ENABLED = numba is not None and os.environ.get("TENZRO_QUANT_JIT", "1") != "0"
 
 
-# Every f16 bit pattern widened to f32 (exact), indexed by the little-endian u16: numba
-# has no f16 type, and a 256 KiB table lookup per block is cheaper than a numpy pass.
-F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
-
-
 def enabled() -> bool:
     return ENABLED
 
@@ -41,16 +50,93 @@ def set_enabled(flag: bool) -> None:
 
 
 if numba is not None:
-    _jit = numba.njit(cache=True, nogil=True, boundscheck=False)
+    _inline = numba.njit(inline="always", cache=True, nogil=True, boundscheck=False)
+    _kernel = numba.njit(cache=True, nogil=True, boundscheck=False)
 
-    @_jit
-    def dequant_q8_0(blocks, f16, out):  # blocks (n, 34) u8, f16 LUT (65536,) f32, out (n, 32)
-        for b in range(blocks.shape[0]):
-            db = f16[np.int32(blocks[b, 0]) | (np.int32(blocks[b, 1]) << 8)]
+    @_inline
+    def _half(w, at, lut):  # the little-endian f16 at byte `at` of w, as f32
+        return lut[np.int64(w[at]) | (np.int64(w[at + 1]) << 8)]
+
+    # --- block decoders -------------------------------------------------------------------
+
+    @_inline
+    def decode_q8_0(w, base, lut, out, off):  # 34 bytes -> 32 values: d * q
+        d = _half(w, base, lut)
+        q0 = base + 2
+        for i in range(32):
+            out[off + i] = d * np.float32(np.int8(w[q0 + i]))  # the u8 byte reinterpreted as i8
+
+    @_inline
+    def decode_q4_k(w, base, lut, out, off):  # 144 bytes -> 256 values: (d*sc)*q - dmin*m
+        d = _half(w, base, lut)
+        dmin = _half(w, base + 2, lut)
+        s = base + 4
+        for j in range(4):
+            # sub-blocks 2j and 2j+1 share qs[32j : 32j+32] (low / high nibbles); unpack their
+            # 6-bit scale and min (layout in q4_k.py)
+            lo, hi = 2 * j, 2 * j + 1
+            if lo < 4:
+                sc0, m0 = np.int32(w[s + lo]) & 63, np.int32(w[s + lo + 4]) & 63
+            else:
+                b = np.int32(w[s + lo + 4])
+                sc0 = (b & 15) | ((np.int32(w[s + lo - 4]) >> 6) << 4)
+                m0 = (b >> 4) | ((np.int32(w[s + lo]) >> 6) << 4)
+            if hi < 4:
+                sc1, m1 = np.int32(w[s + hi]) & 63, np.int32(w[s + hi + 4]) & 63
+            else:
+                b = np.int32(w[s + hi + 4])
+                sc1 = (b & 15) | ((np.int32(w[s + hi - 4]) >> 6) << 4)
+                m1 = (b >> 4) | ((np.int32(w[s + hi]) >> 6) << 4)
+            a0, c0 = d * np.float32(sc0), dmin * np.float32(m0)
+            a1, c1 = d * np.float32(sc1), dmin * np.float32(m1)
+            qs = base + 16 + 32 * j
+            o = off + 64 * j
             for i in range(32):
-                out[b, i] = np.float32(np.int8(blocks[b, 2 + i])) * db
+                q = np.int32(w[qs + i])
+                out[o + i] = a0 * np.float32(q & 15) - c0
+                out[o + 32 + i] = a1 * np.float32(q >> 4) - c1
 
-    @_jit
+    @_inline
+    def decode_q6_k(w, base, lut, out, off):  # 210 bytes -> 256 values: (d*sc)*(q - 32)
+        d = _half(w, base + 208, lut)
+        for h in range(2):
+            ql = base + 64 * h
+            qh = base + 128 + 32 * h
+            sc = base + 192 + 8 * h
+            o = off + 128 * h
+            for half in range(2):  # values 16*half .. 16*half+15 of each quarter share a scale
+                s0 = d * np.float32(np.int8(w[sc + half]))
+                s1 = d * np.float32(np.int8(w[sc + half + 2]))
+                s2 = d * np.float32(np.int8(w[sc + half + 4]))
+                s3 = d * np.float32(np.int8(w[sc + half + 6]))
+                for i in range(16):
+                    ll = 16 * half + i
+                    lo0 = np.int32(w[ql + ll])
+                    lo1 = np.int32(w[ql + 32 + ll])
+                    hb = np.int32(w[qh + ll])
+                    out[o + ll] = s0 * np.float32(((lo0 & 15) | ((hb & 3) << 4)) - 32)
+                    out[o + 32 + ll] = s1 * np.float32(((lo1 & 15) | (((hb >> 2) & 3) << 4)) - 32)
+                    out[o + 64 + ll] = s2 * np.float32(((lo0 >> 4) | (((hb >> 4) & 3) << 4)) - 32)
+                    out[o + 96 + ll] = s3 * np.float32(((lo1 >> 4) | (((hb >> 6) & 3) << 4)) - 32)
+
+    # --- whole-array kernels: blocks (n_blocks, type_size) u8 -> out (n_blocks, block_size) f32
+
+    @_kernel
+    def dequant_q8_0(blocks, lut, out):
+        for b in range(blocks.shape[0]):
+            decode_q8_0(blocks[b], 0, lut, out[b], 0)
+
+    @_kernel
+    def dequant_q4_k(blocks, lut, out):
+        for b in range(blocks.shape[0]):
+            decode_q4_k(blocks[b], 0, lut, out[b], 0)
+
+    @_kernel
+    def dequant_q6_k(blocks, lut, out):
+        for b in range(blocks.shape[0]):
+            decode_q6_k(blocks[b], 0, lut, out[b], 0)
+
+    @_kernel
     def quant_q8_0(x, d_out, qs_out):  # x (n, 32) f32 -> d (n,) f32, qs (n, 32) i8
         for b in range(x.shape[0]):
             amax = np.float32(0)
@@ -68,47 +154,3 @@ if numba is not None:
                 t = np.float32(np.trunc(v))
                 r = t + np.float32(np.trunc((v - t) * np.float32(2)))  # C roundf
                 qs_out[b, i] = np.int8(r)
-
-    @_jit
-    def dequant_q4_k(blocks, f16, out):  # blocks (n, 144) u8, f16 LUT, out (n, 256) f32
-        for b in range(blocks.shape[0]):
-            d = f16[np.int32(blocks[b, 0]) | (np.int32(blocks[b, 1]) << 8)]
-            dmin = f16[np.int32(blocks[b, 2]) | (np.int32(blocks[b, 3]) << 8)]
-            for j in range(8):
-                if j < 4:
-                    sc = blocks[b, 4 + j] & 63
-                    m = blocks[b, 8 + j] & 63
-                else:
-                    sc = (blocks[b, 8 + j] & 0xF) | ((blocks[b, j] >> 6) << 4)
-                    m = (blocks[b, 8 + j] >> 4) | ((blocks[b, 4 + j] >> 6) << 4)
-                dl = d * np.float32(sc)
-                ml = dmin * np.float32(m)
-                base = 16 + 32 * (j >> 1)
-                shift = 4 * (j & 1)
-                for i in range(32):
-                    q = (blocks[b, base + i] >> shift) & 0xF
-                    # The f64 product of an f32 and a 4-bit int is exact, so rounding it to
-                    # f32 equals the f32 product; going through f64 stops LLVM from fusing
-                    # the multiply and subtract into an FMA, which would round differently
-                    # from GGUF's numpy decoder.
-                    prod = np.float32(np.float64(dl) * np.float64(q))
-                    out[b, 32 * j + i] = prod - ml
-
-    @_jit
-    def dequant_q6_k(blocks, f16, out):  # blocks (n, 210) u8, f16 LUT, out (n, 256) f32
-        for b in range(blocks.shape[0]):
-            d = f16[np.int32(blocks[b, 208]) | (np.int32(blocks[b, 209]) << 8)]
-            for h in range(2):
-                for k in range(4):
-                    ql_base = 64 * h + 32 * (k & 1)
-                    ql_shift = 4 * (k >> 1)
-                    qh_shift = 2 * k
-                    for half in range(2):
-                        j = 8 * h + 2 * k + half
-                        dl = d * np.float32(np.int8(blocks[b, 192 + j]))
-                        for li in range(16):
-                            ll = 16 * half + li
-                            lo = (blocks[b, ql_base + ll] >> ql_shift) & 0xF
-                            hi = (blocks[b, 128 + 32 * h + ll] >> qh_shift) & 3
-                            q = np.int32(lo | (hi << 4)) - 32
-                            out[b, 128 * h + 32 * k + ll] = dl * np.float32(q)

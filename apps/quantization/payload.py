@@ -21,16 +21,16 @@ from __future__ import annotations
 import itertools
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from .presets import PROJECTIONS, resolve_quant
+from .presets import PROJECTIONS, TENSOR_NAMES, resolve_quant
 from .registry import KERNELS, dense_to_f32, dequantize, f32_to_dense, quantize
 from .types import GGMLType, resolve_type, row_bytes
 
 FORMAT = "tenzro-expert/1"
-TENSOR_NAMES = {p: f"{p}_proj.weight" for p in PROJECTIONS}
 _DENSE_ST_DTYPE = {GGMLType.F32: ("F32", "<f4"), GGMLType.F16: ("F16", "<f2"), GGMLType.BF16: ("BF16", "<u2")}
 _MAX_HEADER = 1 << 20
 
@@ -64,10 +64,10 @@ class ExpertPayload:
     tensors: dict[str, QuantTensor]  # keys gate_proj.weight, up_proj.weight, down_proj.weight
 
     def d_model(self) -> int:
-        return self.tensors["gate_proj.weight"].shape[1]
+        return self.tensors[TENSOR_NAMES["gate"]].shape[1]
 
     def d_ff(self) -> int:
-        return self.tensors["gate_proj.weight"].shape[0]
+        return self.tensors[TENSOR_NAMES["gate"]].shape[0]
 
     def dense(self, name: str) -> np.ndarray:
         """f32 weights of `name` ("gate" or "gate_proj.weight", etc.), dequantized."""
@@ -75,6 +75,24 @@ class ExpertPayload:
         if key not in self.tensors:
             raise KeyError(f"no tensor {name!r} (have {sorted(self.tensors)})")
         return self.tensors[key].dense()
+
+
+def expert_dims(shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, int]:
+    """(d_ff, d_model) of an expert from its projections' shapes, keyed "gate", "up", "down".
+
+    gate and up must be [d_ff, d_model] and down [d_model, d_ff] (d_ff, d_model taken from
+    gate); PayloadError naming the projection that disagrees.  The one check of an expert's
+    shapes: the encoder, the reader and apps.experts.ffn all call it.
+    """
+    d_ff, d_model = tuple(shapes["gate"])
+    want = {"up": (d_ff, d_model), "down": (d_model, d_ff)}
+    for proj, shape in want.items():
+        got = tuple(shapes[proj])
+        if got != shape:
+            raise PayloadError(
+                f"inconsistent shapes: {TENSOR_NAMES[proj]} {got}, expected {shape} from "
+                f"{TENSOR_NAMES['gate']} {(d_ff, d_model)}")
+    return d_ff, d_model
 
 
 def _as_f32_2d(name: str, x: np.ndarray) -> np.ndarray:
@@ -95,11 +113,7 @@ def encode_expert_payload(
     shapes, non-finite weights or an unknown preset.
     """
     weights = {"gate": _as_f32_2d("gate", gate), "up": _as_f32_2d("up", up), "down": _as_f32_2d("down", down)}
-    d_ff, d_model = weights["gate"].shape
-    if weights["up"].shape != (d_ff, d_model):
-        raise PayloadError(f"up: expected shape {(d_ff, d_model)} like gate, got {weights['up'].shape}")
-    if weights["down"].shape != (d_model, d_ff):
-        raise PayloadError(f"down: expected shape {(d_model, d_ff)} (transpose of gate), got {weights['down'].shape}")
+    expert_dims({p: x.shape for p, x in weights.items()})
     if not isinstance(model_id, str) or not model_id:
         raise PayloadError(f"model_id must be a non-empty string, got {model_id!r}")
     for field, value in (("layer", layer), ("expert", expert)):
@@ -260,17 +274,9 @@ def read_expert_payload(data: bytes) -> ExpertPayload:
             or spans[-1][1] != len(body):
         raise PayloadError(f"tensor data must tile the {len(body)}-byte data section exactly; got spans {spans}")
 
-    d_ff, d_model = tensors["gate_proj.weight"].shape
-    if tensors["up_proj.weight"].shape != (d_ff, d_model):
-        raise PayloadError(
-            f"inconsistent shapes: up_proj.weight {tensors['up_proj.weight'].shape} "
-            f"!= gate_proj.weight {(d_ff, d_model)}")
-    if tensors["down_proj.weight"].shape != (d_model, d_ff):
-        raise PayloadError(
-            f"inconsistent shapes: down_proj.weight {tensors['down_proj.weight'].shape}, "
-            f"expected {(d_model, d_ff)} from gate_proj.weight")
+    expert_dims({p: tensors[name].shape for p, name in TENSOR_NAMES.items()})
     return ExpertPayload(model_id=model_id, layer=layer, expert=expert, tensors=tensors)
 
 
-__all__ = ["ExpertPayload", "PayloadError", "QuantTensor", "encode_expert_payload", "f32_to_dense",
-           "read_expert_payload"]
+__all__ = ["TENSOR_NAMES", "ExpertPayload", "PayloadError", "QuantTensor", "encode_expert_payload",
+           "expert_dims", "f32_to_dense", "read_expert_payload"]

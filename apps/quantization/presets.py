@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from .types import GGMLType, parse_type
 
 PROJECTIONS = ("gate", "up", "down")
+# each projection's tensor in an expert payload and in a Hugging Face checkpoint's expert MLP
+TENSOR_NAMES = {p: f"{p}_proj.weight" for p in PROJECTIONS}
 
 PRESETS: dict[str, dict[str, GGMLType]] = {
     "q4_k_m": {"gate": GGMLType.Q4_K, "up": GGMLType.Q4_K, "down": GGMLType.Q6_K},

@@ -36,7 +36,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import kquant_c, numba_codecs
-from .blocks import BlockKernel, f16_bits_to_f32, nearest_int
+from .blocks import BlockKernel, nearest_int
+from .f16 import F16_TO_F32, f16_bits_to_f32
 from .types import GGMLType
 
 _NSUB, _SUB = 8, 32  # sub-blocks per super-block, weights per sub-block
@@ -195,7 +196,7 @@ class Q4_K(BlockKernel, ggml_type=GGMLType.Q4_K):
     @classmethod
     def jit_dequantize(cls, flat: np.ndarray) -> np.ndarray:
         out = np.empty((flat.shape[0], 256), dtype=np.float32)
-        numba_codecs.dequant_q4_k(flat, numba_codecs.F16_TO_F32, out)
+        numba_codecs.dequant_q4_k(flat, F16_TO_F32, out)
         return out
 
     @classmethod

@@ -33,7 +33,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import kquant_c, numba_codecs
-from .blocks import BlockKernel, f16_bits_to_f32, nearest_int
+from .blocks import BlockKernel, nearest_int
+from .f16 import F16_TO_F32, f16_bits_to_f32
 from .types import GGMLType
 
 _NSUB, _SUB = 16, 16
@@ -145,7 +146,7 @@ class Q6_K(BlockKernel, ggml_type=GGMLType.Q6_K):
     @classmethod
     def jit_dequantize(cls, flat: np.ndarray) -> np.ndarray:
         out = np.empty((flat.shape[0], 256), dtype=np.float32)
-        numba_codecs.dequant_q6_k(flat, numba_codecs.F16_TO_F32, out)
+        numba_codecs.dequant_q6_k(flat, F16_TO_F32, out)
         return out
 
     @classmethod

@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import numba_codecs
-from .blocks import BlockKernel, f16_bits_to_f32
+from .blocks import BlockKernel
+from .f16 import F16_TO_F32, f16_bits_to_f32
 from .types import GGMLType
 
 
@@ -73,7 +74,7 @@ class Q8_0(BlockKernel, ggml_type=GGMLType.Q8_0):
     @classmethod
     def jit_dequantize(cls, flat: np.ndarray) -> np.ndarray:
         out = np.empty((flat.shape[0], 32), dtype=np.float32)
-        numba_codecs.dequant_q8_0(flat, numba_codecs.F16_TO_F32, out)
+        numba_codecs.dequant_q8_0(flat, F16_TO_F32, out)
         return out
 
     @classmethod

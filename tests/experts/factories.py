@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from apps.experts import numba_matmul
 from apps.experts.gate_payload import encode_gate_payload
 from apps.quantization.payload import encode_expert_payload
+from apps.quantization.types import GGMLType
 
 MODEL = "test/moe-tiny"
 F16_FIELDS = {"Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}  # byte offsets of f16 d / dmin in a block
@@ -17,7 +17,7 @@ F16_FIELDS = {"Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}  # byte offsets of f16
 
 def random_blocks(rng: np.random.Generator, fmt: str, rows: int, n: int) -> np.ndarray:
     """u8 [rows, row_bytes] of random blocks with finite, small f16 scales."""
-    elems, size = numba_matmul.BLOCK[fmt]
+    elems, size = GGMLType(fmt).block_size, GGMLType(fmt).type_size
     raw = rng.integers(0, 256, size=(rows, n // elems, size), dtype=np.uint8)
     for off in F16_FIELDS[fmt]:
         scale = (rng.standard_normal((rows, n // elems)) * 0.01).astype(np.float16)

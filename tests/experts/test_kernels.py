@@ -19,6 +19,8 @@ from gguf import GGMLQuantizationType, quants
 
 from apps.experts import numba_matmul
 from apps.experts.backends import CpuBackend, CpuWeight, quant_matmul_variants
+from apps.quantization.f16 import F16_TO_F32
+from apps.quantization.types import GGMLType
 from tests.experts.factories import F16_FIELDS, random_blocks, run_in_threads
 
 FORMATS = ["Q8_0", "Q4_K", "Q6_K"]
@@ -40,7 +42,7 @@ def test_dequant_rows_bit_exact(fmt):
     blocks = random_blocks(rng, fmt, 24, 512)
     ref = reference_weights(fmt, blocks)
     out = np.empty((16, 512), dtype=np.float32)
-    numba_matmul.DEQUANT_ROWS[fmt](blocks, 5, numba_matmul.f16_lut(), out)
+    numba_matmul.DEQUANT_ROWS[fmt](blocks, 5, F16_TO_F32, out)
     assert np.array_equal(out, ref[5:21]), _report(out, ref[5:21])
 
 
@@ -51,7 +53,7 @@ def test_fused_matmul_matches_reference(fmt, t):
     blocks = random_blocks(rng, fmt, 40, 768)
     x = rng.standard_normal((t, 768)).astype(np.float32)
     y = np.empty((t, 40), dtype=np.float32)
-    numba_matmul.MATMUL[fmt](blocks.view(np.int8) if fmt == "Q8_0" else blocks, x, numba_matmul.f16_lut(), y)
+    numba_matmul.MATMUL[fmt](blocks.view(np.int8) if fmt == "Q8_0" else blocks, x, F16_TO_F32, y)
     ref = x.astype(np.float64) @ reference_weights(fmt, blocks).astype(np.float64).T
     err = np.abs(y - ref).max() / np.abs(ref).max()
     assert err < RTOL, f"{fmt} t={t}: max error {err:.2e} of the largest output"
@@ -112,16 +114,9 @@ def test_q8_0_from_gguf_quantizer():
     blocks = quants.quantize(dense, GGMLQuantizationType.Q8_0)
     x = rng.standard_normal((2, 256)).astype(np.float32)
     y = np.empty((2, 64), dtype=np.float32)
-    numba_matmul.q8_0_matmul(blocks.view(np.int8), x, numba_matmul.f16_lut(), y)
+    numba_matmul.q8_0_matmul(blocks.view(np.int8), x, F16_TO_F32, y)
     ref = x.astype(np.float64) @ quants.dequantize(blocks, GGMLQuantizationType.Q8_0).astype(np.float64).T
     assert np.abs(y - ref).max() / np.abs(ref).max() < RTOL
-
-
-def test_f16_lut_is_exact():
-    lut = numba_matmul.f16_lut()
-    finite = np.isfinite(np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16))
-    ref = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-    assert np.array_equal(lut[finite], ref[finite])
 
 
 # --- C kernels (apps/experts/_quant_matmul.c) ------------------------------------------------------------
@@ -392,7 +387,7 @@ def special_scales(fmt: str, blocks: np.ndarray) -> np.ndarray:
     """blocks with some f16 scales set to edge values: +-0, the smallest subnormal, a
     subnormal, the largest finite, 1.0 (bit patterns, little-endian)."""
     blocks = blocks.copy()
-    size = numba_matmul.BLOCK[fmt][1]
+    size = GGMLType(fmt).type_size
     raw = blocks.reshape(blocks.shape[0], -1, size)
     specials = np.array([0x0000, 0x8000, 0x0001, 0x83FF, 0x7BFF, 0xFBFF, 0x3C00], dtype=np.uint16)
     for off in F16_FIELDS[fmt]:
