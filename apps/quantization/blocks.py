@@ -29,9 +29,38 @@ KERNELS: dict[GGMLType, type[BlockKernel]] = {}
 CHUNK_ELEMENTS = 1 << 16
 
 
-def nearest_int(x: np.ndarray) -> np.ndarray:
-    """llama.cpp's nearest_int: round half to even (the 1.5*2^23 trick), as f32."""
-    return np.rint(x)
+_MAGIC = np.float32(12582912.0)  # 1.5 * 2^23
+
+
+def nearest_int(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """llama.cpp's nearest_int, bit for bit: f32 (...) -> int32 (...).
+
+    Adding 1.5*2^23 leaves the rounded integer (half to even) in the low mantissa bits for
+    |x| <= 2^22.  Beyond that, and for inf or NaN, the result is the same deterministic
+    garbage as in C (the encoders clamp it), which np.rint would not reproduce.  With `out`
+    (int32, x's shape) x is overwritten as scratch and the result written to out.
+    """
+    assert x.dtype == np.float32, x.dtype
+    if out is None:
+        bits = (x + _MAGIC).view(np.int32)
+        return (bits & np.int32(0x007FFFFF)) - np.int32(0x00400000)
+    x += _MAGIC
+    np.bitwise_and(x.view(np.int32), np.int32(0x007FFFFF), out=out)
+    out -= np.int32(0x00400000)
+    return out
+
+
+def sum_in_order(terms: np.ndarray, *, first: bool = False) -> np.ndarray:
+    """f32 (n, ...) -> f32 (...): the C loop `s = 0; for i: s += terms[i]`, in that order.
+
+    first=True starts from terms[0] instead of 0 + terms[0] (the two differ only for -0.0).
+    numpy's own sum is pairwise (and np.add.reduce is for a single column), so the order
+    is spelled out: one vectorized add per index, n of them.
+    """
+    acc = terms[0].copy() if first else terms[0] + np.float32(0)
+    for i in range(1, terms.shape[0]):
+        np.add(acc, terms[i], out=acc)
+    return acc
 
 
 class BlockKernel(ABC):
@@ -40,6 +69,9 @@ class BlockKernel(ABC):
     ggml_type: ClassVar[GGMLType]
     block_size: ClassVar[int]
     type_size: ClassVar[int]
+    # elements per quantize_blocks call on the numpy path (a format whose search loops in
+    # Python per index can take larger chunks to spread that overhead)
+    quantize_chunk: ClassVar[int] = CHUNK_ELEMENTS
 
     def __init_subclass__(cls, *, ggml_type: GGMLType, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -90,7 +122,7 @@ class BlockKernel(ABC):
         if numba_codecs.enabled() and (fast := cls.jit_quantize(flat)) is not None:
             return fast.reshape(rows, n // cls.block_size * cls.type_size)
         out = np.empty((flat.shape[0], cls.type_size), dtype=np.uint8)
-        step = max(1, CHUNK_ELEMENTS // cls.block_size)
+        step = max(1, cls.quantize_chunk // cls.block_size)
         for start in range(0, flat.shape[0], step):
             out[start:start + step] = cls.quantize_blocks(flat[start:start + step])
         return out.reshape(rows, n // cls.block_size * cls.type_size)

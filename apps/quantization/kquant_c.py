@@ -1,13 +1,13 @@
 """The optional C encoders for Q4_K and Q6_K (apps/quantization/_kquant_encoders.c).
 
 _kquant_encoders implements llama.cpp's reference quantizers (quantize_row_q4_K_ref,
-quantize_row_q6_K_ref) in their C loop order, so its bytes are those of the reference;
-the numpy encoders in q4_k/q6_k search the same candidate scales with f64 sums and are
-the fallback.  `registry.quantize` uses the C encoder when the extension imported (built
-by `pip install -e .`, optional) unless TENZRO_KQUANT_C=0.  Decoding never uses it.
+quantize_row_q6_K_ref) in their C loop order, so its bytes are those of the reference; the
+numpy encoders in q4_k/q6_k do the same f32 operations in the same order and write the same
+bytes (the tests compare them), only slower.  `registry.quantize` uses the C encoder when the
+extension imported (built by `pip install -e .`, optional) unless TENZRO_KQUANT_C=0.
+Decoding never uses it.
 
-Pure module: numpy only, never Django; importable without the extension.
-"""
+Pure module: numpy only, never Django; importable without the extension."""
 
 from __future__ import annotations
 
