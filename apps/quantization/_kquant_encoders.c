@@ -215,57 +215,72 @@ static inline __attribute__((always_inline)) void SFX(q4_k_block)(const float *x
 
 /* ---------------------------------------------------------------- Q6_K (lane = sub-block) */
 
-static inline __attribute__((always_inline)) void SFX(q6_k_block)(const float *x, uint8_t *y) {
-    v16f X[16];
-    v16i L[16], La[16];
-    float xt[256]; /* transposed through plain memory: lane inserts into vectors are slow */
-    for (int j = 0; j < 16; ++j)
-        for (int i = 0; i < 16; ++i) xt[16 * i + j] = x[16 * j + i];
+/* make_qx_quants(16, nmax 32, rmse_type 1: weights x^2) on Q6_LANES sub-blocks side by side
+ * (16 with AVX-512, 8 otherwise: a 64-byte vector without AVX-512 registers is lowered by GCC
+ * into scalar code for the comparisons and conversions, which ran the AVX2 copy ~8x slower
+ * than its Q4_K). xs: Q6_LANES sub-blocks of 16 values, contiguous; lane j = sub-block j.
+ * Writes scale[j] and the quants L[16*j + i] (l + 32, or 0 for an all-zero sub-block). */
+static inline __attribute__((always_inline)) void SFX(q6_k_search)(const float *xs, float *scale_out,
+                                                                  int32_t *L_out) {
+    Q6F X[16];
+    Q6I L[16], La[16];
+    float xt[16 * Q6_LANES]; /* transposed through plain memory: lane inserts into vectors are slow */
+    for (int j = 0; j < Q6_LANES; ++j)
+        for (int i = 0; i < 16; ++i) xt[Q6_LANES * i + j] = xs[16 * j + i];
     memcpy(X, xt, sizeof X);
 
-    /* make_qx_quants(16, nmax 32, rmse_type 1: weights x^2) */
-    v16f amax = {0}, mx = {0};
+    Q6F amax = {0}, mx = {0};
     for (int i = 0; i < 16; ++i) {
-        v16f ax = FABS(v16i, v16f, X[i]);
-        v16i m = ax > amax;
-        amax = SELF(v16i, v16f, m, ax, amax);
-        mx = SELF(v16i, v16f, m, X[i], mx);
+        Q6F ax = FABS(Q6I, Q6F, X[i]);
+        Q6I m = ax > amax;
+        amax = SELF(Q6I, Q6F, m, ax, amax);
+        mx = SELF(Q6I, Q6F, m, X[i], mx);
     }
-    const v16i zero = amax < GROUP_MAX_EPS; /* the reference returns scale 0 and L 0 */
-    v16f iscale = -32.f / mx;
-    v16f sumlx = {0}, suml2 = {0};
+    const Q6I zero = amax < GROUP_MAX_EPS; /* the reference returns scale 0 and L 0 */
+    Q6F iscale = -32.f / mx;
+    Q6F sumlx = {0}, suml2 = {0};
     for (int i = 0; i < 16; ++i) {
-        v16i l = CLAMP(v16i, NEAREST(v16i, iscale * X[i]), -32, 31);
+        Q6I l = CLAMP(Q6I, NEAREST(Q6I, iscale * X[i]), -32, 31);
         L[i] = l + 32;
-        v16f lf = __builtin_convertvector(l, v16f), w = X[i] * X[i];
+        Q6F lf = __builtin_convertvector(l, Q6F), w = X[i] * X[i];
         sumlx += w * X[i] * lf;
         suml2 += w * lf * lf;
     }
-    v16f scale = SELF(v16i, v16f, suml2 != 0.f, sumlx / suml2, (v16f){0});
-    v16f best = scale * sumlx;
+    Q6F scale = SELF(Q6I, Q6F, suml2 != 0.f, sumlx / suml2, (Q6F){0});
+    Q6F best = scale * sumlx;
     for (int is = -9; is <= 9; ++is) {
         if (is == 0) continue;
         iscale = -(32.f + 0.1f * (float)is) / mx;
-        sumlx = (v16f){0};
-        suml2 = (v16f){0};
+        sumlx = (Q6F){0};
+        suml2 = (Q6F){0};
         for (int i = 0; i < 16; ++i) {
-            v16i l = CLAMP(v16i, NEAREST(v16i, iscale * X[i]), -32, 31);
+            Q6I l = CLAMP(Q6I, NEAREST(Q6I, iscale * X[i]), -32, 31);
             La[i] = l + 32;
-            v16f lf = __builtin_convertvector(l, v16f), w = X[i] * X[i];
+            Q6F lf = __builtin_convertvector(l, Q6F), w = X[i] * X[i];
             sumlx += w * X[i] * lf;
             suml2 += w * lf * lf;
         }
-        v16i better = (suml2 > 0.f) & (sumlx * sumlx > best * suml2);
+        Q6I better = (suml2 > 0.f) & (sumlx * sumlx > best * suml2);
         for (int i = 0; i < 16; ++i) L[i] = SELI(better, La[i], L[i]);
-        scale = SELF(v16i, v16f, better, sumlx / suml2, scale);
-        best = SELF(v16i, v16f, better, scale * sumlx, best);
+        scale = SELF(Q6I, Q6F, better, sumlx / suml2, scale);
+        best = SELF(Q6I, Q6F, better, scale * sumlx, best);
     }
-    for (int i = 0; i < 16; ++i) L[i] = SELI(zero, (v16i){0}, L[i]);
-    scale = SELF(v16i, v16f, zero, (v16f){0}, scale);
+    for (int i = 0; i < 16; ++i) L[i] = SELI(zero, (Q6I){0}, L[i]);
+    scale = SELF(Q6I, Q6F, zero, (Q6F){0}, scale);
+    memcpy(scale_out, &scale, sizeof scale);
+    int32_t Lt[16 * Q6_LANES];
+    memcpy(Lt, L, sizeof Lt);
+    for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < Q6_LANES; ++j) L_out[16 * j + i] = Lt[Q6_LANES * i + j];
+}
+
+static inline __attribute__((always_inline)) void SFX(q6_k_block)(const float *x, uint8_t *y) {
+    float scales[16];
+    int32_t L[QK_K]; /* element order: L[16*j + i] */
+    for (int g = 0; g < 16; g += Q6_LANES) SFX(q6_k_search)(x + 16 * g, scales + g, L + 16 * g);
 
     /* int8 sub-block scales against the one of largest magnitude (scalar, reference order) */
-    float scales[16], max_scale = 0, max_abs_scale = 0;
-    memcpy(scales, &scale, sizeof scales);
+    float max_scale = 0, max_abs_scale = 0;
     for (int j = 0; j < 16; ++j) {
         float a = fabsf(scales[j]);
         if (a > max_abs_scale) {
@@ -286,23 +301,24 @@ static inline __attribute__((always_inline)) void SFX(q6_k_block)(const float *x
     }
     memcpy(y + 208, &d16, 2);
 
+    /* quants from the stored (f16 x int8) scales, a sub-block per 16 values in element order;
+     * a zero scale keeps the search's quants */
     const float d = f16_to_f32(d16);
-    float ds[16];
-    for (int j = 0; j < 16; ++j) ds[j] = d * (float)sc[j];
-    v16f dsub;
-    memcpy(&dsub, ds, sizeof ds);
-    const v16i nz = dsub != 0.f;
-    for (int i = 0; i < 16; ++i)
-        L[i] = SELI(nz, CLAMP(v16i, NEAREST(v16i, X[i] / dsub), -32, 31) + 32, L[i]);
+    for (int j = 0; j < 16; ++j) {
+        const float dl = d * (float)sc[j];
+        if (dl == 0.f) continue;
+        for (int i = 0; i < 16; i += 8) {
+            v8f v;
+            v8i l;
+            memcpy(&v, x + 16 * j + i, sizeof v);
+            l = CLAMP(v8i, NEAREST(v8i, v / dl), -32, 31) + 32;
+            memcpy(L + 16 * j + i, &l, sizeof l);
+        }
+    }
 
-    int32_t Lt[QK_K];
-    uint8_t Lf[QK_K]; /* back to element order: Lf[16*j + i] */
-    memcpy(Lt, L, sizeof Lt);
-    for (int i = 0; i < 16; ++i)
-        for (int j = 0; j < 16; ++j) Lf[16 * j + i] = (uint8_t)Lt[16 * i + j];
     uint8_t *ql = y, *qh = y + 128;
     for (int h = 0; h < 2; ++h) {
-        const uint8_t *Lh = Lf + 128 * h;
+        const int32_t *Lh = L + 128 * h;
         for (int l = 0; l < 32; ++l) {
             ql[64 * h + l] = (uint8_t)((Lh[l] & 0xF) | ((Lh[l + 64] & 0xF) << 4));
             ql[64 * h + 32 + l] = (uint8_t)((Lh[l + 32] & 0xF) | ((Lh[l + 96] & 0xF) << 4));
@@ -334,46 +350,65 @@ typedef void (*rows_fn)(const float *, uint8_t *, Py_ssize_t);
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define KQUANT_X86 1
 #define SFX(name) name##_avx512
+#define Q6_LANES 16
+#define Q6F v16f
+#define Q6I v16i
 #pragma GCC push_options
 #pragma GCC target("avx512f")
 #include "_kquant_encoders.c"
 #pragma GCC pop_options
 #undef SFX
+#undef Q6_LANES
+#undef Q6F
+#undef Q6I
 #define SFX(name) name##_avx2
+#define Q6_LANES 8
+#define Q6F v8f
+#define Q6I v8i
 #pragma GCC push_options
 #pragma GCC target("avx2")
 #include "_kquant_encoders.c"
 #pragma GCC pop_options
 #undef SFX
+#undef Q6_LANES
+#undef Q6F
+#undef Q6I
 #endif
-#define SFX(name) name##_generic
+#define SFX(name) name##_scalar
+#define Q6_LANES 8
+#define Q6F v8f
+#define Q6I v8i
 #include "_kquant_encoders.c"
 #undef SFX
+#undef Q6_LANES
+#undef Q6F
+#undef Q6I
 #undef KQUANT_BODY
 
-/* The kernels for `isa` ("avx512f", "avx2", "generic"; NULL: the best this CPU runs), or
- * NULL (with ValueError set) when the name is unknown or the CPU lacks it. */
-static int pick_isa(const char *isa, rows_fn *q4, rows_fn *q6) {
+/* The kernels of `variant` ("avx512", "avx2", "scalar"; NULL: the best this CPU runs), or -1
+ * (with ValueError set) when the name is unknown or the CPU lacks it. "scalar" is the
+ * portable copy (no target pragma: SSE2 on x86-64, the compiler's baseline elsewhere). */
+static int pick_variant(const char *variant, rows_fn *q4, rows_fn *q6) {
 #ifdef KQUANT_X86
     __builtin_cpu_init();
     int has512 = __builtin_cpu_supports("avx512f"), has2 = __builtin_cpu_supports("avx2");
-    if ((isa == NULL && has512) || (isa && strcmp(isa, "avx512f") == 0 && has512)) {
+    if ((variant == NULL && has512) || (variant && strcmp(variant, "avx512") == 0 && has512)) {
         *q4 = q4_k_rows_avx512;
         *q6 = q6_k_rows_avx512;
         return 0;
     }
-    if ((isa == NULL && has2) || (isa && strcmp(isa, "avx2") == 0 && has2)) {
+    if ((variant == NULL && has2) || (variant && strcmp(variant, "avx2") == 0 && has2)) {
         *q4 = q4_k_rows_avx2;
         *q6 = q6_k_rows_avx2;
         return 0;
     }
 #endif
-    if (isa == NULL || strcmp(isa, "generic") == 0) {
-        *q4 = q4_k_rows_generic;
-        *q6 = q6_k_rows_generic;
+    if (variant == NULL || strcmp(variant, "scalar") == 0) {
+        *q4 = q4_k_rows_scalar;
+        *q6 = q6_k_rows_scalar;
         return 0;
     }
-    PyErr_Format(PyExc_ValueError, "isa '%s' is unknown or not supported by this CPU", isa);
+    PyErr_Format(PyExc_ValueError, "encoder variant '%s' is unknown or not supported by this CPU", variant);
     return -1;
 }
 
@@ -460,11 +495,11 @@ static int get_buffers(PyObject *src_obj, PyObject *dst_obj, Py_buffer *src, Py_
 
 static PyObject *encode(PyObject *args, const char *name, Py_ssize_t type_size, int six) {
     PyObject *src_obj, *dst_obj;
-    const char *isa = NULL;
+    const char *variant = NULL;
     Py_buffer src, dst;
     rows_fn q4, q6;
-    if (!PyArg_ParseTuple(args, "OO|z", &src_obj, &dst_obj, &isa)) return NULL;
-    if (pick_isa(isa, &q4, &q6) < 0) return NULL;
+    if (!PyArg_ParseTuple(args, "OO|z", &src_obj, &dst_obj, &variant)) return NULL;
+    if (pick_variant(variant, &q4, &q6) < 0) return NULL;
     if (get_buffers(src_obj, dst_obj, &src, &dst) < 0) return NULL;
     Py_ssize_t n = src.len / 4;
     if (n % QK_K != 0) {
@@ -500,15 +535,15 @@ static PyObject *py_quantize_q6_k(PyObject *self, PyObject *args) {
     return encode(args, "quantize_q6_k", Q6_K_BYTES, 1);
 }
 
-static PyObject *py_isa(PyObject *self, PyObject *args) {
+static PyObject *py_variants(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
     rows_fn q4, q6;
-    const char *names[] = {"avx512f", "avx2", "generic"};
+    const char *names[] = {"avx512", "avx2", "scalar"};
     PyObject *out = PyList_New(0);
     if (out == NULL) return NULL;
     for (int i = 0; i < 3; ++i) {
-        if (pick_isa(names[i], &q4, &q6) < 0) {
+        if (pick_variant(names[i], &q4, &q6) < 0) {
             PyErr_Clear();
             continue;
         }
@@ -549,13 +584,15 @@ static PyObject *py_f32_to_f16(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"quantize_q4_k", py_quantize_q4_k, METH_VARARGS,
-     "quantize_q4_k(src, dst, isa=None): f32 buffer (n % 256 == 0) -> n/256 block_q4_K (144 bytes each) in dst, as\n"
-     "llama.cpp's quantize_row_q4_K_ref.  isa picks a kernel copy (tests).  Releases the GIL.  ValueError on a bad buffer or size."},
+     "quantize_q4_k(src, dst, variant=None): f32 buffer (n % 256 == 0) -> n/256 block_q4_K (144 bytes each) in\n"
+     "dst, as llama.cpp's quantize_row_q4_K_ref.  variant picks a kernel copy (None: the best).  Releases the GIL.\n"
+     "ValueError on a bad buffer, size or variant."},
     {"quantize_q6_k", py_quantize_q6_k, METH_VARARGS,
-     "quantize_q6_k(src, dst, isa=None): f32 buffer (n % 256 == 0) -> n/256 block_q6_K (210 bytes each) in dst, as\n"
-     "llama.cpp's quantize_row_q6_K_ref.  isa picks a kernel copy (tests).  Releases the GIL.  ValueError on a bad buffer or size."},
-    {"supported_isas", py_isa, METH_NOARGS,
-     "supported_isas() -> the kernel copies this CPU runs, best first (the default is the first)."},
+     "quantize_q6_k(src, dst, variant=None): f32 buffer (n % 256 == 0) -> n/256 block_q6_K (210 bytes each) in\n"
+     "dst, as llama.cpp's quantize_row_q6_K_ref.  variant picks a kernel copy (None: the best).  Releases the GIL.\n"
+     "ValueError on a bad buffer, size or variant."},
+    {"variants", py_variants, METH_NOARGS,
+     "variants() -> the kernel copies this CPU runs, best first (the default is the first): avx512, avx2, scalar."},
     {"f32_to_f16", py_f32_to_f16, METH_VARARGS,
      "f32_to_f16(src, dst): the f16 rounding the encoders use (nearest even), for tests."},
     {NULL, NULL, 0, NULL},

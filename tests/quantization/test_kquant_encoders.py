@@ -7,7 +7,7 @@ quantize_row_q6_K_ref) is pinned by GOLDEN: sha256 prefixes of the reference's b
 inputs of `golden_inputs`, produced by compiling the reference functions of
 ggml-org/llama.cpp ggml/src/ggml-quants.c (commit 01243c58) with gcc -O2, no FMA
 contraction, with both F16C and software f16 rounding (identical).  Every C kernel copy
-(avx512f, avx2, generic) and the numpy encoder are then compared byte for byte on random and
+(avx512, avx2, scalar) and the numpy encoder are then compared byte for byte on random and
 adversarial rows, including blocks whose scales overflow f16 (compared below the registry,
 which refuses to publish those).  The hand-checked blocks exercise the reference's edge
 paths.  Every input is seeded; the C tests skip when the extension was not built.
@@ -43,11 +43,11 @@ except ImportError:  # no compiler at install time: the numpy encoder is still p
     _kquant = None
 
 needs_c = pytest.mark.skipif(_kquant is None, reason="apps.quantization._kquant_encoders not built")
-ISAS = _kquant.supported_isas() if _kquant else []
+VARIANTS = _kquant.variants() if _kquant else []
 K_TYPES = [GGMLType.Q4_K, GGMLType.Q6_K]
 NUMPY = {GGMLType.Q4_K: Q4_K, GGMLType.Q6_K: Q6_K}
 GGUF = {t: GGMLQuantizationType[t.value] for t in K_TYPES}
-ENCODERS = ["numpy", *(f"c-{isa}" for isa in ISAS)]
+ENCODERS = ["numpy", *(f"c-{v}" for v in VARIANTS)]
 
 
 def golden_inputs() -> dict[str, np.ndarray]:
@@ -84,12 +84,12 @@ GOLDEN = {
 }
 
 
-def c_encode(ggml_type: GGMLType, x: np.ndarray, isa: str | None = None) -> np.ndarray:
+def c_encode(ggml_type: GGMLType, x: np.ndarray, variant: str | None = None) -> np.ndarray:
     """The extension called directly: u8 (n_blocks * type_size,), whatever the values."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.empty(x.size // 256 * ggml_type.type_size, np.uint8)
     fn = _kquant.quantize_q4_k if ggml_type == GGMLType.Q4_K else _kquant.quantize_q6_k
-    fn(x, out, isa)
+    fn(x, out, variant)
     return out
 
 
@@ -156,9 +156,9 @@ def test_every_encoder_gives_the_same_bytes(ggml_type, seed):
     cases = {**adversarial_inputs(1024, rows=4, seed=seed), **edge_inputs(seed)}
     for case, x in cases.items():
         ref = numpy_encode(ggml_type, x)
-        for isa in ISAS:
-            got = c_encode(ggml_type, x, isa)
-            assert np.array_equal(got, ref), f"{ggml_type.value} {case} {isa}: {bit_diff_report(got, ref)}"
+        for variant in VARIANTS:
+            got = c_encode(ggml_type, x, variant)
+            assert np.array_equal(got, ref), f"{ggml_type.value} {case} {variant}: {bit_diff_report(got, ref)}"
 
 
 @needs_c
@@ -168,9 +168,9 @@ def test_property_numpy_and_c_agree(ggml_type, blocks, data):
     x = data.draw(hnp.arrays(np.float32, (blocks, 256), elements=st.floats(
         -1e6, 1e6, allow_nan=False, allow_infinity=False, allow_subnormal=True, width=32)))
     ref = numpy_encode(ggml_type, x)
-    for isa in ISAS:
-        got = c_encode(ggml_type, x, isa)
-        assert np.array_equal(got, ref), f"{ggml_type.value} {isa}: {bit_diff_report(got, ref)}"
+    for variant in VARIANTS:
+        got = c_encode(ggml_type, x, variant)
+        assert np.array_equal(got, ref), f"{ggml_type.value} {variant}: {bit_diff_report(got, ref)}"
 
 
 @needs_c
@@ -305,7 +305,7 @@ def test_bad_arguments_raise_value_error(ggml_type):
     buf = np.zeros(512 + 2 * ts, np.float32)
     with pytest.raises(ValueError, match="overlap"):
         fn(buf[:512], buf.view(np.uint8)[:2 * ts])
-    with pytest.raises(ValueError, match="isa"):
+    with pytest.raises(ValueError, match="variant"):
         fn(x, np.empty(2 * ts, np.uint8), "sse9")
     with pytest.raises(TypeError):
         fn(x)
@@ -330,7 +330,7 @@ def test_f16_rounding_matches_numpy():
 def _run(code: str, **env) -> str:
     import os
 
-    base = {k: v for k, v in os.environ.items() if k != "TENZRO_KQUANT_C"}
+    base = {k: v for k, v in os.environ.items() if k not in ("TENZRO_KQUANT_C", "TENZRO_KQUANT_VARIANT")}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**base, **env}).stdout.strip()
 
@@ -344,3 +344,27 @@ def test_env_var_forces_numpy_and_package_works_without_extension():
     assert _run(probe, TENZRO_KQUANT_C="0") == "numpy numpy False"
     blocked = "import sys; sys.modules['apps.quantization._kquant_encoders'] = None; " + probe
     assert _run(blocked) == "numpy numpy False"
+
+
+@needs_c
+def test_variant_setting_picks_the_copy():
+    probe = "from apps.quantization import kquant_c; print(kquant_c.variant(), kquant_c.variants()[-1])"
+    assert _run(probe) == f"{VARIANTS[0]} scalar"
+    assert _run(probe, TENZRO_KQUANT_VARIANT="Scalar") == "scalar scalar"
+    assert _run(probe, TENZRO_KQUANT_C="0", TENZRO_KQUANT_VARIANT="scalar") == "None scalar"
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        _run(probe, TENZRO_KQUANT_VARIANT="sse9")
+    assert "variant 'sse9' is not available here" in failed.value.stderr
+    before = kquant_c.VARIANT
+    try:
+        x = np.random.default_rng(24).standard_normal((4, 512)).astype(np.float32)
+        blobs = []
+        for name in VARIANTS:
+            kquant_c.set_variant(name)
+            assert kquant_c.variant() == name
+            blobs.append(kquant_c.quantize_q6_k(x.reshape(-1, 256)))
+        assert all(np.array_equal(b, blobs[0]) for b in blobs)
+        with pytest.raises(ValueError, match="not available"):
+            kquant_c.set_variant("neon")
+    finally:
+        kquant_c.set_variant(before)
