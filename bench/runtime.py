@@ -1,6 +1,6 @@
 """Expert-forward benchmark of the CPU compute backend (apps.experts.backends).
 
-    .venv/bin/python -m bench.runtime [--quick]
+    .venv/bin/python -m bench.runtime [--quick] [--kernels]
 
 Expert dims: Qwen3-30B-A3B (d_model 2048, d_ff 768) and DeepSeek-V3 (7168, 2048); batches
 1, 8, 64, 256, 512. References measured in the same run:
@@ -17,6 +17,11 @@ Expert dims: Qwen3-30B-A3B (d_model 2048, d_ff 768) and DeepSeek-V3 (7168, 2048)
   a 300 MiB L3, which would otherwise hold a whole f32 expert), as for a holder serving
   more experts than fit in cache. Q8_0 and q4_k_m batch-1 cold times are reported as a
   ratio to the f32 cold time (target <= 0.5: they read 4-7x fewer bytes).
+
+* C kernel variants (apps/experts/_quant_matmul.c): every copy this CPU runs (avx512vnni,
+  avxvnni, avx2, scalar) on one thread, at Qwen3 gate|up shape: the fused matmul at batch 1
+  and 8 and the row dequantizer, each as a ratio to the scalar copy; `--kernels` runs only
+  this table. The variant the backend picked is the "cpu kernel" reference row.
 
 Quantized weights are random *valid* GGML blocks (finite f16 scales): kernel speed does not
 depend on the values, and quantizing a DeepSeek-size expert would dominate the run.
@@ -41,6 +46,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from apps.experts import backends
 from apps.experts.backends import CpuBackend, TensorIn
 from bench.report import print_table, write_results
 from tests.experts.factories import random_blocks
@@ -76,10 +82,59 @@ def build(backend: CpuBackend, rng: np.random.Generator, d_model: int, d_ff: int
     return backend.prepare_expert(*tensors)
 
 
-def main(quick: bool = False) -> None:
+def kernel_variants(reps: int) -> list[list[object]]:
+    """Each C kernel of every variant on one thread, [m, n] = Qwen3's gate|up [1536, 2048].
+
+    Rows: format, kernel, then ms per variant (best first) and each one's speed-up over scalar.
+    The variants take turns within each repetition (see bench.quant.encoder_variants)."""
+    qm = backends._quant_matmul
+    variants = backends.quant_matmul_variants()
+    if qm is None:
+        return []
+    rng = np.random.default_rng(1)
+    m, n = 1536, 2048
+    rows: list[list[object]] = []
+    for fmt in ("Q8_0", "Q4_K", "Q6_K"):
+        w = random_blocks(rng, fmt, m, n)
+        out = np.empty((m, n), dtype=np.float32)
+        cases: dict[str, Callable[[str], object]] = {}
+        for t in (1, 8):
+            x = rng.standard_normal((t, n), dtype=np.float32)
+            y = np.empty((t, m), dtype=np.float32)
+            cases[f"matmul t={t}"] = lambda v, f=fmt, w=w, x=x, y=y, t=t: qm.matmul(f, w, m, n, x, t, y, v, 1)
+        cases["dequantize rows"] = lambda v, f=fmt, w=w, o=out: qm.dequantize(f, w, m, n, 0, m, o, v, 1)
+        for name, run in cases.items():
+            secs = dict.fromkeys(variants, float("inf"))
+            for v in variants:
+                run(v)  # warm-up
+            for _ in range(reps):
+                for v in variants:
+                    start = time.perf_counter()
+                    run(v)
+                    secs[v] = min(secs[v], time.perf_counter() - start)
+            rows.append([fmt, name, *(secs[v] * 1e3 for v in variants),
+                         *(f"{secs['scalar'] / secs[v]:.2f}x" for v in variants if v != "scalar")])
+    return rows
+
+
+def print_kernel_variants(rows: list[list[object]]) -> None:
+    variants = backends.quant_matmul_variants()
+    print_table("C kernel variants, one thread, [1536, 2048] weights: ms and speed-up over scalar",
+                ["format", "kernel", *(f"{v} ms" for v in variants),
+                 *(f"{v} x scalar" for v in variants if v != "scalar")], rows)
+
+
+def main(quick: bool = False, kernels_only: bool = False) -> None:
     rng = np.random.default_rng(0)
     backend = CpuBackend()
     reps = 3 if quick else 10
+    variant_rows = kernel_variants(reps)
+    if kernels_only:
+        print(f"cpu kernel: {backend.cpu_kernel}")
+        print_kernel_variants(variant_rows)
+        write_results("runtime_kernels", {"cpu_kernel": backend.cpu_kernel,
+                                          "variants": backends.quant_matmul_variants(), "rows": variant_rows})
+        return
 
     # -- references ------------------------------------------------------------------------
     a = rng.standard_normal((2048, 2048), dtype=np.float32)
@@ -173,12 +228,15 @@ def main(quick: bool = False) -> None:
                  "target", "met"], bw_rows)
     print_table("Quantized expert forward by batch (warm) vs the f32 path",
                 ["expert", "format", "batch", "path", "ms", "f32 ms", "x f32", "target", "met"], q_rows)
+    if variant_rows:
+        print_kernel_variants(variant_rows)
     if cross_rows:
         print_table(f"Crossover: fused C kernel vs tiled dequantize+sgemm (fused_max_rows = {backend.fused_max_rows})",
                     ["expert", "format", "batch", "fused ms", "tiled ms", "fused/tiled", "faster"], cross_rows)
-    results["tables"] = {"f32": f32_rows, "batch1": bw_rows, "quantized": q_rows, "crossover": cross_rows}
+    results["tables"] = {"f32": f32_rows, "batch1": bw_rows, "quantized": q_rows, "crossover": cross_rows,
+                         "kernel_variants": variant_rows}
     write_results("runtime", results)
 
 
 if __name__ == "__main__":
-    main(quick="--quick" in sys.argv)
+    main(quick="--quick" in sys.argv, kernels_only="--kernels" in sys.argv)
