@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable
 
 import numpy as np
+from gguf import GGMLQuantizationType, quants
 
 from apps.experts.gate_payload import encode_gate_payload
 from apps.quantization.payload import encode_expert_payload
@@ -23,6 +24,17 @@ def random_blocks(rng: np.random.Generator, fmt: str, rows: int, n: int) -> np.n
         scale = (rng.standard_normal((rows, n // elems)) * 0.01).astype(np.float16)
         raw[:, :, off : off + 2] = scale.view(np.uint8).reshape(rows, n // elems, 2)
     return raw.reshape(rows, -1)
+
+
+def reference_weights(fmt: str, blocks: np.ndarray) -> np.ndarray:
+    """f32 [rows, n]: u8 blocks [rows, row_bytes] as gguf-py decodes them (the layouts' reference)."""
+    return quants.dequantize(blocks, getattr(GGMLQuantizationType, fmt)).astype(np.float32)
+
+
+def bit_report(ours: np.ndarray, ref: np.ndarray) -> str:
+    """'k of n values differ in their bits' for two same-shape f32 arrays."""
+    diff = ours.view(np.uint32) != ref.view(np.uint32)
+    return f"{int(diff.sum())} of {diff.size} values differ in their bits"
 
 
 def expert_weights(rng: np.random.Generator, d_model: int, d_ff: int) -> dict[str, np.ndarray]:

@@ -1,12 +1,11 @@
-"""The numba and C block kernels against gguf-py's dequantizer (the reference for all three
-layouts).
+"""The C kernels for quantized experts (apps/experts/_quant_matmul.c): fused matmuls, the
+whole-expert entry point and the row dequantizer, every ISA variant this CPU runs.
 
-Weights are random *valid* blocks (arbitrary quant bytes and scale bytes, finite f16 d/dmin),
-which exercises every bit of every packed field, not just what a quantizer happens to emit.
-
-The C kernels quantize the activations to int8 first (apps/experts/_quant_matmul.c); `quantized_x`
-rebuilds that quantization in numpy bit for bit, so the C result is compared with an f64
-product of exactly what the kernel multiplies, within f32 accumulation error.
+The C kernels quantize the activations to int8 first; `quantized_x` rebuilds that
+quantization in numpy bit for bit, so the C result is compared with an f64 product of exactly
+what the kernel multiplies, within f32 accumulation error.  The dequantizer is compared with
+gguf-py's decoder bit for bit.  Weights are random *valid* blocks (every bit of every packed
+field), plus edge-value scales.
 """
 
 from __future__ import annotations
@@ -17,109 +16,12 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from apps.experts import numba_matmul
 from apps.experts.backends import CpuBackend, CpuWeight, quant_matmul_variants
-from apps.quantization.f16 import F16_TO_F32
 from apps.quantization.types import GGMLType
-from tests.experts.factories import F16_FIELDS, random_blocks, run_in_threads
+from tests.experts.factories import F16_FIELDS, bit_report, random_blocks, reference_weights, run_in_threads
 
 FORMATS = ["Q8_0", "Q4_K", "Q6_K"]
-RTOL = 1e-5  # f32 accumulation in a different order than the f64 reference
 
-
-def reference_weights(fmt: str, blocks: np.ndarray) -> np.ndarray:
-    return quants.dequantize(blocks, getattr(GGMLQuantizationType, fmt)).astype(np.float32)
-
-
-def _report(ours: np.ndarray, ref: np.ndarray) -> str:
-    diff = ours.view(np.uint32) != ref.view(np.uint32)
-    return f"{int(diff.sum())} of {diff.size} values differ in their bits"
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_dequant_rows_bit_exact(fmt):
-    rng = np.random.default_rng(10)
-    blocks = random_blocks(rng, fmt, 24, 512)
-    ref = reference_weights(fmt, blocks)
-    out = np.empty((16, 512), dtype=np.float32)
-    numba_matmul.DEQUANT_ROWS[fmt](blocks, 5, F16_TO_F32, out)
-    assert np.array_equal(out, ref[5:21]), _report(out, ref[5:21])
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("t", [1, 3, 16])
-def test_fused_matmul_matches_reference(fmt, t):
-    rng = np.random.default_rng(11)
-    blocks = random_blocks(rng, fmt, 40, 768)
-    x = rng.standard_normal((t, 768)).astype(np.float32)
-    y = np.empty((t, 40), dtype=np.float32)
-    numba_matmul.MATMUL[fmt](blocks.view(np.int8) if fmt == "Q8_0" else blocks, x, F16_TO_F32, y)
-    ref = x.astype(np.float64) @ reference_weights(fmt, blocks).astype(np.float64).T
-    err = np.abs(y - ref).max() / np.abs(ref).max()
-    assert err < RTOL, f"{fmt} t={t}: max error {err:.2e} of the largest output"
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("kernels_", ["numba", "numpy", "c"])
-@pytest.mark.parametrize("tile_bytes", [None, 100_000])
-def test_backend_paths_agree(fmt, kernels_, tile_bytes, monkeypatch):
-    """Fused (small batch) and tiled (large batch) paths, with numba, without compiled kernels,
-    and with the C dequantizer under the tiles (the C fused kernels, which quantize the
-    activations, are tested against their own reference below). tile_bytes 100_000: 300 rows
-    of 2 KiB in 7 tiles of 43 rows, the last one 42; None: one tile."""
-    from apps.experts import backends
-
-    if kernels_ == "c" and not quant_matmul_variants():
-        pytest.skip("C kernels not built")
-    if tile_bytes is not None:
-        monkeypatch.setattr(backends, "_TILE_BYTES", tile_bytes)
-    rng = np.random.default_rng(12)
-    m, n = 300, 512
-    blocks = random_blocks(rng, fmt, m, n)
-    w = CpuWeight(fmt, (m, n), blocks)
-    ref_w = reference_weights(fmt, blocks).astype(np.float64)
-    if kernels_ == "c":  # fused_max_rows 0: every batch takes the tiles
-        backend = CpuBackend(fused_max_rows=0)
-    else:
-        backend = CpuBackend(use_numba=kernels_ == "numba", fused_max_rows=4, c_variant="off")
-    for t in (1, 4, 5, 40):
-        x = rng.standard_normal((t, n)).astype(np.float32)
-        ref = x.astype(np.float64) @ ref_w.T
-        # x in either order: the tiles hand it to BLAS as given, the fused kernels copy it
-        for xo in (x, np.asfortranarray(x)):
-            y = backend.matmul(xo, w)
-            assert y.shape == (t, m) and y.dtype == np.float32
-            err = np.abs(y - ref).max() / np.abs(ref).max()
-            assert err < RTOL, f"{fmt} t={t} {kernels_}: max error {err:.2e}"
-
-
-def test_tile_rows():
-    """Whole matrix when it fits the budget, else equal tiles under it that cover every row."""
-    from apps.experts.backends import _TILE_BYTES, _tile_rows
-
-    assert _tile_rows(1536, 2048) == 1536  # Qwen3 gate|up, 12 MiB: one sgemm
-    assert _tile_rows(2048, 768) == 2048
-    for m, n in ((4096, 7168), (7168, 2048), (1, 1 << 24), (7, 1 << 22), (100_000, 256)):
-        rows = _tile_rows(m, n)
-        tiles = -(-m // rows)
-        assert 1 <= rows <= m and (rows * n * 4 <= _TILE_BYTES or rows == 1), (m, n, rows)
-        assert m - (tiles - 1) * rows >= rows - tiles, (m, n, rows)  # the last tile is not a sliver
-    assert _tile_rows(4096, 7168) >= 1024  # DeepSeek-V3 gate|up: large enough for sgemm
-
-
-def test_q8_0_from_gguf_quantizer():
-    """Real Q8_0 blocks (gguf-py's bit-exact port of ggml's quantizer)."""
-    rng = np.random.default_rng(13)
-    dense = rng.standard_normal((64, 256)).astype(np.float32)
-    blocks = quants.quantize(dense, GGMLQuantizationType.Q8_0)
-    x = rng.standard_normal((2, 256)).astype(np.float32)
-    y = np.empty((2, 64), dtype=np.float32)
-    numba_matmul.q8_0_matmul(blocks.view(np.int8), x, F16_TO_F32, y)
-    ref = x.astype(np.float64) @ quants.dequantize(blocks, GGMLQuantizationType.Q8_0).astype(np.float64).T
-    assert np.abs(y - ref).max() / np.abs(ref).max() < RTOL
-
-
-# --- C kernels (apps/experts/_quant_matmul.c) ------------------------------------------------------------
 
 VARIANTS = quant_matmul_variants()
 needs_c = pytest.mark.skipif(not VARIANTS, reason="C kernels not built (pip install -e . compiles them)")
@@ -413,7 +315,7 @@ def test_c_dequantize_bit_exact(fmt, variant):
         for threads in (1, 2):
             out = c_dequantize(fmt, blocks, n, r0, r1, variant, threads)
             assert np.array_equal(out.view(np.uint32), ref[r0:r1].view(np.uint32)), (
-                f"{fmt} {variant} rows {r0}..{r1}: " + _report(out, ref[r0:r1]))
+                f"{fmt} {variant} rows {r0}..{r1}: " + bit_report(out, ref[r0:r1]))
 
 
 @needs_c
