@@ -36,7 +36,7 @@
  * that quantized for down; no Python between the three matmuls), and dequantize (rows of W
  * to f32, bit-identical to gguf's decoder, for the large-batch path: tile, then BLAS sgemm).
  *
- * Weight layouts: see apps/experts/numba_matmul.py (ggml-common.h byte for byte).
+ * Weight layouts: apps/quantization/q8_0.py, q4_k.py, q6_k.py (ggml-common.h byte for byte).
  * Threads: the compute runs with the GIL released. Row tiles are handed out to a persistent
  * pool of worker threads (created once, parked on a condition variable between calls, never
  * spinning); one caller drives the pool at a time, a concurrent caller runs on its own thread.
@@ -119,7 +119,7 @@ static void quantize_row(const float *x, int n, int block, int8_t *qs, float *d,
     }
 }
 
-/* Q4_K's 12 packed bytes -> 8 six-bit scales and 8 six-bit mins (diagram in numba_matmul.py):
+/* Q4_K's 12 packed bytes -> 8 six-bit scales and 8 six-bit mins (diagram in apps/quantization/q4_k.py):
  * bytes 0-3 hold scale j (low 6 bits) and the top bits of scale j+4, bytes 4-7 min j and the
  * top bits of min j+4, bytes 8-11 the low nibbles of scale j+4 | min j+4. Done on 32-bit
  * words, four sub-blocks at a time. */
@@ -278,7 +278,7 @@ static NO_CONTRACT void q6_k_dequant_scalar(const uint8_t *w, size_t rb, int r0,
             const float d = f16_to_f32(rd16(blk + 208));
             const int8_t *sc = (const int8_t *)(blk + 192);
             for (int e = 0; e < 256; e++) {
-                /* element e: half h, quarter k of the half, lane l (diagram in numba_matmul.py) */
+                /* element e: half h, quarter k of the half, lane l (diagram in apps/quantization/q6_k.py) */
                 const int h = e / 128, k = (e % 128) / 32, l = e % 32;
                 const int lo = (blk[64 * h + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15;
                 const int hi = (blk[128 + 32 * h + l] >> (2 * k)) & 3;
