@@ -19,11 +19,10 @@ from apps.api.errors import (
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     PARSE_ERROR,
-    TenzroError,
-    Unauthorized,
     error_object,
 )
 from apps.api.registry import REGISTRY, RpcMethod
+from apps.errors import TenzroError, Unauthorized
 
 logger = logging.getLogger(__name__)
 

@@ -1,18 +1,24 @@
 """REST routes under /api/, generated from the same registry as JSON-RPC.
 
-A method with params takes them as the JSON body (POST) or as query parameters (GET);
-errors carry the same `reason` as on JSON-RPC, with the HTTP status of the error class.
+A method with params takes them as the JSON body (POST) or as query parameters (GET).
+Every error answers `{"detail": message, "reason": …}` (ErrorOut) with the status of its
+kind (apps/errors.py), and each route documents in OpenAPI every status it can answer.
 """
 
 from typing import Any
 
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI, Query, Router
+from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
 
 from apps.api.auth import is_operator
-from apps.api.errors import TenzroError
 from apps.api.registry import REGISTRY, RpcMethod
+from apps.api.schemas import ErrorOut
+from apps.errors import PayloadTooLarge, TenzroError, Unauthorized
+
+_HTTP_REASONS = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
 
 class OperatorBearer(HttpBearer):
@@ -43,12 +49,36 @@ def _view_for(method: RpcMethod) -> Any:
     return view
 
 
+def _error(api: NinjaAPI, request: HttpRequest, exc: TenzroError) -> HttpResponse:
+    return api.create_response(request, {"detail": exc.message, **exc.data()}, status=exc.http_status)
+
+
 def build_api() -> NinjaAPI:
     api = NinjaAPI(title="Tenzro MoE node", version="1", urls_namespace="rest", docs_url="/docs")
 
     @api.exception_handler(TenzroError)
     def tenzro_error(request: HttpRequest, exc: TenzroError) -> HttpResponse:
-        return api.create_response(request, {"detail": exc.message, **exc.data()}, status=exc.http_status)
+        return _error(api, request, exc)
+
+    @api.exception_handler(ValidationError)
+    def invalid_params(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+                  for e in exc.errors]
+        return _error(api, request, TenzroError("invalid params", reason="invalid_params", errors=errors))
+
+    @api.exception_handler(AuthenticationError)
+    def unauthorized(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
+        return _error(api, request, Unauthorized("this method changes the node and needs the operator token "
+                                                 "(Authorization: Bearer …)"))
+
+    @api.exception_handler(HttpError)
+    def http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+        reason = _HTTP_REASONS.get(exc.status_code, "http_error")
+        return api.create_response(request, {"detail": str(exc), "reason": reason}, status=exc.status_code)
+
+    @api.exception_handler(RequestDataTooBig)
+    def too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+        return _error(api, request, PayloadTooLarge("request body exceeds TENZRO_RPC_MAX_BYTES"))
 
     routers: dict[str, Router] = {}
     for method in sorted(REGISTRY.values(), key=lambda m: m.name):
@@ -58,9 +88,11 @@ def build_api() -> NinjaAPI:
             methods=[method.http_method],
             view_func=_view_for(method),
             auth=OperatorBearer() if method.operator_only else None,
+            response={200: method.response, **dict.fromkeys(method.errors, ErrorOut)},
             summary=method.summary,
             operation_id=method.name,
-            description=f"JSON-RPC: `{method.name}`",
+            description=f"{method.description}\n\nJSON-RPC: `{method.name}`"
+                        + ("; needs the operator token." if method.operator_only else "."),
         )
     for router in routers.values():
         api.add_router("", router)

@@ -10,8 +10,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonR
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.api.auth import bearer_token, is_operator
-from apps.api.errors import PayloadTooLarge, error_object
+from apps.api.errors import error_object
 from apps.api.jsonrpc import handle_payload
+from apps.errors import PayloadTooLarge
 
 
 @csrf_exempt

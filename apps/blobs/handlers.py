@@ -1,14 +1,16 @@
-"""The expert worker's `blob/*` methods (QUIC): serve stored blobs to peers."""
+"""The expert worker's `blob/*` methods: serve stored blobs to peers.
+
+Which door serves them is decided in apps/worker/doors.py. A read runs on the executor
+through the call's context (never on the event loop).
+"""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 from concurrent.futures import Executor
 from typing import Any
 
 from apps.blobs.store import BlobError, BlobStore
-from apps.transport.quic import HandlerError
+from apps.errors import InvalidInput, NotFound
 
 Result = tuple[dict[str, Any], bytes]
 
@@ -21,17 +23,20 @@ class BlobHandlers:
     def table(self) -> dict[str, Any]:
         return {"blob/get": self.blob_get}
 
-    async def blob_get(self, params: dict[str, Any], body: bytes) -> Result:
+    async def blob_get(self, params: dict[str, Any], body: bytes | bytearray, ctx: Any) -> Result:
         """params {hash, start=0, end=null (exclusive)} -> {hash, size, start, end}, body = the bytes."""
         start, end = params.get("start", 0), params.get("end")
-        if not isinstance(start, int) or (end is not None and not isinstance(end, int)):
-            raise HandlerError("invalid_input", "start and end must be integers")
-        read = functools.partial(self._read, str(params.get("hash", "")), start, end)
+        if isinstance(start, bool) or not isinstance(start, int) or (
+                end is not None and (isinstance(end, bool) or not isinstance(end, int))):
+            raise InvalidInput("start and end must be integers")
+        hash_ = str(params.get("hash", ""))
         try:
-            size, data = await asyncio.get_running_loop().run_in_executor(self._executor, read)
+            size, data = await ctx.run_blocking(self._executor, self._read, hash_, start, end)
         except BlobError as exc:
-            raise HandlerError("blob_not_found" if exc.reason == "not_found" else exc.reason, str(exc)) from exc
-        return {"hash": params["hash"], "size": size, "start": start, "end": start + len(data)}, data
+            if exc.reason == "not_found":
+                raise NotFound(str(exc), reason="blob_not_found") from exc
+            raise
+        return {"hash": hash_, "size": size, "start": start, "end": start + len(data)}, data
 
     def _read(self, hash_: str, start: int, end: int | None) -> tuple[int, bytes]:
         return self.store.size(hash_), self.store.read(hash_, start, end)

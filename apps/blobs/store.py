@@ -18,25 +18,25 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 from blake3 import blake3
 
+from apps.durable_files import TMP_PREFIX, write_atomic
+from apps.errors import TenzroError
+
 BLOB_URI_PREFIX = "tenzro://blob/"
 _HASH = re.compile(r"^[0-9a-f]{64}$")
-_TMP_PREFIX = ".tmp-"
 
 
-class BlobError(ValueError):
+class BlobError(TenzroError, ValueError):
     """A blob operation that failed. ``reason``: invalid_hash, invalid_uri, not_found, hash_mismatch,
     too_large, fetch_failed, range_invalid."""
 
     def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+        super().__init__(message, reason=reason)
 
 
 def blob_hash(data: bytes | bytearray | memoryview) -> str:
@@ -59,15 +59,6 @@ def parse_blob_uri(uri: str) -> str:
     if not isinstance(uri, str) or not uri.startswith(BLOB_URI_PREFIX):
         raise BlobError("invalid_uri", f"blob URI must start with {BLOB_URI_PREFIX!r}, received {uri!r}")
     return _check_hash(uri[len(BLOB_URI_PREFIX):])
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):  # some filesystems refuse fsync on a directory
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 class BlobStore:
@@ -106,20 +97,7 @@ class BlobStore:
         final = self.path(h)
         if final.is_file() and final.stat().st_size == len(data):
             return h  # same hash, same bytes: already stored
-        final.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=final.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, final)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        _fsync_dir(final.parent)
+        write_atomic(final, data)
         return h
 
     def read(self, hash_: str, start: int = 0, end: int | None = None) -> bytes:
@@ -173,7 +151,7 @@ class BlobStore:
                 continue
             if self.delete(h):
                 removed.append(h)
-        for tmp in self.root.glob(f"??/{_TMP_PREFIX}*"):
+        for tmp in self.root.glob(f"??/{TMP_PREFIX}*"):
             with contextlib.suppress(FileNotFoundError):
                 if now - tmp.stat().st_mtime >= max(min_age_s, 3600.0):
                     tmp.unlink()

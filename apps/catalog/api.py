@@ -1,47 +1,128 @@
 """JSON-RPC/REST methods of the model catalog and prepare jobs."""
 
-from typing import Any
+import uuid
+from typing import Annotated, Any, Literal
 
 from ninja import Field, Schema
 
 from apps.api.registry import rpc_method
+from apps.api.schemas import DB_INT_MAX, absent_or
 from apps.catalog import selectors, services
+from apps.quantization.presets import PRESETS
+from apps.quantization.types import GGMLType
+
+# Spelled as the schema enumerates them; resolve_quant accepts exactly these.
+Preset = Literal[tuple(sorted(PRESETS))]  # type: ignore[valid-type]
+TypeName = Literal[tuple(sorted({t.value for t in GGMLType} | {t.value.lower() for t in GGMLType}))]  # type: ignore[valid-type]
+
+
+class PerProjectionQuant(Schema):
+    gate: TypeName
+    up: TypeName
+    down: TypeName
 
 
 class CatalogShapeParams(Schema):
-    model: str = Field(description="Catalog model id, e.g. qwen3-30b-a3b.")
-    checkpoint: str | None = Field(None, description="For a model not in the catalog: read its config.json here.")
+    model: str = Field(min_length=1, max_length=200, description="Catalog model id, e.g. qwen3-30b-a3b.")
+    checkpoint: str = absent_or(min_length=1, max_length=4096,
+                                description="For a model not in the catalog: read its config.json here.")
 
 
 class PrepareParams(Schema):
-    model_id: str
-    layer: int = Field(ge=0)
-    experts: list[int] = Field(min_length=1)
-    quant: str | dict[str, str] | None = Field(None, description='Preset ("q4_k_m", "q8_0", …) or per projection.')
-    checkpoint: str | None = Field(None, description="Checkpoint folder or http(s) URL (default: the catalog's).")
+    model_id: str = Field(min_length=1, max_length=200)
+    layer: int = Field(ge=0, le=DB_INT_MAX)
+    experts: list[Annotated[int, Field(ge=0, le=DB_INT_MAX)]] = Field(min_length=1, max_length=4096)
+    quant: Preset | PerProjectionQuant | None = Field(
+        None, description='Preset ("q4_k_m", "q8_0", …), one type per projection, or null for dense f32.')
+    checkpoint: str = absent_or(min_length=1, max_length=4096,
+                                description="Checkpoint folder or http(s) URL (default: the catalog's).")
 
 
 class PrepareStatusParams(Schema):
+    job_id: uuid.UUID
+
+
+class ModelShapeOut(Schema):
+    model_id: str
+    family: str | None
+    n_routed_experts: int | None
+    n_active: int | None
+    n_shared_experts: int | None
+    n_experts_total: int | None
+    n_layers: int | None
+    moe_layers: list[int] | None
+    moe_layer_rule: str | None
+    d_model: int | None
+    expert_d_ff: int | None
+    router: str | None
+    norm_topk_prob: bool | None
+    routed_scaling_factor: float | None
+    n_group: int | None
+    topk_group: int | None
+    checkpoint_layout: str | None
+    default_source: str | None
+    sources: dict[str, str]
+
+
+class BlobOut(Schema):
+    blob_uri: str
+    size: int
+
+
+class JobExpertOut(Schema):
+    expert: int
+    state: Literal["pending", "done", "failed"]
+    blob_uri: str | None = None
+    size: int | None = None
+    formats: dict[str, str] | None = None
+
+
+class Progress(Schema):
+    done: int
+    total: int
+
+
+class JobError(Schema):
+    reason: str
+    message: str
+
+
+class PrepareJobOut(Schema):
     job_id: str
+    state: Literal["queued", "running", "done", "failed"]
+    model_id: str
+    layer: int
+    quant: str | dict[str, str] | None
+    checkpoint: str
+    progress: Progress
+    gate: BlobOut | None
+    experts: list[JobExpertOut]
+    error: JobError | None
+    attempts: int
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
 
 
 @rpc_method("tenzro_moeCatalogShape", rest="/moe/catalog/shape", http_method="GET", tag="catalog",
-            params=CatalogShapeParams)
+            params=CatalogShapeParams, response=ModelShapeOut, errors=(404,))
 def catalog_shape(params: CatalogShapeParams) -> dict[str, Any]:
     """Routed/active/shared experts, layers, d_model, expert d_ff and router family of a model."""
     return selectors.model_shape_dict(model_id=params.model, checkpoint=params.checkpoint)
 
 
-@rpc_method("tenzro_moePrepareExperts", rest="/moe/prepare", tag="catalog", params=PrepareParams, operator_only=True)
+@rpc_method("tenzro_moePrepareExperts", rest="/moe/prepare", tag="catalog", params=PrepareParams,
+            response=PrepareJobOut, operator_only=True)
 def prepare_experts(params: PrepareParams) -> dict[str, Any]:
     """Queue a job that slices a layer's experts (and gate) from a checkpoint, quantizes and publishes them."""
+    quant = params.quant.model_dump() if isinstance(params.quant, PerProjectionQuant) else params.quant
     job = services.prepare_job_create(model_id=params.model_id, layer=params.layer, experts=params.experts,
-                                      quant=params.quant, checkpoint=params.checkpoint)
+                                      quant=quant, checkpoint=params.checkpoint)
     return selectors.prepare_job_to_dict(job)
 
 
 @rpc_method("tenzro_moePrepareStatus", rest="/moe/prepare/status", http_method="GET", tag="catalog",
-            params=PrepareStatusParams)
+            params=PrepareStatusParams, response=PrepareJobOut, errors=(404,))
 def prepare_status(params: PrepareStatusParams) -> dict[str, Any]:
     """A prepare job's state, per-expert progress and the tenzro://blob/ URIs it published."""
-    return selectors.prepare_job_to_dict(selectors.prepare_job_get(job_id=params.job_id))
+    return selectors.prepare_job_to_dict(selectors.prepare_job_get(job_id=str(params.job_id)))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from apps.api.errors import InvalidInput, NotFound
 from apps.blobs.store import blob_uri
 from apps.catalog.checkpoint import CheckpointError, CheckpointReader
 from apps.catalog.models import PrepareJob
 from apps.catalog.shapes import CatalogError, ModelShape, catalog_shape, shape_from_config, shape_to_dict
+from apps.errors import InvalidInput, NotFound
 
 HUB_URL = "https://huggingface.co/{repo}/resolve/main"
 

@@ -11,23 +11,25 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.api.errors import InvalidInput
 from apps.blobs.selectors import blob_store
 from apps.catalog.checkpoint import CheckpointError, CheckpointReader
 from apps.catalog.models import JobState, PrepareJob
 from apps.catalog.selectors import default_checkpoint
 from apps.catalog.shapes import CatalogError, ModelShape, catalog_shape, shape_from_config
 from apps.catalog.slicing import SlicingError, gate_payload_for_layer, prepare_expert
+from apps.errors import InvalidInput
 from apps.node.selectors import redis_client
 from apps.quantization.payload import PayloadError
 from apps.quantization.presets import resolve_quant
 
 logger = logging.getLogger(__name__)
 LOCK_KEY = "tenzro:prepare-lock:{job_id}"
+PREPARE_TASK = "tenzro.catalog.prepare"  # the name apps/catalog/tasks.py registers
 
 
 class JobBusy(Exception):
@@ -51,10 +53,14 @@ def prepare_job_create(
         raise InvalidInput(f"no checkpoint given and the catalog has no default source for {model_id!r}",
                            reason="checkpoint_required")
     job = PrepareJob.objects.create(model_id=model_id, layer=layer, experts=wanted, quant=quant, checkpoint=source)
-    from apps.catalog.tasks import prepare_job_task  # tasks import services: avoid the cycle at import time
-
-    transaction.on_commit(lambda: prepare_job_task.delay(str(job.pk)))
+    transaction.on_commit(lambda: _enqueue(str(job.pk)))
     return job
+
+
+def _enqueue(job_id: str) -> None:
+    # By the task's registered name: tasks.py imports this module, so importing it back
+    # would make a cycle.
+    current_app.send_task(PREPARE_TASK, args=[job_id])
 
 
 def _shape(model_id: str, config: dict[str, Any]) -> ModelShape:
@@ -130,14 +136,12 @@ def prepare_jobs_resume() -> list[str]:
     timeout (an hour). One Celery worker serves a node, so at its start none of this node's
     jobs can be running: their stale locks are cleared before requeueing.
     """
-    from apps.catalog.tasks import prepare_job_task
-
     ids = [str(pk) for pk in PrepareJob.objects.filter(state__in=[JobState.QUEUED, JobState.RUNNING])
            .values_list("pk", flat=True)]
     client = redis_client()
     for job_id in ids:
         client.delete(LOCK_KEY.format(job_id=job_id))
-        prepare_job_task.delay(job_id)
+        _enqueue(job_id)
     if ids:
         logger.info("requeued %d unfinished prepare jobs", len(ids))
     return ids

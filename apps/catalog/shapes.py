@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from apps.errors import TenzroError
+
 ROUTERS = ("softmax", "sigmoid")
 
 SEED = "seed 000 (model list: routed/active + shared)"
@@ -60,12 +62,10 @@ TRANSFORMERS_GPT_OSS = (
 )
 
 
-class CatalogError(ValueError):
+class CatalogError(TenzroError, ValueError):
     """An unknown model id, or a config.json this module cannot turn into a shape."""
 
-    def __init__(self, message: str, *, reason: str = "catalog_error") -> None:
-        super().__init__(message)
-        self.reason = reason
+    reason = "unknown_model"
 
 
 @dataclass(frozen=True)

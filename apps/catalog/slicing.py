@@ -23,19 +23,19 @@ import numpy as np
 
 from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.shapes import ModelShape
+from apps.errors import TenzroError
 from apps.experts.gate_payload import encode_gate_payload
 from apps.quantization.payload import TENSOR_NAMES, encode_expert_payload, read_expert_payload
 
 PROJ = ("gate", "up", "down")
 
 
-class SlicingError(ValueError):
+class SlicingError(TenzroError, ValueError):
     """A slice the shape or checkpoint cannot give. ``reason``: layer_not_moe, expert_out_of_range,
     unsupported_layout, shape_incomplete, shape_mismatch, non_finite."""
 
     def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+        super().__init__(message, reason=reason)
 
 
 # --- hub tensor names --------------------------------------------------------------------------

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import httpx
 
+from apps.errors import TenzroError
+
 MAX_JSON = 64 * 1024 * 1024  # config.json / index: a few MB at most for the largest hub models
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(TenzroError, ValueError):
     """A checkpoint that cannot be read as asked. ``reason`` is machine-readable:
 
     not_found, fetch_failed, config_invalid, index_invalid, header_truncated, header_too_large,
@@ -26,8 +28,7 @@ class CheckpointError(ValueError):
     """
 
     def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+        super().__init__(message, reason=reason)
 
 
 

@@ -8,7 +8,7 @@ from apps.catalog import services
 
 
 @shared_task(
-    name="tenzro.catalog.prepare",
+    name=services.PREPARE_TASK,
     acks_late=True,  # the service is idempotent: a redelivered job publishes the same blobs
     reject_on_worker_lost=True,
     autoretry_for=(services.JobBusy, OperationalError),

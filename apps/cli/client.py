@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -36,7 +35,9 @@ class NodeClient:
         self.timeout_s = timeout_s
 
     def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
-        request = {"jsonrpc": "2.0", "id": next(_ids), "method": method, "params": params or {}}
+        """Call `method`; options the operator left unset (None) are left out, not sent as null."""
+        given = {name: value for name, value in (params or {}).items() if value is not None}
+        request = {"jsonrpc": "2.0", "id": next(_ids), "method": method, "params": given}
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         try:
             response = httpx.post(f"{self.node_url}/rpc", json=request, headers=headers, timeout=self.timeout_s)
@@ -52,9 +53,3 @@ class NodeClient:
             raise NodeError(f"{method} failed: {reason}: {error.get('message')} (code {error.get('code')})")
         return answer.get("result")
 
-
-def read_file_bytes(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise NodeError(f"cannot read {path}: {exc.strerror}") from exc

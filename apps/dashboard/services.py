@@ -22,3 +22,8 @@ def dashboard_push(*, event: str, payload: dict[str, Any]) -> None:
         async_to_sync(layer.group_send)(DASHBOARD_GROUP, message)
     except Exception:
         logger.exception("could not push %s to dashboards", event)
+
+
+def push_policy_activated(*, policy: dict[str, Any], **_: Any) -> None:
+    """Receiver of governance's policy_activated: every dashboard shows the new policy live."""
+    dashboard_push(event="policy.changed", payload={"policy": policy})

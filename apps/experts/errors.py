@@ -1,49 +1,51 @@
 """Errors raised by the expert-host runtime.
 
-Each class carries a machine-readable ``reason`` (the JSON-RPC ``data.reason`` the api layer
-reports) and a message naming what was wrong with the expected and received values.
+Each is an application error of apps/errors.py (its ``reason`` is listed in REASONS there)
+with a message naming what was wrong with the expected and received values.
 """
 
 from __future__ import annotations
 
+from apps.errors import InvalidInput, NotFound, TenzroError
 
-class ExpertRuntimeError(Exception):
+
+class ExpertRuntimeError(TenzroError):
     """Base of every runtime error; ``reason`` is stable, the message is for people."""
 
-    reason: str = "expert_runtime_error"
+    reason = "expert_runtime_error"
 
 
-class ExpertNotLoaded(ExpertRuntimeError):
+class ExpertNotLoaded(ExpertRuntimeError, NotFound):
     """An operation named an expert this node does not hold (in either tier)."""
 
     reason = "expert_not_loaded"
 
 
-class GateNotLoaded(ExpertRuntimeError):
+class GateNotLoaded(ExpertRuntimeError, NotFound):
     """An operation needs the gate of a (model_id, layer) this node does not hold."""
 
     reason = "gate_not_loaded"
 
 
-class ShapeMismatch(ExpertRuntimeError):
+class ShapeMismatch(ExpertRuntimeError, InvalidInput):
     """Hidden states or tensors have the wrong rank, width or dtype."""
 
     reason = "shape_mismatch"
 
 
-class NonFiniteInput(ExpertRuntimeError):
+class NonFiniteInput(ExpertRuntimeError, InvalidInput):
     """Hidden states contain NaN or ±inf."""
 
     reason = "non_finite_input"
 
 
-class InvalidPayload(ExpertRuntimeError):
+class InvalidPayload(ExpertRuntimeError, InvalidInput):
     """An expert or gate payload could not be parsed or is internally inconsistent."""
 
     reason = "invalid_payload"
 
 
-class ModelMismatch(ExpertRuntimeError):
+class ModelMismatch(ExpertRuntimeError, InvalidInput):
     """A gate and the experts of the same (model_id, layer) disagree (width, expert range)."""
 
     reason = "model_mismatch"

@@ -88,8 +88,13 @@ def encode_gate_payload(
     return data
 
 
-def read_gate_payload(data: bytes) -> GateSpec:
-    """Parse and validate a gate payload; InvalidPayload names the first problem found."""
+def read_gate_payload(data: bytes | bytearray, *, model_id: str | None = None, layer: int | None = None) -> GateSpec:
+    """Parse and validate a gate payload; InvalidPayload names the first problem found.
+
+    DESIGN.md's gate contract does not list model_id and layer among the metadata, so a
+    payload may omit them: then `model_id` / `layer` (the caller's, e.g. the load request's)
+    name it. Metadata that carries them wins here; the runtime refuses a load whose request
+    names other ids (ModelMismatch)."""
     header, body = _split_safetensors(data)
     meta = header.pop("__metadata__", None) or {}
     if not isinstance(meta, dict):
@@ -105,8 +110,8 @@ def read_gate_payload(data: bytes) -> GateSpec:
         raise InvalidPayload(f"gate 'weight' must be [n_routed, d_model], received shape {weight.shape}")
     n_routed = weight.shape[0]
     spec = GateSpec(
-        model_id=_meta_str(meta, "model_id"),
-        layer=_meta_int(meta, "layer", minimum=0),
+        model_id=_meta_str(meta, "model_id", default=model_id),
+        layer=_meta_int(meta, "layer", minimum=0, default=layer),
         router=_meta_str(meta, "router"),
         top_k=_meta_int(meta, "top_k", minimum=1),
         norm_topk_prob=_meta_bool(meta, "norm_topk_prob", default=False),
@@ -174,10 +179,11 @@ def _tensor(name: str, info: Any, body: memoryview) -> np.ndarray:
     return raw.astype(np.float32)
 
 
-def _meta_str(meta: dict[str, Any], key: str) -> str:
-    value = meta.get(key)
+def _meta_str(meta: dict[str, Any], key: str, *, default: str | None = None) -> str:
+    value = meta.get(key, default)
     if not isinstance(value, str) or not value:
-        raise InvalidPayload(f"gate payload metadata {key!r} is required, received {value!r}")
+        raise InvalidPayload(f"gate payload metadata {key!r} is required (or name it in the call), "
+                             f"received {value!r}")
     return value
 
 

@@ -1,63 +1,116 @@
-"""The expert worker's `moe/*` methods over the runtime (served on QUIC and the Channels layer).
+"""The expert worker's `moe/*` methods over the runtime.
 
-Compute and payload decoding run in a thread pool, never on the event loop. Runtime errors
-travel back as HandlerError with the runtime's machine-readable reason.
+Which door serves each of them is decided in apps/worker/doors.py, not here. Compute and
+payload decoding run on the executor through the call's context, so a call whose caller
+gave up is dropped before it computes. Runtime errors are application errors
+(apps/errors.py) and travel back with their reason.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
+import os
+import stat
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from apps.blobs.store import BlobError
-from apps.experts.errors import ExpertRuntimeError
+from apps.errors import InvalidInput, PayloadTooLarge
+from apps.experts.errors import ShapeMismatch
 from apps.experts.runtime import ExpertRuntime
 from apps.experts.wire import rows_from_bytes, rows_to_bytes
-from apps.transport.quic import HandlerError
 
 Result = tuple[dict[str, Any], bytes]
-MethodHandler = Callable[[dict[str, Any], bytes], Awaitable[Result]]
 
 
-def _int_param(params: dict[str, Any], name: str) -> int:
+class Context(Protocol):
+    """What a handler needs of its call's context (apps/worker/doors.CallContext)."""
+
+    async def run_blocking(self, executor: Executor, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Payload:
+    """Payload bytes, and the file that already holds exactly them (a blob), if any."""
+
+    data: bytes
+    stored_at: Path | None = None
+
+
+def int_param(params: dict[str, Any], name: str) -> int:
     value = params.get(name)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise HandlerError("invalid_input", f"param {name!r} must be an integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(f"param {name!r} must be a non-negative integer, got {value!r}")
     return value
 
 
-def _str_param(params: dict[str, Any], name: str) -> str:
+def str_param(params: dict[str, Any], name: str) -> str:
     value = params.get(name)
     if not isinstance(value, str) or not value:
-        raise HandlerError("invalid_input", f"param {name!r} must be a non-empty string, got {value!r}")
+        raise InvalidInput(f"param {name!r} must be a non-empty string, got {value!r}")
     return value
 
 
-def _hidden(params: dict[str, Any], body: bytes) -> np.ndarray:
+def _hidden(params: dict[str, Any], body: bytes | bytearray) -> np.ndarray:
+    """The request body as f32 [tokens, d_model]: the one place hidden rows are shape-checked."""
+    d_model = params.get("d_model")
+    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model <= 0:
+        raise InvalidInput(f"param 'd_model' must be a positive integer, got {d_model!r}")
+    tokens = params.get("tokens")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0):
+        raise InvalidInput(f"param 'tokens' must be a non-negative integer, got {tokens!r}")
     try:
-        return rows_from_bytes(body, d_model=_int_param(params, "d_model"), tokens=params.get("tokens"))
+        return rows_from_bytes(body, d_model=d_model, tokens=tokens)
     except ValueError as exc:
-        raise HandlerError("shape_mismatch", str(exc)) from exc
+        raise ShapeMismatch(str(exc)) from exc
+
+
+def read_regular_file(path: str, *, max_bytes: int, what: str) -> bytes:
+    """A node-local payload file: regular files only, at most `max_bytes` (read bounded)."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {what} payload file {path}: {exc.strerror}") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise InvalidInput(f"{what} payload {path} is not a regular file", reason="not_a_file")
+    if info.st_size > max_bytes:
+        raise PayloadTooLarge(f"{what} payload file {path} has {info.st_size} bytes, more than the "
+                              f"{max_bytes} of TENZRO_BLOB_MAX_BYTES", limit_bytes=max_bytes)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)  # bounded even if the file grows meanwhile
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {what} payload file {path}: {exc.strerror}") from exc
+    if len(data) > max_bytes:
+        raise PayloadTooLarge(f"{what} payload file {path} grew past {max_bytes} bytes", limit_bytes=max_bytes)
+    return data
 
 
 class ExpertHandlers:
     """moe/* handlers bound to one runtime and one executor."""
 
     def __init__(
-        self, *, runtime: ExpertRuntime, executor: Executor, resolve_blob: Callable[[str], bytes] | None = None
+        self,
+        *,
+        runtime: ExpertRuntime,
+        executor: Executor,
+        max_payload_bytes: int,
+        resolve_blob: Callable[[str], Payload] | None = None,
+        after_change: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """`resolve_blob(uri)` returns a blob's verified bytes (local store or a peer); it may block."""
+        """`resolve_blob(uri)` returns a blob's verified bytes (local store or a peer); it may block.
+        `after_change()` is awaited after a load or unload, before the answer (the control plane
+        publishes the new holdings there, so a read after the answer sees them)."""
         self.runtime = runtime
         self._executor = executor
+        self._max_payload = max_payload_bytes
         self._resolve_blob = resolve_blob
+        self._after_change = after_change
 
-    def table(self) -> dict[str, MethodHandler]:
+    def table(self) -> dict[str, Callable[..., Awaitable[Result]]]:
         return {
             "moe/expert_load": self.expert_load,
             "moe/expert_unload": self.expert_unload,
@@ -69,74 +122,74 @@ class ExpertHandlers:
             "moe/forward_local": self.forward_local,
         }
 
-    async def _call(self, func: Callable[..., Any], **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, functools.partial(func, **kwargs))
-        except ExpertRuntimeError as exc:
-            raise HandlerError(exc.reason, str(exc)) from exc
+    async def _changed(self) -> None:
+        if self._after_change is not None:
+            await self._after_change()
 
     @staticmethod
     def _expected(params: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
         return {name: params[name] for name in names if params.get(name) is not None}
 
-    async def _payload(self, params: dict[str, Any], body: bytes, what: str) -> bytes:
-        """The payload bytes: the request body, a file on this node (`path`), or a blob (`blob_uri`)."""
+    async def _payload(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context, what: str) -> Payload:
+        """The payload: the request body, a regular file on this node (`path`), or a blob (`blob_uri`)."""
         if body:
-            return body
-        loop = asyncio.get_running_loop()
+            if len(body) > self._max_payload:
+                raise PayloadTooLarge(f"{what} payload of {len(body)} bytes exceeds {self._max_payload}",
+                                      limit_bytes=self._max_payload)
+            return Payload(bytes(body))
         path, uri = params.get("path"), params.get("blob_uri")
         if isinstance(path, str) and path:
-            try:
-                return await loop.run_in_executor(self._executor, Path(path).read_bytes)
-            except OSError as exc:
-                raise HandlerError("invalid_input", f"cannot read {what} payload file {path}: {exc.strerror}") from exc
+            data = await ctx.run_blocking(self._executor, read_regular_file, path, max_bytes=self._max_payload,
+                                          what=what)
+            return Payload(data)
         if isinstance(uri, str) and uri and self._resolve_blob is not None:
-            try:
-                return await loop.run_in_executor(self._executor, self._resolve_blob, uri)
-            except BlobError as exc:
-                raise HandlerError(exc.reason, str(exc)) from exc
-        raise HandlerError("invalid_input", f"no {what} payload: send it as the body, or name a path or blob_uri")
+            return await ctx.run_blocking(self._executor, self._resolve_blob, uri)
+        raise InvalidInput(f"no {what} payload: send it as the body, or name a path or blob_uri")
 
-    async def expert_load(self, params: dict[str, Any], body: bytes) -> Result:
+    async def expert_load(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
         expect = self._expected(params, ("model_id", "layer", "expert"))
-        payload = await self._payload(params, body, "expert")
-        row = await self._call(self.runtime.expert_load, payload=payload, blob_uri=params.get("blob_uri"),
-                               expect=expect)
+        payload = await self._payload(params, body, ctx, "expert")
+        row = await ctx.run_blocking(self._executor, self.runtime.expert_load, payload=payload.data,
+                                     blob_uri=params.get("blob_uri"), expect=expect, stored_at=payload.stored_at)
+        await self._changed()
         return row, b""
 
-    async def expert_unload(self, params: dict[str, Any], body: bytes) -> Result:
-        await self._call(self.runtime.expert_unload, model_id=_str_param(params, "model_id"),
-                         layer=_int_param(params, "layer"), expert=_int_param(params, "expert"))
+    async def expert_unload(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
+        await ctx.run_blocking(self._executor, self.runtime.expert_unload, model_id=str_param(params, "model_id"),
+                               layer=int_param(params, "layer"), expert=int_param(params, "expert"))
+        await self._changed()
         return {"unloaded": True}, b""
 
-    async def gate_load(self, params: dict[str, Any], body: bytes) -> Result:
+    async def gate_load(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
         expect = self._expected(params, ("model_id", "layer"))
-        payload = await self._payload(params, body, "gate")
-        row = await self._call(self.runtime.gate_load, payload=payload, blob_uri=params.get("blob_uri"),
-                               expect=expect)
+        payload = await self._payload(params, body, ctx, "gate")
+        row = await ctx.run_blocking(self._executor, self.runtime.gate_load, payload=payload.data,
+                                     blob_uri=params.get("blob_uri"), expect=expect, stored_at=payload.stored_at)
+        await self._changed()
         return row, b""
 
-    async def gate_unload(self, params: dict[str, Any], body: bytes) -> Result:
-        await self._call(self.runtime.gate_unload, model_id=_str_param(params, "model_id"),
-                         layer=_int_param(params, "layer"))
+    async def gate_unload(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
+        await ctx.run_blocking(self._executor, self.runtime.gate_unload, model_id=str_param(params, "model_id"),
+                               layer=int_param(params, "layer"))
+        await self._changed()
         return {"unloaded": True}, b""
 
-    async def expert_status(self, params: dict[str, Any], body: bytes) -> Result:
-        return await self._call(self.runtime.status), b""
+    async def expert_status(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
+        return await ctx.run_blocking(self._executor, self.runtime.status), b""
 
-    async def route(self, params: dict[str, Any], body: bytes) -> Result:
-        routing = await self._call(self.runtime.route, model_id=_str_param(params, "model_id"),
-                                   layer=_int_param(params, "layer"), hidden=_hidden(params, body))
+    async def route(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
+        routing = await ctx.run_blocking(self._executor, self.runtime.route, model_id=str_param(params, "model_id"),
+                                         layer=int_param(params, "layer"), hidden=_hidden(params, body))
         return {"experts": routing.experts.tolist(), "weights": routing.weights.tolist()}, b""
 
-    async def execute(self, params: dict[str, Any], body: bytes) -> Result:
-        out = await self._call(self.runtime.execute, model_id=_str_param(params, "model_id"),
-                               layer=_int_param(params, "layer"), expert=_int_param(params, "expert"),
-                               hidden=_hidden(params, body))
+    async def execute(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
+        out = await ctx.run_blocking(self._executor, self.runtime.execute, model_id=str_param(params, "model_id"),
+                                     layer=int_param(params, "layer"), expert=int_param(params, "expert"),
+                                     hidden=_hidden(params, body))
         return {"tokens": int(out.shape[0]), "d_model": int(out.shape[1])}, rows_to_bytes(out)
 
-    async def forward_local(self, params: dict[str, Any], body: bytes) -> Result:
-        out = await self._call(self.runtime.forward_local, model_id=_str_param(params, "model_id"),
-                               layer=_int_param(params, "layer"), hidden=_hidden(params, body))
+    async def forward_local(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
+        out = await ctx.run_blocking(self._executor, self.runtime.forward_local,
+                                     model_id=str_param(params, "model_id"), layer=int_param(params, "layer"),
+                                     hidden=_hidden(params, body))
         return {"tokens": int(out.shape[0]), "d_model": int(out.shape[1])}, rows_to_bytes(out)

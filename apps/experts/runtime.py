@@ -20,12 +20,13 @@ import logging
 import pathlib
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from apps.durable_files import link_or_write_atomic, write_atomic
 from apps.experts.backends import ComputeBackend, select_backend
 from apps.experts.errors import ExpertNotLoaded, GateNotLoaded, InvalidPayload, ModelMismatch
 from apps.experts.ffn import (
@@ -39,7 +40,7 @@ from apps.experts.ffn import (
 from apps.experts.gate_payload import GateSpec, read_gate_payload
 from apps.experts.gating import Routing, route
 from apps.experts.metering import ThroughputMeter
-from apps.experts.tiered_cache import Key, TieredCache, default_memory_budget, model_dir_name, write_atomic
+from apps.experts.tiered_cache import Key, TieredCache, default_memory_budget, model_dir_name
 from apps.experts.validation import check_hidden
 
 log = logging.getLogger(__name__)
@@ -63,12 +64,18 @@ class ExpertRuntime:
         data_dir: pathlib.Path,
         memory_budget_bytes: int | None = None,
         backend: ComputeBackend | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
+        """`on_change()` is called after anything a holder advertises changes: an expert or gate
+        loaded or unloaded, promoted or evicted (see TieredCache). It must be cheap and
+        thread-safe; the expert worker publishes its holdings to the control plane from it."""
         self.data_dir = pathlib.Path(data_dir)
         self.backend = backend if backend is not None else select_backend()
         budget = default_memory_budget() if memory_budget_bytes is None else int(memory_budget_bytes)
         self._root = self.data_dir / "moe"
-        self._cache = TieredCache(root=self._root / "experts", budget_bytes=budget, decode=self._decode)
+        self._on_change = on_change
+        self._cache = TieredCache(root=self._root / "experts", budget_bytes=budget, decode=self._decode,
+                                  on_change=on_change)
         self._gates: dict[tuple[str, int], _Gate] = {}
         self._lock = threading.RLock()
         self._meter = ThroughputMeter()
@@ -81,9 +88,13 @@ class ExpertRuntime:
         return build_expert(payload, self.backend)
 
     def expert_load(
-        self, *, payload: bytes, blob_uri: str | None = None, expect: dict[str, Any] | None = None
+        self, *, payload: bytes | bytearray, blob_uri: str | None = None, expect: dict[str, Any] | None = None,
+        stored_at: pathlib.Path | None = None,
     ) -> dict[str, Any]:
         """Load one expert; (model_id, layer, expert) come from the payload metadata.
+
+        `stored_at` is a file that already holds exactly `payload` (the blob it came from):
+        the disk tier links to it rather than storing the bytes a second time.
 
         `expect` names ids the caller asked for ({"model_id", "layer", "expert"}, any subset):
         a payload carrying other ids is refused with ModelMismatch before anything is stored.
@@ -96,18 +107,8 @@ class ExpertRuntime:
         expert = build_expert_from(header, tensors, self.backend)  # before the lock: it is the slow part
         with self._lock:
             self._check_expert_fits(header)
-            self._cache.put(payload, expert, header, blob_uri)
+            self._cache.put(payload, expert, header, blob_uri, stored_at=stored_at)
         return self._expert_row(expert.key)
-
-    def expert_load_path(
-        self, *, path: pathlib.Path, blob_uri: str | None = None, expect: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        """expert_load from a local safetensors file."""
-        try:
-            payload = pathlib.Path(path).read_bytes()
-        except OSError as exc:
-            raise InvalidPayload(f"cannot read expert payload file {path}: {exc}") from exc
-        return self.expert_load(payload=payload, blob_uri=blob_uri, expect=expect)
 
     def expert_unload(self, *, model_id: str, layer: int, expert: int) -> None:
         """Forget an expert in both tiers; ExpertNotLoaded if it is not held."""
@@ -129,24 +130,31 @@ class ExpertRuntime:
     # -- gates -------------------------------------------------------------------------------
 
     def gate_load(
-        self, *, payload: bytes, blob_uri: str | None = None, expect: dict[str, Any] | None = None
+        self, *, payload: bytes | bytearray, blob_uri: str | None = None, expect: dict[str, Any] | None = None,
+        stored_at: pathlib.Path | None = None,
     ) -> dict[str, Any]:
         """Load a layer's gate; replaces a previous one. InvalidPayload / ModelMismatch.
 
-        `expect` ({"model_id", "layer"}, any subset) as for expert_load."""
-        if not isinstance(payload, bytes | bytearray | memoryview):
+        `expect` ({"model_id", "layer"}, any subset) as for expert_load; it also names a
+        payload whose metadata carries no model_id / layer. `stored_at` as for expert_load."""
+        if not isinstance(payload, bytes | bytearray):
             raise InvalidPayload("gate payload must be bytes")
-        spec = read_gate_payload(bytes(payload))
+        expect = expect or {}
+        spec = read_gate_payload(payload, model_id=expect.get("model_id"), layer=expect.get("layer"))
         _check_expected("gate payload", {"model_id": spec.model_id, "layer": spec.layer}, expect)
         path = self._root / "gates" / model_dir_name(spec.model_id) / f"layer{spec.layer}.safetensors"
         with self._lock:
             for key, record, _ in self._cache.records():
                 if key[:2] == (spec.model_id, spec.layer):
                     _check_pair(spec, record.header)
-            write_atomic(path, bytes(payload))
-            write_atomic(path.with_suffix(".json"), json.dumps({"blob_uri": blob_uri}).encode())
+            link_or_write_atomic(path, payload, existing=stored_at)
+            # The sidecar keeps the ids too: the payload itself may not carry them.
+            sidecar = {"blob_uri": blob_uri, "model_id": spec.model_id, "layer": spec.layer}
+            write_atomic(path.with_suffix(".json"), json.dumps(sidecar).encode())
             self._gates[(spec.model_id, spec.layer)] = _Gate(spec, blob_uri, path)
-        return self._gate_row(self._gates[(spec.model_id, spec.layer)])
+            row = self._gate_row(self._gates[(spec.model_id, spec.layer)])
+        self._changed()
+        return row
 
     def gate_unload(self, *, model_id: str, layer: int) -> None:
         with self._lock:
@@ -155,6 +163,14 @@ class ExpertRuntime:
             raise GateNotLoaded(f"no gate loaded for model_id={model_id!r} layer={layer}")
         for p in (gate.path, gate.path.with_suffix(".json")):
             p.unlink(missing_ok=True)
+        self._changed()
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            try:
+                self._on_change()
+            except Exception:  # a listener's failure must never break a load
+                log.exception("runtime change listener failed")
 
     def _gate(self, model_id: str, layer: int) -> GateSpec:
         with self._lock:
@@ -166,9 +182,10 @@ class ExpertRuntime:
     def _scan_gates(self) -> None:
         for path in sorted((self._root / "gates").glob("*/layer*.safetensors")):
             try:
-                spec = read_gate_payload(path.read_bytes())
                 sidecar = path.with_suffix(".json")
-                blob_uri = json.loads(sidecar.read_text()).get("blob_uri") if sidecar.exists() else None
+                meta = json.loads(sidecar.read_text()) if sidecar.exists() else {}
+                spec = read_gate_payload(path.read_bytes(), model_id=meta.get("model_id"), layer=meta.get("layer"))
+                blob_uri = meta.get("blob_uri")
             except (OSError, ValueError, InvalidPayload) as exc:
                 log.warning("skipping unreadable gate payload %s: %s", path, exc)
                 continue
@@ -232,14 +249,6 @@ class ExpertRuntime:
         """Expert-forward rows per second of compute over the last minute (see metering.py)."""
         return round(self._meter.rows_per_second())
 
-    def holdings(self) -> list[dict[str, Any]]:
-        tps = self.committed_tps()
-        return [
-            {"model_id": k[0], "layer": k[1], "expert": k[2], "residency": "Warm" if warm else "Cold",
-             "committed_tps": tps, "blob_uri": record.blob_uri}
-            for k, record, warm in self._cache.records()
-        ]
-
     def status(self) -> dict[str, Any]:
         rows = self._cache.records()
         experts = [self._row(k, r, warm) for k, r, warm in rows]
@@ -268,7 +277,7 @@ class ExpertRuntime:
         resident = self._cache.peek(key) if warm else None
         return {
             "model_id": key[0], "layer": key[1], "expert": key[2],
-            "tier": "memory" if warm else "disk",
+            "tier": "memory" if warm else "disk", "residency": "Warm" if warm else "Cold",
             "memory_bytes": resident.nbytes if resident is not None else 0,
             "disk_bytes": record.disk_bytes,
             "d_model": record.header.d_model, "d_ff": record.header.d_ff,

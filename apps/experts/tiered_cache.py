@@ -20,16 +20,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from apps.durable_files import link_or_write_atomic, write_atomic
 from apps.experts.errors import ExpertNotLoaded, InvalidPayload
 from apps.experts.ffn import ExpertHeader, ResidentExpert
 
@@ -57,17 +56,6 @@ def model_dir_name(model_id: str) -> str:
     return f"{readable}-{hashlib.sha256(model_id.encode()).hexdigest()[:12]}"
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write via a temp file and rename, so a crash never leaves a torn payload behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 @dataclass
 class Record:
     """A registered expert: its header, where its payload lives, and a registration generation."""
@@ -77,18 +65,27 @@ class Record:
     blob_uri: str | None
     disk_bytes: int
     generation: int
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class TieredCache:
     """Memory-tier LRU of ResidentExperts over payload files under `root`."""
 
-    def __init__(self, *, root: Path, budget_bytes: int, decode: Callable[[bytes], ResidentExpert]) -> None:
+    def __init__(
+        self,
+        *,
+        root: Path,
+        budget_bytes: int,
+        decode: Callable[[bytes], ResidentExpert],
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        """`on_change()` is called (no lock held) after any registration, removal, promotion or
+        eviction, from whichever thread made it; it must be cheap and thread-safe."""
         if budget_bytes < 0:
             raise ValueError(f"memory budget must be >= 0 bytes, received {budget_bytes}")
         self.root = Path(root)
         self.budget_bytes = int(budget_bytes)
         self._decode = decode
+        self._on_change = on_change
         self._lock = threading.RLock()
         self._records: dict[Key, Record] = {}
         self._memory: OrderedDict[Key, ResidentExpert] = OrderedDict()  # LRU first, MRU last
@@ -102,11 +99,22 @@ class TieredCache:
         model_id, layer, expert = key
         return self.root / model_dir_name(model_id) / f"layer{layer}" / f"expert{expert}.safetensors"
 
-    def put(self, payload: bytes, expert: ResidentExpert, header: ExpertHeader, blob_uri: str | None) -> None:
-        """Register (or replace) an expert: payload to disk, decoded copy to the memory tier."""
+    def put(
+        self,
+        payload: bytes | bytearray,
+        expert: ResidentExpert,
+        header: ExpertHeader,
+        blob_uri: str | None,
+        *,
+        stored_at: Path | None = None,
+    ) -> None:
+        """Register (or replace) an expert: payload to disk, decoded copy to the memory tier.
+
+        `stored_at` names a file already holding exactly `payload` (its blob): the disk tier
+        links to it instead of writing a second copy."""
         key = expert.key
         path = self.path_for(key)
-        write_atomic(path, bytes(payload))
+        link_or_write_atomic(path, payload, existing=stored_at)
         sidecar = {"model_id": header.model_id, "layer": header.layer, "expert": header.expert,
                    "d_model": header.d_model, "d_ff": header.d_ff, "formats": header.formats,
                    "blob_uri": blob_uri}
@@ -116,6 +124,7 @@ class TieredCache:
             self._generation += 1
             self._records[key] = Record(header, path, blob_uri, len(payload), self._generation)
             self._insert(key, expert)
+        self._changed()
 
     def remove(self, key: Key) -> None:
         """Forget an expert in both tiers and delete its files; ExpertNotLoaded if unknown."""
@@ -126,6 +135,7 @@ class TieredCache:
             self._drop_memory(key)
         for p in (record.path, record.path.with_suffix(".json")):
             p.unlink(missing_ok=True)
+        self._changed()
 
     def scan(self, read_header: Callable[[bytes], ExpertHeader]) -> list[Key]:
         """Re-register every payload file under root as a disk-tier expert (at start).
@@ -179,12 +189,6 @@ class TieredCache:
         with self._lock:
             return sorted(self._records)
 
-    def tier(self, key: Key) -> str:
-        with self._lock:
-            if key not in self._records:
-                raise ExpertNotLoaded(f"expert {_fmt(key)} is not loaded on this node")
-            return "memory" if key in self._memory else "disk"
-
     def peek(self, key: Key) -> ResidentExpert | None:
         """The memory-tier copy without touching LRU order (for status), or None."""
         with self._lock:
@@ -223,9 +227,12 @@ class TieredCache:
             self._inflight.pop(key, None)
             current = self._records.get(key)
             # unloaded or replaced while we decoded: hand back this copy but do not cache it
-            if current is not None and current.generation == record.generation:
+            promoted = current is not None and current.generation == record.generation
+            if promoted:
                 self._insert(key, expert)
         future.set_result(expert)
+        if promoted:
+            self._changed()
         return expert
 
     def promote(self, keys: Iterable[Key]) -> None:
@@ -245,6 +252,13 @@ class TieredCache:
         if expert.key != key:
             raise InvalidPayload(f"disk-tier payload at {record.path} holds {_fmt(expert.key)}, expected {_fmt(key)}")
         return expert
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            try:
+                self._on_change()
+            except Exception:  # a listener's failure must never break a load or a forward
+                log.exception("tier change listener failed")
 
     # -- memory tier (callers hold the lock) ----------------------------------------------------
 

@@ -1,13 +1,10 @@
-"""Hidden-state rows at the edges: base64 little-endian f32 in JSON, raw f32 in frames.
+"""Hidden-state rows as raw little-endian f32 bytes (frames, the operator door).
 
 Pure module (no Django). Shapes are checked here so a wrong d_model or a truncated buffer
 is named before anything reaches the runtime.
 """
 
 from __future__ import annotations
-
-import base64
-import binascii
 
 import numpy as np
 
@@ -37,13 +34,3 @@ def rows_to_bytes(rows: np.ndarray) -> bytes:
     """f32 [tokens, d] -> raw little-endian f32 bytes."""
     return np.ascontiguousarray(rows, dtype=F32).tobytes()
 
-
-def rows_to_b64(rows: np.ndarray) -> str:
-    return base64.b64encode(rows_to_bytes(rows)).decode("ascii")
-
-
-def payload_from_b64(text: str, *, what: str) -> bytes:
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ValueError(f"{what} is not valid base64: {exc}") from exc

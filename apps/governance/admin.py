@@ -9,7 +9,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.http import HttpRequest
 
-from apps.api.errors import TenzroError
+from apps.errors import TenzroError
 from apps.governance import services
 from apps.governance.models import POLICY_VALUE_FIELDS, Policy, PolicyStatus
 from apps.governance.selectors import policy_active

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from apps.api.errors import NotFound
+from apps.errors import NotFound
 from apps.governance.models import Policy, PolicyStatus
 
 

@@ -8,10 +8,10 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from apps.api.errors import Conflict, InvalidInput, NotFound
-from apps.dashboard.services import dashboard_push
+from apps.errors import Conflict, InvalidInput, NotFound
 from apps.governance.models import POLICY_VALUE_FIELDS, Policy, PolicyStatus
 from apps.governance.selectors import policy_active, policy_to_dict
+from apps.governance.signals import policy_activated
 
 
 def _check_values(policy: Policy) -> None:
@@ -68,7 +68,7 @@ def policy_approve(*, policy_id: int, approved_by: str) -> Policy:
     policy.status, policy.decided_by, policy.decided_at = PolicyStatus.ACTIVE, approved_by, now
     policy.save(update_fields=["status", "decided_by", "decided_at"])
     snapshot = policy_to_dict(policy)
-    transaction.on_commit(lambda: dashboard_push(event="policy.changed", payload={"policy": snapshot}))
+    transaction.on_commit(lambda: policy_activated.send(sender=Policy, policy=snapshot))
     return policy
 
 

@@ -2,25 +2,48 @@
 
 from typing import Any
 
+from ninja import Schema
+
 from apps.api.registry import rpc_method
 from apps.node import selectors
-from apps.transport.bridge import worker_call
 
 
-@rpc_method("tenzro_nodeInfo", rest="/node/info", http_method="GET", tag="node")
+class Endpoints(Schema):
+    http: str
+    quic: str
+    quic_cert_sha256: str
+
+
+class NodeInfoOut(Schema):
+    provider_id: str
+    roles: list[str]
+    version: str
+    endpoints: Endpoints
+    peers: list[str]
+
+
+class ProcessOut(Schema):
+    name: str
+    pid: int | None
+    state: str
+    uptime_s: float
+    restarts: int
+
+
+class NodeProcessesOut(Schema):
+    supervised: bool
+    processes: list[ProcessOut]
+    celery_heartbeat_age_s: float | None
+    error: str | None = None
+
+
+@rpc_method("tenzro_nodeInfo", rest="/node/info", http_method="GET", tag="node", response=NodeInfoOut)
 def node_info() -> dict[str, Any]:
     """This node's provider id, roles, endpoints (with the QUIC certificate pin) and version."""
     return selectors.node_info()
 
 
-@rpc_method("tenzro_nodeProcesses", rest="/node/processes", http_method="GET", tag="node")
+@rpc_method("tenzro_nodeProcesses", rest="/node/processes", http_method="GET", tag="node", response=NodeProcessesOut)
 def node_processes() -> dict[str, Any]:
     """The node's processes as its supervisor sees them, and the Celery heartbeat age."""
     return selectors.node_processes()
-
-
-@rpc_method("tenzro_workerStatus", rest="/node/worker", http_method="GET", tag="node")
-async def worker_status() -> dict[str, Any]:
-    """Ask the expert worker process for its `moe/status` over the Channels layer."""
-    result, _ = await worker_call("moe/status", {})
-    return result

@@ -8,7 +8,6 @@ certificate's SHA-256 fingerprint goes into the signed provider record so peers 
 from __future__ import annotations
 
 import datetime
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from nacl.signing import SigningKey, VerifyKey
+
+from apps.transport.pinning import certificate_sha256
 
 KEY_FILE = "node.key"
 CERT_FILE = "quic-cert.pem"
@@ -71,11 +72,6 @@ def _load_or_create_signing_key(path: Path) -> SigningKey:
         # Another process of this node created it first: use theirs.
         return _load_or_create_signing_key(path)
     return key
-
-
-def certificate_sha256(cert_der: bytes) -> str:
-    """SHA-256 of a DER certificate, lowercase hex: the QUIC pin."""
-    return hashlib.sha256(cert_der).hexdigest()
 
 
 def _create_certificate(cert_path: Path, key_path: Path, common_name: str) -> None:

@@ -6,12 +6,19 @@ ASGI web server, the expert worker, a Celery worker and Celery beat — each in 
 process group so a stop reaches their own children too (Celery's pool). Child output is
 prefixed with the child's name. A child that dies is restarted with exponential backoff.
 SIGINT/SIGTERM stop every child (SIGTERM, then SIGKILL after a grace period).
+
+Processes never outlive their node: each child is started through apps/node/parent_death.py,
+so the kernel kills it if the supervisor dies without stopping it (SIGKILL, the OOM killer).
+The supervisor also records its children in `<data dir>/node.pids`; a start on the same data
+dir ends whatever a previous run left there (its pids checked against their start times, so
+a recycled pid is never killed) before it checks the ports.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import signal
 import socket
@@ -23,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import psutil
 import redis
 
 from apps.node import liveness
@@ -30,6 +38,8 @@ from apps.node.identity import load_or_create_identity
 from tenzro_site.settings.env import BASE_DIR, OPERATOR_TOKEN_FILE, read_or_create_secret, split_host_port
 
 STOP_GRACE_S = 15.0
+PIDS_FILE = "node.pids"
+LEFTOVER_GRACE_S = 5.0
 MAX_BACKOFF_S = 30.0
 # A child that stayed up this long is considered healthy again: its backoff resets.
 HEALTHY_AFTER_S = 60.0
@@ -155,6 +165,7 @@ class Supervisor:
             fcntl.flock(self._lock_handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
             raise NodeStartError(f"another node is already running with data dir {self.options.data_dir}") from exc
+        self.end_leftovers()  # before the port checks: a leftover may still hold our ports
         try:
             self._redis.ping()
         except redis.RedisError as exc:
@@ -177,10 +188,33 @@ class Supervisor:
         if result.returncode != 0:
             raise NodeStartError(f"database migration failed:\n{result.stdout}{result.stderr}")
 
+    def end_leftovers(self) -> list[int]:
+        """End the process groups a previous run of this data dir left behind; their pids."""
+        ended = end_recorded_processes(self.options.data_dir / PIDS_FILE)
+        if ended:
+            self.log("node", f"ended {len(ended)} processes a previous run of this data dir left behind: "
+                             f"pids {', '.join(map(str, ended))}")
+        return ended
+
+    def _record_pids(self) -> None:
+        """Write node.pids: every live child with its start time (so a recycled pid is never taken)."""
+        entries = []
+        for child in self.children:
+            if child.process is not None and child.process.poll() is None:
+                with contextlib.suppress(psutil.Error):
+                    created = psutil.Process(child.process.pid).create_time()
+                    entries.append({"name": child.name, "pid": child.process.pid, "create_time": created})
+        path = self.options.data_dir / PIDS_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"supervisor": os.getpid(), "children": entries}))
+        os.replace(tmp, path)
+
     # -- children -----------------------------------------------------------------------------
     def _start(self, child: Child) -> None:
+        # Through the parent_death launcher: the child dies with this supervisor, however it dies.
+        argv = [sys.executable, "-m", "apps.node.parent_death", str(os.getpid()), "--", *child.argv]
         child.process = subprocess.Popen(
-            child.argv, env=self.env, cwd=BASE_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            argv, env=self.env, cwd=BASE_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
         child.state, child.started_at = "running", time.time()
@@ -188,6 +222,7 @@ class Supervisor:
         reader.start()
         child.readers.append(reader)
         self.log("node", f"started {child.name} (pid {child.process.pid})")
+        self._record_pids()
 
     def _check(self, child: Child, now: float) -> None:
         if child.state == "restarting":
@@ -256,6 +291,7 @@ class Supervisor:
                 reader.join(timeout=2)
         with contextlib.suppress(redis.RedisError):
             liveness.clear_processes(self._redis)
+        (self.options.data_dir / PIDS_FILE).unlink(missing_ok=True)
         self.log("node", "stopped")
         if self._lock_handle is not None:
             self._lock_handle.close()
@@ -264,6 +300,30 @@ class Supervisor:
 def _kill_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def end_recorded_processes(pids_file: Path, *, grace_s: float = LEFTOVER_GRACE_S) -> list[int]:
+    """SIGTERM, then SIGKILL, the process groups recorded in `pids_file` that are still the same
+    processes (same pid and start time); returns their pids. A missing or torn file ends nothing."""
+    try:
+        entries = json.loads(pids_file.read_text()).get("children", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    alive: list[psutil.Process] = []
+    for entry in entries:
+        try:
+            process = psutil.Process(int(entry["pid"]))
+            if abs(process.create_time() - float(entry["create_time"])) < 0.01:
+                alive.append(process)
+        except (psutil.Error, KeyError, TypeError, ValueError):
+            continue
+    for process in alive:
+        _kill_group(process.pid, signal.SIGTERM)  # each child leads its own group (start_new_session)
+    _, still = psutil.wait_procs(alive, timeout=grace_s)
+    for process in still:
+        _kill_group(process.pid, signal.SIGKILL)
+    psutil.wait_procs(still, timeout=grace_s)
+    return [process.pid for process in alive]
 
 
 def run_node(options: NodeOptions) -> int:

@@ -47,23 +47,43 @@ class Frame:
     body: bytes | bytearray = field(default=b"", repr=False)
 
 
-def encode_frame(kind: int, header: dict[str, Any], body: bytes | memoryview = b"") -> bytes:
+def encode_frame(kind: int, header: dict[str, Any], body: bytes | bytearray | memoryview = b"") -> bytes:
     if kind not in (KIND_REQUEST, KIND_RESPONSE):
         raise ValueError(f"unknown frame kind {kind}")
     header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
-    return b"".join((PREFIX.pack(MAGIC, VERSION, kind, len(header_bytes), len(body)), header_bytes, body))
+    body_len = memoryview(body).nbytes
+    return b"".join((PREFIX.pack(MAGIC, VERSION, kind, len(header_bytes), body_len), header_bytes, body))
 
 
-def request_frame(method: str, params: dict[str, Any], body: bytes = b"") -> bytes:
+def request_frame(method: str, params: dict[str, Any], body: bytes | memoryview = b"") -> bytes:
     return encode_frame(KIND_REQUEST, {"method": method, "params": params}, body)
 
 
-def response_frame(result: dict[str, Any], body: bytes = b"") -> bytes:
-    return encode_frame(KIND_RESPONSE, {"ok": True, "result": result}, body)
+@dataclass(frozen=True)
+class Reply:
+    """One response: the header of a kind-2 frame and its body (not yet encoded)."""
+
+    header: dict[str, Any]
+    body: bytes | bytearray | memoryview = field(default=b"", repr=False)
+
+    @classmethod
+    def ok(cls, result: dict[str, Any], body: bytes | bytearray | memoryview = b"") -> Reply:
+        return cls({"ok": True, "result": result}, body)
+
+    @classmethod
+    def error(cls, reason: str, message: str) -> Reply:
+        return cls({"ok": False, "error": {"reason": reason, "message": message}})
+
+    def encode(self) -> bytes:
+        return encode_frame(KIND_RESPONSE, self.header, self.body)
+
+
+def response_frame(result: dict[str, Any], body: bytes | memoryview = b"") -> bytes:
+    return Reply.ok(result, body).encode()
 
 
 def error_frame(reason: str, message: str) -> bytes:
-    return encode_frame(KIND_RESPONSE, {"ok": False, "error": {"reason": reason, "message": message}})
+    return Reply.error(reason, message).encode()
 
 
 class FrameDecoder:

@@ -31,8 +31,21 @@ TENZRO_PUBLIC_HTTP = env_str("TENZRO_PUBLIC_HTTP", f"http://{TENZRO_HTTP}")
 TENZRO_RPC_MAX_BYTES = env_int("TENZRO_RPC_MAX_BYTES", 64 * 1024 * 1024)
 # Seconds the web process waits for the expert worker to answer over the Channels layer.
 TENZRO_WORKER_TIMEOUT_S = env_int("TENZRO_WORKER_TIMEOUT_S", 30)
-# Largest body of one QUIC frame, in bytes.
+# Largest body of one QUIC frame this node accepts in an answer (as a client), in bytes.
 TENZRO_QUIC_MAX_BODY = env_int("TENZRO_QUIC_MAX_BODY", 256 * 1024 * 1024)
+# Limits of the peer door (QUIC), per peer connection: request body size, requests in flight,
+# request rate (token bucket: per second, burst), and connections per remote host.
+TENZRO_PEER_MAX_BODY_BYTES = env_int("TENZRO_PEER_MAX_BODY_BYTES", 64 * 1024 * 1024)
+TENZRO_PEER_MAX_STREAMS = env_int("TENZRO_PEER_MAX_STREAMS", 32)
+TENZRO_PEER_RATE_PER_S = env_int("TENZRO_PEER_RATE_PER_S", 200)
+TENZRO_PEER_BURST = env_int("TENZRO_PEER_BURST", 400)
+TENZRO_PEER_MAX_CONNECTIONS_PER_HOST = env_int("TENZRO_PEER_MAX_CONNECTIONS_PER_HOST", 64)
+# The worker refreshes its published state this often, and readers call it stale after
+# TENZRO_WORKER_STALE_S of silence.
+TENZRO_WORKER_HEARTBEAT_S = env_int("TENZRO_WORKER_HEARTBEAT_S", 5)
+TENZRO_WORKER_STALE_S = env_int("TENZRO_WORKER_STALE_S", 15)
+# Seconds the worker keeps what it read from the control plane (the policy) before reading again.
+TENZRO_WORKER_CONTROL_TTL_S = env_int("TENZRO_WORKER_CONTROL_TTL_S", 5)
 # Memory-tier budget of the expert runtime in bytes; 0 = 60% of available memory (4 GiB if unknown).
 TENZRO_MEMORY_BUDGET_BYTES = env_int("TENZRO_MEMORY_BUDGET_BYTES", 0)
 # Threads of the expert worker that run expert compute and payload decoding.
@@ -61,8 +74,7 @@ INSTALLED_APPS = [
     "apps.api",
     "apps.node",
     "apps.governance",
-    "apps.transport",
-    "apps.experts",
+    "apps.worker",
     "apps.blobs",
     "apps.catalog",
     "apps.dashboard",
@@ -122,7 +134,10 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 # Serve straight from the apps' static folders: no collectstatic step before `make run`.
 WHITENOISE_USE_FINDERS = True
+# A JSON-RPC body up to TENZRO_RPC_MAX_BYTES is read into memory, never spooled to a temp file
+# (Django's ASGI handler spools bodies above FILE_UPLOAD_MAX_MEMORY_SIZE, 2.5 MB by default).
 DATA_UPLOAD_MAX_MEMORY_SIZE = TENZRO_RPC_MAX_BYTES
+FILE_UPLOAD_MAX_MEMORY_SIZE = TENZRO_RPC_MAX_BYTES
 
 CHANNEL_LAYERS = {
     "default": {

@@ -8,6 +8,7 @@ from apps.catalog.models import JobState, PrepareJob
 
 pytestmark = pytest.mark.django_db
 AUTH = {"HTTP_AUTHORIZATION": "Bearer test-operator-token"}
+_ABSENT = object()
 
 
 def rpc(client, method, params, **headers):
@@ -29,16 +30,24 @@ def test_prepare_queues_the_task_only_on_commit(client, django_capture_on_commit
 @pytest.mark.parametrize(
     ("params", "reason"),
     [
-        ({"quant": "q9_9"}, "invalid_quant"),
-        ({"quant": {"gate": "q4_k"}}, "invalid_quant"),
-        ({"checkpoint": None, "model_id": "not-in-catalog"}, "checkpoint_required"),
+        # the schema enumerates presets and per-projection types, so these never reach the service
+        ({"quant": "q9_9"}, "invalid_params"),
+        ({"quant": {"gate": "q4_k"}}, "invalid_params"),
+        ({"quant": {"gate": "q4_k", "up": "q4_k", "down": "q7_k"}}, "invalid_params"),
+        ({"checkpoint": None}, "invalid_params"),  # absent or a path, never null
+        ({"checkpoint": "", "model_id": "not-in-catalog"}, "invalid_params"),
         ({"experts": []}, "invalid_params"),
+        ({"experts": [-3]}, "invalid_params"),
         ({"layer": -1}, "invalid_params"),
+        ({"model_id": ""}, "invalid_params"),
+        # what the schema cannot know: this model has no catalog source to default to
+        ({"checkpoint": _ABSENT, "model_id": "not-in-catalog"}, "checkpoint_required"),
     ],
 )
 def test_prepare_refuses_bad_requests(client, params, reason) -> None:
     base = {"model_id": "m", "layer": 0, "experts": [1], "quant": None, "checkpoint": "/ckpt"}
-    answer = rpc(client, "tenzro_moePrepareExperts", {**base, **params}, **AUTH)
+    merged = {k: v for k, v in {**base, **params}.items() if v is not _ABSENT}
+    answer = rpc(client, "tenzro_moePrepareExperts", merged, **AUTH)
     assert answer["error"]["data"]["reason"] == reason
     assert not PrepareJob.objects.exists()
 

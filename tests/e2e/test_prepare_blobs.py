@@ -138,10 +138,11 @@ def test_tampered_blob_is_refused_and_nothing_is_stored(start_node, checkpoint) 
     assert answer["error"]["data"]["reason"] == "hash_mismatch", answer
     assert not (b.data_dir / "blobs" / digest[:2] / digest).exists()
     assert b.result("tenzro_moeExpertStatus")["experts"] == []
-    bad_hash = b.rpc("tenzro_moeExpertLoad", {"blob_uri": "tenzro://blob/xyz"}, token=TOKEN)
-    assert bad_hash["error"]["data"]["reason"] == "invalid_hash"
-    bad_uri = b.rpc("tenzro_moeExpertLoad", {"blob_uri": "s3://bucket/expert"}, token=TOKEN)
-    assert bad_uri["error"]["data"]["reason"] == "invalid_uri"
+    # the params schema's pattern names a malformed URI before anything is fetched
+    for bad in ("tenzro://blob/xyz", "s3://bucket/expert", "tenzro://blob/" + "A" * 64):
+        answer = b.rpc("tenzro_moeExpertLoad", {"blob_uri": bad}, token=TOKEN)
+        assert answer["error"]["data"]["reason"] == "invalid_params", answer
+        assert answer["error"]["data"]["errors"][0]["loc"] == ["blob_uri"]
 
 
 def test_prepare_failures_are_reported_with_reasons(start_node, checkpoint, tmp_path) -> None:
@@ -152,7 +153,8 @@ def test_prepare_failures_are_reported_with_reasons(start_node, checkpoint, tmp_
     assert prepare(a, experts=[0], checkpoint=str(tmp_path / "nowhere"))["error"]["reason"] == "not_found"
     invalid = a.rpc("tenzro_moePrepareExperts", {"model_id": MODEL, "layer": 0, "experts": [0], "quant": "q3_x",
                                                  "checkpoint": url}, token=TOKEN)
-    assert invalid["error"]["data"]["reason"] == "invalid_quant"
+    assert invalid["error"]["data"]["reason"] == "invalid_params"  # the schema enumerates the presets
+    assert invalid["error"]["data"]["errors"][0]["loc"][0] == "quant"
     no_source = a.rpc("tenzro_moePrepareExperts", {"model_id": "unknown-model", "layer": 0, "experts": [0]},
                       token=TOKEN)
     assert no_source["error"]["data"]["reason"] == "checkpoint_required"

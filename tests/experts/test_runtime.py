@@ -15,6 +15,7 @@ from apps.experts.errors import (
     ShapeMismatch,
 )
 from apps.experts.runtime import ExpertRuntime
+from apps.quantization.payload import serialize_safetensors
 from tests.experts.factories import (
     MODEL,
     deepseek_gate,
@@ -163,16 +164,70 @@ def test_status_and_holdings_shape(rt):
                            "gpu_backend_active", "backend", "cpu_kernel"}
     assert status["gpu_backend_active"] is False and status["backend"] == "cpu"
     assert status["cpu_kernel"].startswith(("c-", "numba-", "numpy-"))
-    (holding,) = rt.holdings()
-    assert set(holding) == {"model_id", "layer", "expert", "residency", "committed_tps", "blob_uri"}
-    assert holding["residency"] == "Warm" and holding["committed_tps"] > 0
+    (row,) = status["experts"]
+    assert row["residency"] == "Warm" and row["tier"] == "memory" and status["committed_tps"] > 0
 
 
-def test_expert_load_path(rt, tmp_path):
+def test_blob_loaded_expert_and_gate_are_stored_once_on_disk(rt, tmp_path):
+    """`stored_at` (the blob file) is linked into the disk tier: one inode, not two copies."""
     rng = np.random.default_rng(48)
-    path = tmp_path / "e.safetensors"
-    path.write_bytes(expert_payload(expert_weights(rng, D_MODEL, D_FF), expert=2, model_id="m/x", layer=4))
-    assert rt.expert_load_path(path=path)["expert"] == 2
-    assert rt.holdings()[0]["model_id"] == "m/x"
-    with pytest.raises(InvalidPayload):
-        rt.expert_load_path(path=tmp_path / "missing.safetensors")
+    payload = expert_payload(expert_weights(rng, D_MODEL, D_FF), expert=2)
+    blob = tmp_path / "blob-e2"
+    blob.write_bytes(payload)
+    rt.expert_load(payload=payload, blob_uri="tenzro://blob/" + "a" * 64, stored_at=blob)
+    tier_file = next((tmp_path / "moe" / "experts").rglob("expert2.safetensors"))
+    assert tier_file.stat().st_ino == blob.stat().st_ino and blob.stat().st_nlink == 2
+    gate_payload, _ = qwen_gate(rng, d_model=D_MODEL, n_routed=4, top_k=2, norm=True)
+    gate_blob = tmp_path / "blob-gate"
+    gate_blob.write_bytes(gate_payload)
+    rt.gate_load(payload=gate_payload, stored_at=gate_blob)
+    assert gate_blob.stat().st_nlink == 2
+    # unloading drops the tier's name only; the blob keeps its bytes
+    rt.expert_unload(model_id=MODEL, layer=0, expert=2)
+    assert blob.read_bytes() == payload and blob.stat().st_nlink == 1
+    # a stale `stored_at` (other size) is never trusted: the payload is written instead
+    blob.write_bytes(b"other")
+    rt.expert_load(payload=payload, stored_at=blob)
+    assert next((tmp_path / "moe" / "experts").rglob("expert2.safetensors")).read_bytes() == payload
+
+
+def test_gate_payload_without_ids_loads_when_the_call_names_them(tmp_path):
+    rng = np.random.default_rng(49)
+    weight = rng.standard_normal((4, D_MODEL)).astype(np.float32)
+    anonymous = serialize_safetensors({"weight": ("F32", [4, D_MODEL], weight.tobytes())},
+                                      {"router": "softmax", "top_k": "2"})
+    rt = ExpertRuntime(data_dir=tmp_path, memory_budget_bytes=64 << 20)
+    with pytest.raises(InvalidPayload, match="model_id"):
+        rt.gate_load(payload=anonymous)
+    row = rt.gate_load(payload=anonymous, expect={"model_id": "m/anon", "layer": 3})
+    assert (row["model_id"], row["layer"], row["top_k"]) == ("m/anon", 3, 2)
+    # ids in the payload must agree with the call's
+    named, _ = qwen_gate(rng, d_model=D_MODEL, n_routed=4, top_k=2, norm=True)
+    with pytest.raises(ModelMismatch, match="model_id"):
+        rt.gate_load(payload=named, expect={"model_id": "m/other"})
+    # a restart finds the anonymous gate again under the ids of its load
+    again = ExpertRuntime(data_dir=tmp_path, memory_budget_bytes=64 << 20)
+    assert [(g["model_id"], g["layer"]) for g in again.status()["gates"]] == [("m/anon", 3)]
+
+
+def test_every_change_of_holdings_is_reported(tmp_path):
+    rng = np.random.default_rng(50)
+    changes = []
+    one_expert = len(expert_payload(expert_weights(rng, D_MODEL, D_FF), expert=0))
+    rt = ExpertRuntime(data_dir=tmp_path, memory_budget_bytes=int(one_expert * 2.5),
+                       on_change=lambda: changes.append(1))
+    payloads = [expert_payload(expert_weights(rng, D_MODEL, D_FF), expert=e) for e in range(3)]
+    for payload in payloads:
+        rt.expert_load(payload=payload)
+    assert len(changes) == 3
+    x = rng.standard_normal((2, D_MODEL)).astype(np.float32)
+    cold = [e["expert"] for e in rt.status()["experts"] if e["tier"] == "disk"]
+    assert cold, "the budget should have evicted an expert"
+    changes.clear()
+    rt.execute(model_id=MODEL, layer=0, expert=cold[0], hidden=x)  # promotion (and an eviction)
+    assert changes
+    changes.clear()
+    rt.execute(model_id=MODEL, layer=0, expert=cold[0], hidden=x)  # already warm: nothing changed
+    assert not changes
+    rt.expert_unload(model_id=MODEL, layer=0, expert=0)
+    assert changes == [1]

@@ -43,7 +43,7 @@ def test_lru_keeps_byte_bound_and_spills(tmp_path):
     assert _tiers(rt) == {0: "disk", 1: "disk", 2: "disk", 3: "memory", 4: "memory"}
     status = _check_bound(rt)
     assert status["counts"] == {"warm": 2, "cold": 3, "gates": 0}
-    assert {h["expert"]: h["residency"] for h in rt.holdings()} == {
+    assert {e["expert"]: e["residency"] for e in status["experts"]} == {
         0: "Cold", 1: "Cold", 2: "Cold", 3: "Warm", 4: "Warm"}
     # touching 3 makes 4 the LRU victim when 0 is promoted
     x = np.random.default_rng(1).standard_normal((4, D_MODEL)).astype(np.float32)

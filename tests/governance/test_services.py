@@ -5,8 +5,8 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import IntegrityError, transaction
 
-from apps.api.errors import Conflict, InvalidInput
 from apps.dashboard.services import DASHBOARD_GROUP
+from apps.errors import Conflict, InvalidInput
 from apps.governance.models import Policy, PolicyStatus
 from apps.governance.selectors import policy_active
 from apps.governance.services import policy_approve, policy_propose, policy_reject

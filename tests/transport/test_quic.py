@@ -1,4 +1,4 @@
-"""Real aioquic endpoints on loopback: framing over QUIC and certificate pinning."""
+"""Real aioquic endpoints on loopback: framing over QUIC, certificate pinning, peer limits."""
 
 import asyncio
 import socket
@@ -6,7 +6,9 @@ import socket
 import pytest
 
 from apps.node.identity import load_or_create_identity
-from apps.transport.quic import HandlerError, QuicSettings, TransportError, quic_call, start_server
+from apps.transport.admission import PeerLimits
+from apps.transport.framing import Reply
+from apps.transport.quic import PeerRequest, QuicSettings, TransportError, quic_call, start_server
 
 SETTINGS = QuicSettings(max_body=8 * 1024 * 1024)
 
@@ -17,10 +19,13 @@ def _free_udp_port() -> int:
         return probe.getsockname()[1]
 
 
-async def _echo(method: str, params: dict, body: bytes) -> tuple[dict, bytes]:
-    if method == "fail":
-        raise HandlerError("expert_not_loaded", "expert 7 is not loaded here")
-    return {"method": method, "params": params, "body_len": len(body)}, body[::-1]
+async def _echo(request: PeerRequest) -> Reply:
+    if request.method == "fail":
+        return Reply.error("expert_not_loaded", "expert 7 is not loaded here")
+    if request.method == "slow":
+        await asyncio.sleep(float(request.params.get("s", 0.5)))
+    return Reply.ok({"method": request.method, "params": request.params, "body_len": len(request.body),
+                     "peer_host": request.peer[0]}, bytes(request.body)[::-1])
 
 
 @pytest.fixture
@@ -28,26 +33,32 @@ def server_identity(tmp_path):
     return load_or_create_identity(tmp_path / "server")
 
 
-def _serve_and_call(identity, *, handler=_echo, server_settings=SETTINGS, pin=None, **call):
-    """Start a real server on a free port, make one call, stop the server; returns the call's result."""
+async def _with_server(identity, scenario, *, handler=_echo, server_settings=SETTINGS, limits=None):
     port = _free_udp_port()
+    server = await start_server(host="127.0.0.1", port=port, cert_path=str(identity.cert_path),
+                                key_path=str(identity.cert_key_path), handler=handler, settings=server_settings,
+                                limits=limits)
+    try:
+        return await scenario(port)
+    finally:
+        server.close()
 
-    async def scenario():
-        server = await start_server(host="127.0.0.1", port=port, cert_path=str(identity.cert_path),
-                                    key_path=str(identity.cert_key_path), handler=handler, settings=server_settings)
-        try:
-            return await quic_call(host="127.0.0.1", port=port, pin_sha256=pin or identity.cert_sha256,
-                                   settings=SETTINGS, **call)
-        finally:
-            server.close()
 
-    return asyncio.run(scenario())
+def _serve_and_call(identity, *, handler=_echo, server_settings=SETTINGS, pin=None, limits=None, **call):
+    """Start a real server on a free port, make one call, stop the server; returns the call's result."""
+
+    async def scenario(port):
+        return await quic_call(host="127.0.0.1", port=port, pin_sha256=pin or identity.cert_sha256,
+                               settings=SETTINGS, **call)
+
+    return asyncio.run(_with_server(identity, scenario, handler=handler, server_settings=server_settings,
+                                    limits=limits))
 
 
 def test_round_trip_with_correct_pin_and_binary_body(server_identity) -> None:
     body = bytes(range(256)) * 4096  # 1 MiB: spans many packets and flow-control updates
     result, reply = _serve_and_call(server_identity, method="moe/echo", params={"k": 1}, body=body)
-    assert result == {"method": "moe/echo", "params": {"k": 1}, "body_len": len(body)}
+    assert result == {"method": "moe/echo", "params": {"k": 1}, "body_len": len(body), "peer_host": "127.0.0.1"}
     assert bytes(reply) == body[::-1]
 
 
@@ -55,9 +66,9 @@ def test_wrong_pin_is_refused_before_any_request(server_identity, tmp_path) -> N
     other = load_or_create_identity(tmp_path / "other")
     seen = []
 
-    async def recording(method, params, body):
-        seen.append(method)
-        return {}, b""
+    async def recording(request):
+        seen.append(request.method)
+        return Reply.ok({})
 
     with pytest.raises(TransportError) as info:
         _serve_and_call(server_identity, handler=recording, pin=other.cert_sha256, method="moe/status", params={})
@@ -65,15 +76,31 @@ def test_wrong_pin_is_refused_before_any_request(server_identity, tmp_path) -> N
     assert seen == []
 
 
-def test_handler_error_reaches_the_caller_with_its_reason(server_identity) -> None:
+def test_error_reply_reaches_the_caller_with_its_reason(server_identity) -> None:
     with pytest.raises(TransportError) as info:
         _serve_and_call(server_identity, method="fail", params={})
     assert info.value.reason == "expert_not_loaded"
 
 
+def test_a_handler_that_raises_answers_internal_error_and_the_server_keeps_serving(server_identity) -> None:
+    async def broken(request):
+        if request.method == "boom":
+            raise RuntimeError("bug")
+        return Reply.ok({"fine": True})
+
+    async def scenario(port):
+        call = {"host": "127.0.0.1", "port": port, "pin_sha256": server_identity.cert_sha256, "settings": SETTINGS}
+        with pytest.raises(TransportError) as info:
+            await quic_call(method="boom", params={}, **call)
+        assert info.value.reason == "internal_error"
+        return await quic_call(method="ok", params={}, **call)
+
+    assert asyncio.run(_with_server(server_identity, scenario, handler=broken))[0] == {"fine": True}
+
+
 def test_oversized_request_body_is_refused_by_the_server(server_identity) -> None:
     with pytest.raises(TransportError) as info:
-        _serve_and_call(server_identity, server_settings=QuicSettings(max_body=1024), method="moe/echo", params={},
+        _serve_and_call(server_identity, limits=PeerLimits(max_body=1024), method="moe/echo", params={},
                         body=b"x" * 4096)
     assert info.value.reason == "payload_too_large"
 

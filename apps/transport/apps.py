@@ -1,6 +1,0 @@
-from django.apps import AppConfig
-
-
-class TransportConfig(AppConfig):
-    name = "apps.transport"
-    label = "transport"

@@ -1,0 +1,228 @@
+"""JSON-RPC/REST methods of the expert-host runtime (seed 000's tenzro_moe* runtime calls).
+
+The runtime lives in the expert worker. Methods that act go there over the operator door
+(apps/worker/client.py) with raw bytes; `tenzro_moeExpertStatus` reads what the worker last
+published to the control plane, so it answers even while the worker is down (marked stale).
+"""
+
+from typing import Any, Literal
+
+from ninja import Field, Schema
+from pydantic import ConfigDict
+
+from apps.api.b64 import b64_decode, b64_encode, base64_field
+from apps.api.registry import rpc_method
+from apps.api.schemas import DB_INT_MAX, Unloaded, absent_or, exactly_one_of
+from apps.errors import InvalidInput
+from apps.worker import client, selectors
+
+_MODEL_ID = {"min_length": 1, "max_length": 200}
+_BLOB_URI = r"^tenzro://blob/[0-9a-f]{64}$"
+_SOURCES = ("payload", "path", "blob_uri")
+
+
+class ExpertLoadParams(Schema):
+    model_config = ConfigDict(json_schema_extra=exactly_one_of(*_SOURCES))
+
+    payload: str = absent_or(json_schema_extra=base64_field("Expert payload (safetensors), base64."))
+    path: str = absent_or(min_length=1, max_length=4096, description="A regular file on the node's filesystem.")
+    blob_uri: str = absent_or(pattern=_BLOB_URI, description="tenzro://blob/<hash> to fetch, verify and load.")
+    model_id: str = absent_or(**_MODEL_ID, description="If given, the payload must carry this model_id.")
+    layer: int = absent_or(ge=0, le=DB_INT_MAX, description="If given, the payload must carry this layer.")
+    expert: int = absent_or(ge=0, le=DB_INT_MAX, description="If given, the payload must carry this expert.")
+
+
+class GateLoadParams(Schema):
+    model_config = ConfigDict(json_schema_extra=exactly_one_of(*_SOURCES))
+
+    payload: str = absent_or(json_schema_extra=base64_field("Gate payload (safetensors), base64."))
+    path: str = absent_or(min_length=1, max_length=4096, description="A regular file on the node's filesystem.")
+    blob_uri: str = absent_or(pattern=_BLOB_URI, description="tenzro://blob/<hash> to fetch, verify and load.")
+    model_id: str = absent_or(**_MODEL_ID, description="Names the model when the payload does not; else must match.")
+    layer: int = absent_or(ge=0, le=DB_INT_MAX, description="Names the layer if the payload does not; else must match.")
+
+
+class ExpertKey(Schema):
+    model_id: str = Field(**_MODEL_ID)
+    layer: int = Field(ge=0, le=DB_INT_MAX)
+    expert: int = Field(ge=0, le=DB_INT_MAX)
+
+
+class GateKey(Schema):
+    model_id: str = Field(**_MODEL_ID)
+    layer: int = Field(ge=0, le=DB_INT_MAX)
+
+
+class HiddenParams(Schema):
+    model_id: str = Field(**_MODEL_ID)
+    layer: int = Field(0, ge=0, le=DB_INT_MAX)
+    d_model: int = Field(gt=0, le=1 << 20)
+    hidden: str = Field(json_schema_extra=base64_field(
+        "Little-endian f32 [tokens, d_model], base64; its length must be whole rows of d_model."))
+
+
+class ExecuteParams(HiddenParams):
+    expert: int = Field(ge=0, le=DB_INT_MAX)
+
+
+class ExpertRow(Schema):
+    model_id: str
+    layer: int
+    expert: int
+    tier: Literal["memory", "disk"]
+    residency: Literal["Warm", "Cold"]
+    memory_bytes: int
+    disk_bytes: int
+    d_model: int
+    d_ff: int
+    formats: dict[str, str]
+    blob_uri: str | None
+
+
+class GateRow(Schema):
+    model_id: str
+    layer: int
+    router: Literal["softmax", "sigmoid"]
+    n_routed: int
+    n_shared_experts: int
+    top_k: int
+    d_model: int
+    memory_bytes: int
+    blob_uri: str | None
+
+
+class Counts(Schema):
+    warm: int
+    cold: int
+    gates: int
+
+
+class ExpertStatusOut(Schema):
+    experts: list[ExpertRow]
+    gates: list[GateRow]
+    memory_budget_bytes: int
+    memory_used_bytes: int
+    counts: Counts
+    committed_tps: int
+    gpu_backend_active: bool
+    backend: str | None
+    cpu_kernel: str | None
+    stale: bool = Field(description="True when the worker has not reported for TENZRO_WORKER_STALE_S or stopped.")
+    published_at: str | None
+    heartbeat_age_s: float | None
+    worker_pid: int | None
+
+
+class RouteSlot(Schema):
+    layer: int
+    expert: int
+    weight: float
+
+
+class TokenRouting(Schema):
+    token_index: int
+    experts: list[RouteSlot]
+
+
+class RouteOut(Schema):
+    tokens: int
+    routings: list[TokenRouting]
+
+
+class RowsOut(Schema):
+    tokens: int
+    d_model: int
+    output: str = Field(json_schema_extra=base64_field("Little-endian f32 [tokens, d_model], base64."))
+
+
+class WorkerStatusOut(Schema):
+    provider_id: str
+    quic_cert_sha256: str
+    roles: list[str]
+    version: str
+    uptime_s: float
+    pid: int
+    calls: dict[str, int] = Field(description="Worker calls per door: calls, forbidden, errors, dropped_past_deadline.")
+
+
+def _source(params: ExpertLoadParams | GateLoadParams, what: str) -> dict[str, Any]:
+    given = [name for name in _SOURCES if getattr(params, name) is not None]
+    if len(given) != 1:
+        raise InvalidInput(f"give exactly one of payload, path, blob_uri for the {what} (got {given or 'none'})")
+    if params.payload is not None:
+        return {"payload": b64_decode(params.payload, what=f"{what} payload")}
+    return {"path": params.path} if params.path is not None else {"blob_uri": params.blob_uri}
+
+
+def _rows(result: dict[str, Any], body: bytes) -> dict[str, Any]:
+    return {"tokens": result["tokens"], "d_model": result["d_model"], "output": b64_encode(body)}
+
+
+@rpc_method("tenzro_moeExpertLoad", rest="/moe/experts/load", tag="moe", params=ExpertLoadParams,
+            response=ExpertRow, errors=(404, 503), operator_only=True)
+async def expert_load(params: ExpertLoadParams) -> dict[str, Any]:
+    """Load one expert FFN (safetensors payload) into the runtime."""
+    expect = {"model_id": params.model_id, "layer": params.layer, "expert": params.expert}
+    return await client.expert_load(source=_source(params, "expert"), expect=expect)
+
+
+@rpc_method("tenzro_moeGateLoad", rest="/moe/gates/load", tag="moe", params=GateLoadParams, response=GateRow,
+            errors=(404, 503), operator_only=True)
+async def gate_load(params: GateLoadParams) -> dict[str, Any]:
+    """Load a layer's gating network (safetensors payload)."""
+    expect = {"model_id": params.model_id, "layer": params.layer}
+    return await client.gate_load(source=_source(params, "gate"), expect=expect)
+
+
+@rpc_method("tenzro_moeExpertUnload", rest="/moe/experts/unload", tag="moe", params=ExpertKey, response=Unloaded,
+            errors=(404, 503), operator_only=True)
+async def expert_unload(params: ExpertKey) -> dict[str, Any]:
+    """Forget an expert (memory and disk tier)."""
+    return await client.expert_unload(model_id=params.model_id, layer=params.layer, expert=params.expert)
+
+
+@rpc_method("tenzro_moeGateUnload", rest="/moe/gates/unload", tag="moe", params=GateKey, response=Unloaded,
+            errors=(404, 503), operator_only=True)
+async def gate_unload(params: GateKey) -> dict[str, Any]:
+    """Forget a layer's gate."""
+    return await client.gate_unload(model_id=params.model_id, layer=params.layer)
+
+
+@rpc_method("tenzro_moeExpertStatus", rest="/moe/status", http_method="GET", tag="moe", response=ExpertStatusOut)
+def expert_status() -> dict[str, Any]:
+    """Held experts and gates: tier, bytes, memory budget, counts, compute backend (as last published)."""
+    return selectors.worker_status_published()
+
+
+@rpc_method("tenzro_moeRoute", rest="/moe/route", tag="moe", params=HiddenParams, response=RouteOut,
+            errors=(404, 503))
+async def route(params: HiddenParams) -> dict[str, Any]:
+    """Gate a batch of hidden states: top-k experts and weights per token."""
+    rows = b64_decode(params.hidden, what="hidden")
+    return await client.route(model_id=params.model_id, layer=params.layer, d_model=params.d_model, rows=rows)
+
+
+@rpc_method("tenzro_moeExecute", rest="/moe/execute", tag="moe", params=ExecuteParams, response=RowsOut,
+            errors=(404, 503))
+async def execute(params: ExecuteParams) -> dict[str, Any]:
+    """Run a batch of rows through one resident expert."""
+    rows = b64_decode(params.hidden, what="hidden")
+    return _rows(*await client.execute(model_id=params.model_id, layer=params.layer, expert=params.expert,
+                                       d_model=params.d_model, rows=rows))
+
+
+@rpc_method("tenzro_moeForward", rest="/moe/forward", tag="moe", params=HiddenParams, response=RowsOut,
+            errors=(404, 503))
+async def forward(params: HiddenParams) -> dict[str, Any]:
+    """Layer forward: gate → execute the selected experts → gate-weighted combine."""
+    rows = b64_decode(params.hidden, what="hidden")
+    return _rows(*await client.forward(model_id=params.model_id, layer=params.layer, d_model=params.d_model,
+                                       rows=rows))
+
+
+@rpc_method("tenzro_workerStatus", rest="/node/worker", http_method="GET", tag="node", response=WorkerStatusOut,
+            errors=(503,))
+async def worker_status() -> dict[str, Any]:
+    """Ask the expert worker for its `moe/status` right now (liveness), over the operator door."""
+    return await client.worker_status()
+

@@ -1,0 +1,96 @@
+"""The web process's side of the operator door: calls to this node's expert worker.
+
+Calls travel over the Channels layer to WORKER_CHANNEL, each with a fresh reply channel (so
+concurrent calls never see each other's answers) and a deadline: the worker drops a call
+whose deadline passed before it started computing, and stops waiting on one that runs past
+it, so a timed-out call here does not keep a compute thread busy there. Hidden rows and
+payloads travel as raw bytes; the worker validates them (shape, NaN), once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from apps.errors import Unavailable, error_for_reason
+
+WORKER_CHANNEL = "tenzro.worker"
+
+
+async def worker_call(
+    method: str, params: dict[str, Any], *, body: bytes = b"", timeout_s: float | None = None
+) -> tuple[dict[str, Any], bytes]:
+    """Ask the expert worker; raise Unavailable when it does not answer in time."""
+    layer = get_channel_layer()
+    reply_channel = await layer.new_channel()
+    timeout = settings.TENZRO_WORKER_TIMEOUT_S if timeout_s is None else timeout_s
+    message = {"type": "worker.call", "method": method, "params": params, "body": body, "reply": reply_channel,
+               "deadline": time.time() + timeout}
+    await layer.send(WORKER_CHANNEL, message)
+    try:
+        answer = await asyncio.wait_for(layer.receive(reply_channel), timeout)
+    except TimeoutError as exc:
+        raise Unavailable(f"the expert worker did not answer {method} within {timeout} s",
+                          reason="worker_unavailable") from exc
+    if not answer.get("ok"):
+        raise error_for_reason(answer.get("reason", "internal_error"), answer.get("message", "worker error"))
+    return answer["result"], answer.get("body", b"")
+
+
+def _with_ids(params: dict[str, Any], ids: dict[str, Any]) -> dict[str, Any]:
+    return {**params, **{k: v for k, v in ids.items() if v is not None}}
+
+
+async def expert_load(*, source: dict[str, Any], expect: dict[str, Any]) -> dict[str, Any]:
+    """source: {"payload": bytes} | {"path": str} | {"blob_uri": str}; expect: ids the payload must carry."""
+    params = _with_ids({k: v for k, v in source.items() if k != "payload"}, expect)
+    result, _ = await worker_call("moe/expert_load", params, body=source.get("payload", b""))
+    return result
+
+
+async def gate_load(*, source: dict[str, Any], expect: dict[str, Any]) -> dict[str, Any]:
+    params = _with_ids({k: v for k, v in source.items() if k != "payload"}, expect)
+    result, _ = await worker_call("moe/gate_load", params, body=source.get("payload", b""))
+    return result
+
+
+async def expert_unload(*, model_id: str, layer: int, expert: int) -> dict[str, Any]:
+    result, _ = await worker_call("moe/expert_unload", {"model_id": model_id, "layer": layer, "expert": expert})
+    return result
+
+
+async def gate_unload(*, model_id: str, layer: int) -> dict[str, Any]:
+    result, _ = await worker_call("moe/gate_unload", {"model_id": model_id, "layer": layer})
+    return result
+
+
+async def worker_status() -> dict[str, Any]:
+    """The worker's own moe/status: proves it answers right now (liveness, not holdings)."""
+    result, _ = await worker_call("moe/status", {})
+    return result
+
+
+async def route(*, model_id: str, layer: int, d_model: int, rows: bytes) -> dict[str, Any]:
+    """Routing of each token: {tokens, routings: [{token_index, experts: [{layer, expert, weight}]}]}."""
+    result, _ = await worker_call("moe/route", {"model_id": model_id, "layer": layer, "d_model": d_model}, body=rows)
+    routings = [
+        {"token_index": t, "experts": [{"layer": layer, "expert": e, "weight": w} for e, w in zip(es, ws, strict=True)]}
+        for t, (es, ws) in enumerate(zip(result["experts"], result["weights"], strict=True))
+    ]
+    return {"tokens": len(routings), "routings": routings}
+
+
+async def execute(*, model_id: str, layer: int, expert: int, d_model: int, rows: bytes) -> tuple[dict, bytes]:
+    """One expert over raw f32 rows -> ({tokens, d_model}, raw f32 output rows)."""
+    params = {"model_id": model_id, "layer": layer, "expert": expert, "d_model": d_model}
+    return await worker_call("moe/execute", params, body=rows)
+
+
+async def forward(*, model_id: str, layer: int, d_model: int, rows: bytes) -> tuple[dict, bytes]:
+    """gate -> execute -> combine on this node -> ({tokens, d_model}, raw f32 output rows)."""
+    return await worker_call("moe/forward_local", {"model_id": model_id, "layer": layer, "d_model": d_model},
+                             body=rows)

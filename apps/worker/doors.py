@@ -1,0 +1,136 @@
+"""The expert worker's two doors, and the one table that says which door serves each method.
+
+* The **peer door** is the QUIC endpoint: anyone on the network may call it, so it serves
+  only what any peer may ask — status, execute, blob reads (and, later, gossip and receipts).
+* The **operator door** is the Channels layer from this node's own web process, which has
+  already checked the operator token where the method needs it. It serves every method.
+
+METHOD_DOORS below is the only place a method is given a door. The worker refuses to start
+when a handler has no entry there (MethodTable checks both ways), so a new method cannot be
+exposed to peers by accident: it is operator-only until someone writes PEER_AND_OPERATOR next
+to it here, in review.
+
+Pure module (no Django, no aioquic): the adapters (QUIC server, Channels listener) turn
+their messages into `call(...)` and its Reply back into bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from apps.errors import Forbidden, NotFound, TenzroError, Unavailable
+from apps.transport.framing import Reply
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Door(enum.Enum):
+    PEER = "peer"  # QUIC, ALPN tenzro/moe: any peer on the network
+    OPERATOR = "operator"  # Channels layer from this node's web process
+
+
+PEER_AND_OPERATOR = frozenset({Door.PEER, Door.OPERATOR})
+OPERATOR_ONLY = frozenset({Door.OPERATOR})
+
+# Every worker method and the doors that serve it. Anything that loads, unloads, reads node
+# files, or exposes the tier internals (which experts sit in memory, byte counts) is
+# operator-only; `moe/route` and `moe/forward_local` run this node's gates, which are the
+# operator's business, not a service to peers.
+METHOD_DOORS: dict[str, frozenset[Door]] = {
+    "moe/status": PEER_AND_OPERATOR,
+    "moe/execute": PEER_AND_OPERATOR,
+    "blob/get": PEER_AND_OPERATOR,
+    "moe/expert_load": OPERATOR_ONLY,
+    "moe/expert_unload": OPERATOR_ONLY,
+    "moe/gate_load": OPERATOR_ONLY,
+    "moe/gate_unload": OPERATOR_ONLY,
+    "moe/expert_status": OPERATOR_ONLY,
+    "moe/route": OPERATOR_ONLY,
+    "moe/forward_local": OPERATOR_ONLY,
+}
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """Who is calling, through which door, and until when the answer is wanted.
+
+    `deadline` is wall-clock seconds (time.time(), same machine as the caller) or None.
+    """
+
+    door: Door
+    peer: tuple[str, int] | None = None
+    deadline: float | None = None
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.time() > self.deadline
+
+    async def run_blocking(self, executor: Executor, func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run `func` on `executor`, unless the deadline passed before a thread picked it up.
+
+        The check runs in the worker thread right before `func`, so a call that waited in
+        the queue past its caller's timeout is dropped without computing. Cancelling the
+        awaiting task (the caller gave up) also cancels the job if it has not started.
+        """
+
+        def guarded() -> T:
+            if self.expired():
+                raise DeadlineExceeded(f"dropped without computing: the caller's deadline passed "
+                                       f"{time.time() - (self.deadline or 0):.3f} s ago")
+            return func(*args, **kwargs)
+
+        return await asyncio.get_running_loop().run_in_executor(executor, guarded)
+
+
+class DeadlineExceeded(Unavailable):
+    reason = "deadline_exceeded"
+
+
+Handler = Callable[[dict[str, Any], bytes | bytearray, CallContext], Awaitable[tuple[dict[str, Any], bytes]]]
+
+
+class MethodTable:
+    """Every worker method, dispatched with its door checked; errors become error replies."""
+
+    def __init__(self, handlers: Mapping[str, Handler]) -> None:
+        undeclared = sorted(set(handlers) - set(METHOD_DOORS))
+        unserved = sorted(set(METHOD_DOORS) - set(handlers))
+        if undeclared or unserved:
+            raise ValueError(f"worker methods without a door in METHOD_DOORS: {undeclared}; "
+                             f"doors declared for methods nobody serves: {unserved}")
+        self._handlers = dict(handlers)
+        self.counts: Counter[str] = Counter()  # calls, forbidden, dropped_past_deadline, errors, per door
+
+    async def call(self, method: str, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Reply:
+        door = ctx.door.value
+        self.counts[f"{door}.calls"] += 1
+        try:
+            handler = self._handlers.get(method)
+            if handler is None:
+                raise NotFound(f"unknown worker method {method!r}", reason="method_not_found")
+            if ctx.door not in METHOD_DOORS[method]:
+                self.counts[f"{door}.forbidden"] += 1
+                raise Forbidden(f"{method} is not served on the peer door: it changes or inspects this node and "
+                                "only its operator may call it (JSON-RPC with the operator token)")
+            if ctx.expired():
+                raise DeadlineExceeded(f"{method} arrived after its caller's deadline; not started")
+            result, out = await handler(params, body, ctx)
+            return Reply.ok(result, out)
+        except DeadlineExceeded as exc:
+            self.counts[f"{door}.dropped_past_deadline"] += 1
+            return Reply.error(exc.reason, exc.message)
+        except TenzroError as exc:
+            self.counts[f"{door}.errors"] += 1
+            return Reply.error(exc.reason, exc.message)
+        except Exception:
+            self.counts[f"{door}.errors"] += 1
+            logger.exception("worker method %s failed", method)
+            return Reply.error("internal_error", f"internal error in {method}")

@@ -1,0 +1,179 @@
+"""The expert worker process: the runtime, its two doors, and its publisher to the control plane.
+
+`WorkerServer` has the lifecycle every long-lived service here has: `start()` builds the
+runtime and opens both doors, `ready` is set once they serve, `shutdown()` closes them and
+records the stop. The peer door is the QUIC endpoint (apps/transport/quic.py); the operator
+door is the Channels channel WORKER_CHANNEL that this node's web process calls
+(apps/worker/client.py). Both dispatch through one MethodTable, which checks the door of each
+method (apps/worker/doors.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import close_old_connections
+from django.utils import timezone
+
+from apps.blobs.handlers import BlobHandlers
+from apps.blobs.resolver import resolve_blob
+from apps.blobs.selectors import blob_store
+from apps.blobs.store import parse_blob_uri
+from apps.experts.handlers import ExpertHandlers, Payload
+from apps.experts.runtime import ExpertRuntime
+from apps.node.selectors import node_identity
+from apps.transport.admission import PeerLimits
+from apps.transport.framing import Reply
+from apps.transport.quic import PeerRequest, QuicSettings, start_server
+from apps.worker import services
+from apps.worker.client import WORKER_CHANNEL
+from apps.worker.control_plane import ControlPlaneView
+from apps.worker.doors import CallContext, Door, MethodTable
+from apps.worker.publisher import StatePublisher
+from tenzro_site.settings.env import split_host_port
+
+logger = logging.getLogger("tenzro.worker")
+
+
+def peer_limits() -> PeerLimits:
+    return PeerLimits(
+        max_body=settings.TENZRO_PEER_MAX_BODY_BYTES, max_streams=settings.TENZRO_PEER_MAX_STREAMS,
+        rate_per_s=settings.TENZRO_PEER_RATE_PER_S, burst=settings.TENZRO_PEER_BURST,
+        max_connections_per_host=settings.TENZRO_PEER_MAX_CONNECTIONS_PER_HOST,
+    )
+
+
+def _in_db(func: Any) -> Any:
+    """Run a service on the publisher's thread with a connection that is still alive."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        close_old_connections()
+        return func(*args, **kwargs)
+
+    return run
+
+
+class WorkerServer:
+    def __init__(self) -> None:
+        self.identity = node_identity()
+        self.ready = asyncio.Event()
+        self._started_mono = time.monotonic()
+        self._started_at = timezone.now()
+        self._tasks: set[asyncio.Task] = set()
+        self._quic: Any = None
+        self.executor = ThreadPoolExecutor(max_workers=settings.TENZRO_COMPUTE_THREADS, thread_name_prefix="expert")
+        self.publisher = StatePublisher(
+            snapshot=lambda: self.runtime.status(),
+            publish=_in_db(lambda status: services.worker_state_publish(
+                provider_id=self.identity.provider_id, pid=os.getpid(), started_at=self._started_at, status=status)),
+            heartbeat=_in_db(lambda status: services.worker_state_heartbeat(pid=os.getpid(), status=status)),
+            heartbeat_s=settings.TENZRO_WORKER_HEARTBEAT_S,
+        )
+        budget = settings.TENZRO_MEMORY_BUDGET_BYTES or None  # 0: 60% of available memory
+        self.runtime = ExpertRuntime(data_dir=settings.TENZRO_DATA_DIR, memory_budget_bytes=budget,
+                                     on_change=self.publisher.changed)
+        self.control_plane = ControlPlaneView(executor=ThreadPoolExecutor(1, thread_name_prefix="control"),
+                                              ttl_s=settings.TENZRO_WORKER_CONTROL_TTL_S)
+        store = blob_store()
+
+        def resolve(uri: str) -> Payload:
+            hash_ = parse_blob_uri(uri)
+            data = resolve_blob(store, hash_, peers=settings.TENZRO_PEERS, max_bytes=settings.TENZRO_BLOB_MAX_BYTES)
+            return Payload(data, stored_at=store.path(hash_))
+
+        experts = ExpertHandlers(runtime=self.runtime, executor=self.executor, resolve_blob=resolve,
+                                 max_payload_bytes=settings.TENZRO_BLOB_MAX_BYTES, after_change=self.publisher.flush)
+        self.methods = MethodTable({
+            **experts.table(),
+            **BlobHandlers(store=store, executor=self.executor).table(),
+            "moe/status": self.moe_status,
+        })
+
+    # -- methods of the worker itself -----------------------------------------------------------
+
+    async def moe_status(self, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> tuple[dict, bytes]:
+        return {
+            "provider_id": self.identity.provider_id,
+            "quic_cert_sha256": self.identity.cert_sha256,
+            "roles": list(settings.TENZRO_ROLES),
+            "version": settings.TENZRO_VERSION,
+            "uptime_s": round(time.monotonic() - self._started_mono, 3),
+            "pid": os.getpid(),
+            "calls": dict(sorted(self.methods.counts.items())),
+        }, b""
+
+    # -- the doors ------------------------------------------------------------------------------
+
+    async def peer_door(self, request: PeerRequest) -> Reply:
+        return await self.methods.call(request.method, request.params, request.body,
+                                       CallContext(Door.PEER, peer=request.peer))
+
+    async def _operator_call(self, layer: Any, message: dict[str, Any]) -> None:
+        reply_to = message.get("reply")
+        if not isinstance(reply_to, str):
+            return
+        deadline = message.get("deadline")
+        ctx = CallContext(Door.OPERATOR, deadline=float(deadline) if isinstance(deadline, int | float) else None)
+        params = message.get("params") if isinstance(message.get("params"), dict) else {}
+        call = self.methods.call(str(message.get("method")), params, message.get("body") or b"", ctx)
+        try:
+            if ctx.deadline is None:
+                reply = await call
+            else:  # at the caller's deadline stop waiting; a job not yet started is cancelled with us
+                async with asyncio.timeout(max(0.0, ctx.deadline - time.time())):
+                    reply = await call
+        except TimeoutError:
+            self.methods.counts["operator.dropped_past_deadline"] += 1
+            return  # the caller has given up and answered its client already
+        header = reply.header
+        if header["ok"]:
+            answer = {"type": "worker.reply", "ok": True, "result": header["result"], "body": bytes(reply.body)}
+        else:
+            answer = {"type": "worker.reply", "ok": False, **header["error"]}
+        await layer.send(reply_to, answer)
+
+    async def _operator_door(self) -> None:
+        layer = get_channel_layer()
+        while True:
+            message = await layer.receive(WORKER_CHANNEL)
+            self._spawn(self._operator_call(layer, message))
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        status = self.runtime.status()
+        logger.info("expert runtime: %d experts (%d warm), %d gates, budget %d bytes, backend %s, kernel %s",
+                    len(status["experts"]), status["counts"]["warm"], status["counts"]["gates"],
+                    status["memory_budget_bytes"], status["backend"], status["cpu_kernel"])
+        self._spawn(self.publisher.run())
+        await self.publisher.flush(timeout_s=30.0)  # readers see this run's holdings from the start
+        host, port = split_host_port(settings.TENZRO_QUIC, what="TENZRO_QUIC")
+        self._quic = await start_server(
+            host=host, port=port, cert_path=str(self.identity.cert_path), key_path=str(self.identity.cert_key_path),
+            handler=self.peer_door, settings=QuicSettings(max_body=settings.TENZRO_PEER_MAX_BODY_BYTES),
+            limits=peer_limits(),
+        )
+        self._spawn(self._operator_door())
+        self.ready.set()
+        logger.info("expert worker %s serving QUIC on %s:%s", self.identity.provider_id[:16], host, port)
+
+    async def shutdown(self) -> None:
+        logger.info("expert worker stopping")
+        if self._quic is not None:
+            self._quic.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await self.publisher.close(final=_in_db(lambda: services.worker_state_stopped(pid=os.getpid())))
+        self.executor.shutdown(wait=False, cancel_futures=True)
