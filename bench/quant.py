@@ -77,7 +77,7 @@ def throughput() -> list[dict]:
             if t in K_QUANTS and encoder(t) == "c":  # the numpy fallback on the same input, for the speed-up
                 kquant_c.set_enabled(False)
                 try:
-                    q_numpy = best_time(lambda t=t, x=x: quantize(x, t), 1)
+                    q_numpy = best_time(lambda t=t, x=x: quantize(x, t), 2)
                 finally:
                     kquant_c.set_enabled(True)
             d_ours = best_time(lambda t=t, blob=blob, shape=shape: dequantize(blob, t, shape), repeat)
