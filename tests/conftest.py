@@ -27,6 +27,22 @@ def start_node(tmp_path):
 
 
 @pytest.fixture(scope="module")
+def start_module_node(tmp_path_factory):
+    """Like start_node, for nodes shared by the tests of one module."""
+    started: list[NodeProcess] = []
+
+    def start(*, env: dict[str, str] | None = None, **kwargs) -> NodeProcess:
+        root = tmp_path_factory.mktemp("module-node")
+        node = NodeProcess(data_dir=root / "node", redis_db=next(_redis_dbs), **kwargs)
+        started.append(node)
+        return node.start(**(env or {}))
+
+    yield start
+    for node in started:
+        node.stop()
+
+
+@pytest.fixture(scope="module")
 def shared_node(tmp_path_factory):
     """One node shared by the read-mostly tests of a module (starting one costs seconds)."""
     node = NodeProcess(data_dir=tmp_path_factory.mktemp("shared") / "node", redis_db=next(_redis_dbs))

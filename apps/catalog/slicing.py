@@ -25,9 +25,8 @@ from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.shapes import ModelShape
 from apps.errors import TenzroError
 from apps.experts.gate_payload import encode_gate_payload
-from apps.quantization.payload import TENSOR_NAMES, encode_expert_payload, read_expert_payload
-
-PROJ = ("gate", "up", "down")
+from apps.quantization.payload import encode_expert_payload, read_expert_payload
+from apps.quantization.presets import PROJECTIONS, TENSOR_NAMES
 
 
 class SlicingError(TenzroError, ValueError):
@@ -113,7 +112,7 @@ def slice_expert(reader: CheckpointReader, shape: ModelShape, layer: int, expert
     expert = int(expert)
     d_model, d_ff = shape.d_model, shape.expert_d_ff
     if expert < n_routed:
-        names = [expert_tensor(layer, expert, p) for p in PROJ]
+        names = [expert_tensor(layer, expert, p) for p in PROJECTIONS]
         gate, up, down = (_finite(n, reader.read_tensor(n)) for n in names)
         _check_dims(shape, names[0], gate, (d_ff, d_model))
         _check_dims(shape, names[1], up, gate.shape)
@@ -124,7 +123,7 @@ def slice_expert(reader: CheckpointReader, shape: ModelShape, layer: int, expert
                                                  "sigmoid(shared_expert_gate·x), which a weight-1.0 shared slot "
                                                  "cannot express; only routed experts are sliceable")
     s = expert - n_routed
-    names = [shared_tensor(layer, p) for p in PROJ]
+    names = [shared_tensor(layer, p) for p in PROJECTIONS]
     fused_rows = reader.tensor_info(names[0]).shape[0]
     if fused_rows % n_shared:
         raise SlicingError("shape_mismatch", f"{names[0]} has {fused_rows} rows, not divisible into {n_shared} "
@@ -187,7 +186,7 @@ def prepare_expert(reader: CheckpointReader, shape: ModelShape, *, model_id: str
     g, u, d = slice_expert(reader, shape, layer, expert)
     data = encode_expert_payload(gate=g, up=u, down=d, quant=quant, model_id=model_id, layer=layer, expert=expert)
     parsed = read_expert_payload(data)
-    return data, {p: parsed.tensors[TENSOR_NAMES[p]].ggml_type.value for p in PROJ}
+    return data, {p: parsed.tensors[TENSOR_NAMES[p]].ggml_type.value for p in PROJECTIONS}
 
 
 def prepare_layer(reader: CheckpointReader, shape: ModelShape, *, model_id: str, layer: int,

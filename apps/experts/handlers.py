@@ -175,7 +175,8 @@ class ExpertHandlers:
         return {"unloaded": True}, b""
 
     async def expert_status(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
-        return await ctx.run_blocking(self._executor, self.runtime.status), b""
+        status = await ctx.run_blocking(self._executor, self.runtime.status)
+        return {**status, "worker_pid": os.getpid()}, b""
 
     async def route(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
         routing = await ctx.run_blocking(self._executor, self.runtime.route, model_id=str_param(params, "model_id"),

@@ -7,6 +7,7 @@ published to the control plane, so it answers even while the worker is down (mar
 
 from typing import Any, Literal
 
+from asgiref.sync import sync_to_async
 from ninja import Field, Schema
 from pydantic import ConfigDict
 
@@ -63,6 +64,11 @@ class HiddenParams(Schema):
 
 class ExecuteParams(HiddenParams):
     expert: int = Field(ge=0, le=DB_INT_MAX)
+
+
+class ExpertStatusParams(Schema):
+    live: bool = Field(False, description="Ask the expert worker now (503 if it is down) instead of reading "
+                                          "what it last published to the control plane.")
 
 
 class ExpertRow(Schema):
@@ -188,10 +194,16 @@ async def gate_unload(params: GateKey) -> dict[str, Any]:
     return await client.gate_unload(model_id=params.model_id, layer=params.layer)
 
 
-@rpc_method("tenzro_moeExpertStatus", rest="/moe/status", http_method="GET", tag="moe", response=ExpertStatusOut)
-def expert_status() -> dict[str, Any]:
-    """Held experts and gates: tier, bytes, memory budget, counts, compute backend (as last published)."""
-    return selectors.worker_status_published()
+@rpc_method("tenzro_moeExpertStatus", rest="/moe/status", http_method="GET", tag="moe",
+            params=ExpertStatusParams, response=ExpertStatusOut, errors=(503,))
+async def expert_status(params: ExpertStatusParams) -> dict[str, Any]:
+    """Held experts and gates: tier, bytes, memory budget, counts, compute backend.
+
+    By default as the worker last published them (answers while the worker is down, with
+    `stale`); `live` asks the worker itself."""
+    if params.live:
+        return await client.expert_status_live()
+    return await sync_to_async(selectors.worker_status_published)()
 
 
 @rpc_method("tenzro_moeRoute", rest="/moe/route", tag="moe", params=HiddenParams, response=RouteOut,

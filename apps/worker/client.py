@@ -68,6 +68,12 @@ async def gate_unload(*, model_id: str, layer: int) -> dict[str, Any]:
     return result
 
 
+async def expert_status_live() -> dict[str, Any]:
+    """The runtime's own status, read from the worker now (tenzro_moeExpertStatus with live)."""
+    result, _ = await worker_call("moe/expert_status", {})
+    return {**result, "stale": False, "published_at": None, "heartbeat_age_s": 0.0}
+
+
 async def worker_status() -> dict[str, Any]:
     """The worker's own moe/status: proves it answers right now (liveness, not holdings)."""
     result, _ = await worker_call("moe/status", {})

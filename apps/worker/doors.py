@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from apps.errors import Forbidden, NotFound, TenzroError, Unavailable
@@ -69,6 +69,11 @@ class CallContext:
     door: Door
     peer: tuple[str, int] | None = None
     deadline: float | None = None
+    counts: Counter[str] | None = field(default=None, compare=False, repr=False)  # the table's, set by call()
+
+    def count(self, what: str) -> None:
+        if self.counts is not None:
+            self.counts[f"{self.door.value}.{what}"] += 1
 
     def expired(self) -> bool:
         return self.deadline is not None and time.time() > self.deadline
@@ -81,13 +86,23 @@ class CallContext:
         awaiting task (the caller gave up) also cancels the job if it has not started.
         """
 
+        started = False
+
         def guarded() -> T:
+            nonlocal started
+            started = True
             if self.expired():
+                self.count("dropped_past_deadline")
                 raise DeadlineExceeded(f"dropped without computing: the caller's deadline passed "
                                        f"{time.time() - (self.deadline or 0):.3f} s ago")
             return func(*args, **kwargs)
 
-        return await asyncio.get_running_loop().run_in_executor(executor, guarded)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(executor, guarded)
+        except asyncio.CancelledError:
+            if not started:  # cancelled while queued: the job is withdrawn and never runs
+                self.count("dropped_past_deadline")
+            raise
 
 
 class DeadlineExceeded(Unavailable):
@@ -111,6 +126,7 @@ class MethodTable:
 
     async def call(self, method: str, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Reply:
         door = ctx.door.value
+        ctx = replace(ctx, counts=self.counts)
         self.counts[f"{door}.calls"] += 1
         try:
             handler = self._handlers.get(method)
@@ -121,11 +137,11 @@ class MethodTable:
                 raise Forbidden(f"{method} is not served on the peer door: it changes or inspects this node and "
                                 "only its operator may call it (JSON-RPC with the operator token)")
             if ctx.expired():
+                ctx.count("dropped_past_deadline")
                 raise DeadlineExceeded(f"{method} arrived after its caller's deadline; not started")
             result, out = await handler(params, body, ctx)
             return Reply.ok(result, out)
         except DeadlineExceeded as exc:
-            self.counts[f"{door}.dropped_past_deadline"] += 1
             return Reply.error(exc.reason, exc.message)
         except TenzroError as exc:
             self.counts[f"{door}.errors"] += 1

@@ -129,8 +129,10 @@ class WorkerServer:
                 async with asyncio.timeout(max(0.0, ctx.deadline - time.time())):
                     reply = await call
         except TimeoutError:
-            self.methods.counts["operator.dropped_past_deadline"] += 1
-            return  # the caller has given up and answered its client already
+            # The caller has given up and answered its client already. A job still queued was
+            # withdrawn (counted as dropped_past_deadline); one already computing finishes unseen.
+            self.methods.counts["operator.abandoned_past_deadline"] += 1
+            return
         header = reply.header
         if header["ok"]:
             answer = {"type": "worker.reply", "ok": True, "result": header["result"], "body": bytes(reply.body)}

@@ -1,0 +1,198 @@
+"""The peer door as an outsider sees it: a plain aioquic client written from docs/protocol.md.
+
+No operator token, no pinned certificate, none of the node's own client code: the frame is
+packed here from the protocol page. Every operator method must answer `forbidden` and change
+nothing; status, execute and blob reads must work; a peer over its limits gets an error while
+others are still served.
+"""
+
+import asyncio
+import base64
+import json
+import ssl
+import struct
+
+import numpy as np
+import pytest
+from aioquic.asyncio import QuicConnectionProtocol, connect
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.events import StreamDataReceived
+from blake3 import blake3
+
+from tests.e2e.nodes import TOKEN
+from tests.experts.factories import MODEL, expert_payload, expert_weights, qwen_gate
+
+pytestmark = pytest.mark.e2e
+D_MODEL, D_FF = 32, 16
+PREFIX = struct.Struct(">2sBBIQ")  # "TZ", version 1, kind, header length, body length (docs/protocol.md)
+
+
+def frame(method: str, params: dict, body: bytes = b"") -> bytes:
+    header = json.dumps({"method": method, "params": params}).encode()
+    return PREFIX.pack(b"TZ", 1, 1, len(header), len(body)) + header + body
+
+
+def parse(data: bytes) -> tuple[dict, bytes]:
+    magic, version, kind, header_len, body_len = PREFIX.unpack_from(data)
+    assert (magic, version, kind) == (b"TZ", 1, 2)
+    header = json.loads(data[16:16 + header_len])
+    return header, data[16 + header_len:16 + header_len + body_len]
+
+
+class Outsider(QuicConnectionProtocol):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.streams: dict[int, tuple[bytearray, asyncio.Future]] = {}
+
+    def quic_event_received(self, event):
+        if isinstance(event, StreamDataReceived) and event.stream_id in self.streams:
+            buffer, done = self.streams[event.stream_id]
+            buffer += event.data
+            if event.end_stream and not done.done():
+                done.set_result(bytes(buffer))
+
+    def open(self, data: bytes, *, end: bool = True) -> int:
+        stream_id = self._quic.get_next_available_stream_id()
+        self.streams[stream_id] = (bytearray(), asyncio.get_running_loop().create_future())
+        self._quic.send_stream_data(stream_id, data, end_stream=end)
+        self.transmit()
+        return stream_id
+
+    async def answer(self, stream_id: int) -> tuple[dict, bytes]:
+        return parse(await asyncio.wait_for(self.streams[stream_id][1], 20))
+
+    async def ask(self, method: str, params: dict, body: bytes = b"") -> tuple[dict, bytes]:
+        return await self.answer(self.open(frame(method, params, body)))
+
+
+async def as_outsider(port: int, scenario):
+    configuration = QuicConfiguration(is_client=True, alpn_protocols=["tenzro/moe"], verify_mode=ssl.CERT_NONE,
+                                      max_datagram_size=1350)
+    async with connect("127.0.0.1", port, configuration=configuration, create_protocol=Outsider) as client:
+        return await scenario(client)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+@pytest.fixture(scope="module")
+def node(start_module_node):
+    return start_module_node(env={"TENZRO_PEER_MAX_STREAMS": "3", "TENZRO_PEER_RATE_PER_S": "20",
+                                  "TENZRO_PEER_BURST": "40"})
+
+
+def test_operator_methods_are_forbidden_to_peers_and_change_nothing(node, tmp_path) -> None:
+    rng = np.random.default_rng(3)
+    weights = expert_weights(rng, D_MODEL, D_FF)
+    node.result("tenzro_moeExpertLoad", {"payload": b64(expert_payload(weights, expert=1))}, token=TOKEN)
+    gate_payload, _ = qwen_gate(rng, d_model=D_MODEL, n_routed=4, top_k=2, norm=True)
+    node.result("tenzro_moeGateLoad", {"payload": b64(gate_payload)}, token=TOKEN)
+    on_disk = tmp_path / "expert2.safetensors"
+    on_disk.write_bytes(expert_payload(expert_weights(rng, D_MODEL, D_FF), expert=2))
+    before = node.result("tenzro_moeExpertStatus", {"live": True})
+    hidden = rng.standard_normal((3, D_MODEL)).astype("<f4").tobytes()
+    attempts = {
+        "moe/expert_load": ({}, expert_payload(expert_weights(rng, D_MODEL, D_FF), expert=3)),
+        "moe/gate_load": ({"model_id": MODEL, "layer": 5}, gate_payload),
+        "moe/expert_unload": ({"model_id": MODEL, "layer": 0, "expert": 1}, b""),
+        "moe/gate_unload": ({"model_id": MODEL, "layer": 0}, b""),
+        "moe/expert_status": ({}, b""),
+        "moe/route": ({"model_id": MODEL, "layer": 0, "d_model": D_MODEL}, hidden),
+        "moe/forward_local": ({"model_id": MODEL, "layer": 0, "d_model": D_MODEL}, hidden),
+    }
+
+    async def scenario(client):
+        answers = {method: await client.ask(method, params, body) for method, (params, body) in attempts.items()}
+        answers["path"] = await client.ask("moe/expert_load", {"path": str(on_disk)})
+        return answers
+
+    answers = asyncio.run(as_outsider(node.quic_port, scenario))
+    for method, (header, body) in answers.items():
+        assert header["ok"] is False and header["error"]["reason"] == "forbidden", (method, header)
+        assert body == b""
+    after = node.result("tenzro_moeExpertStatus", {"live": True})
+    assert after["experts"] == before["experts"] and after["gates"] == before["gates"]
+    assert [e["expert"] for e in after["experts"]] == [1]
+    calls = node.result("tenzro_workerStatus")["calls"]
+    assert calls["peer.forbidden"] >= len(answers)
+
+
+def test_status_execute_and_blob_reads_work_for_any_peer(node) -> None:
+    rng = np.random.default_rng(4)
+    weights = expert_weights(rng, D_MODEL, D_FF)
+    node.result("tenzro_moeExpertLoad", {"payload": b64(expert_payload(weights, expert=6, layer=1))}, token=TOKEN)
+    hidden = rng.standard_normal((5, D_MODEL)).astype("<f4")
+    via_rpc = node.result("tenzro_moeExecute", {"model_id": MODEL, "layer": 1, "expert": 6, "d_model": D_MODEL,
+                                                "hidden": b64(hidden.tobytes())})
+    stored = bytes(range(256)) * 64  # a blob as the store lays it out: blobs/<hh>/<blake3>
+    digest = blake3(stored).hexdigest()
+    (node.data_dir / "blobs" / digest[:2]).mkdir(parents=True, exist_ok=True)
+    (node.data_dir / "blobs" / digest[:2] / digest).write_bytes(stored)
+
+    async def scenario(client):
+        status = await client.ask("moe/status", {})
+        key = {"model_id": MODEL, "layer": 1, "expert": 6, "d_model": D_MODEL}
+        executed = await client.ask("moe/execute", key, hidden.tobytes())
+        wrong = await client.ask("moe/execute", key, hidden.tobytes()[:-4])
+        nan = await client.ask("moe/execute", key, np.full((1, D_MODEL), np.nan, "<f4").tobytes())
+        blob = await client.ask("blob/get", {"hash": digest, "start": 100, "end": 300})
+        missing_blob = await client.ask("blob/get", {"hash": "0" * 64})
+        return status, executed, wrong, nan, blob, missing_blob
+
+    status, executed, wrong, nan, blob, missing_blob = asyncio.run(as_outsider(node.quic_port, scenario))
+    assert status[0]["ok"] and status[0]["result"]["provider_id"] == node.result("tenzro_nodeInfo")["provider_id"]
+    header, body = executed
+    assert header["ok"] and header["result"] == {"tokens": 5, "d_model": D_MODEL}
+    assert body == base64.b64decode(via_rpc["output"])
+    assert wrong[0]["error"]["reason"] == "shape_mismatch"
+    assert nan[0]["error"]["reason"] == "non_finite_input"
+    assert blob[0]["result"] == {"hash": digest, "size": len(stored), "start": 100, "end": 300}
+    assert blob[1] == stored[100:300]
+    assert missing_blob[0]["error"]["reason"] == "blob_not_found"
+
+
+def test_a_peer_over_its_limits_gets_errors_while_others_are_served(node) -> None:
+    async def hog(client):
+        # Three unfinished requests hold all three stream slots (TENZRO_PEER_MAX_STREAMS=3)...
+        held = [client.open(frame("moe/status", {})[:10], end=False) for _ in range(3)]
+        await asyncio.sleep(0.2)
+        over = await client.ask("moe/status", {})
+        # ...while another peer, on its own connection, is served as usual.
+        other = await as_outsider(node.quic_port, lambda c: c.ask("moe/status", {}))
+        for stream_id in held:  # finish them: each slot is answered and freed
+            client._quic.send_stream_data(stream_id, frame("moe/status", {})[10:], end_stream=True)
+        client.transmit()
+        finished = [await client.answer(s) for s in held]
+        # Back-to-back requests past the rate (burst 40, then 20/s) are refused, not queued.
+        answers = [await client.ask("moe/status", {}) for _ in range(60)]
+        return over, other, finished, answers
+
+    async def run():
+        return await as_outsider(node.quic_port, hog)
+
+    over, other, finished, burst = asyncio.run(run())
+    assert over[0]["error"]["reason"] == "too_many_streams"
+    assert other[0]["ok"] is True
+    assert all(answer[0]["ok"] for answer in finished)
+    reasons = {a[0]["error"]["reason"] for a in burst if not a[0]["ok"]}
+    assert reasons == {"rate_limited"} and sum(a[0]["ok"] for a in burst) >= 40
+    # the node still serves the JSON-RPC side and new peers
+    assert asyncio.run(as_outsider(node.quic_port, lambda c: c.ask("moe/status", {})))[0]["ok"]
+    assert node.result("tenzro_workerStatus")["pid"] > 0
+
+
+def test_malformed_frames_are_answered_and_the_node_stays_up(node) -> None:
+    async def scenario(client):
+        bad_magic = await client.answer(client.open(b"XX" + frame("moe/status", {})[2:]))
+        truncated = await client.answer(client.open(frame("moe/status", {})[:20]))
+        not_json = PREFIX.pack(b"TZ", 1, 1, 5, 0) + b"{nope"
+        garbled = await client.answer(client.open(not_json))
+        huge = await client.answer(client.open(PREFIX.pack(b"TZ", 1, 1, 2, 1 << 40) + b"{}", end=False))
+        no_method = await client.ask("", {})
+        return bad_magic, truncated, garbled, huge, no_method
+
+    answers = asyncio.run(as_outsider(node.quic_port, scenario))
+    assert [a[0]["error"]["reason"] for a in answers] == [
+        "bad_magic", "truncated_frame", "bad_frame", "payload_too_large", "method_not_found"]
+    assert asyncio.run(as_outsider(node.quic_port, lambda c: c.ask("moe/status", {})))[0]["ok"]
