@@ -48,8 +48,10 @@ bench: install
 		echo "### $$name"; $(BIN)/python -m bench.$$name || exit 1; \
 	done
 
+## Style and architecture: ruff, then the import contracts of pyproject.toml (import-linter).
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 superuser: install
 	$(BIN)/python manage.py createsuperuser

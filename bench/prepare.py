@@ -29,7 +29,7 @@ from apps.catalog.shapes import shape_from_config
 from apps.catalog.slicing import expert_tensor, gate_tensor, prepare_layer
 from apps.quantization.registry import quantize
 from apps.quantization.types import GGMLType
-from tests.catalog.checkpoints import FileServer, f32_to_bf16_bits, write_checkpoint
+from testkit.checkpoints import FileServer, f32_to_bf16_bits, write_checkpoint
 
 from .report import print_table, write_results
 

@@ -49,7 +49,7 @@ import numpy as np
 from apps.experts import backends
 from apps.experts.backends import CpuBackend, TensorIn
 from bench.report import print_table, write_results
-from tests.experts.factories import random_blocks
+from testkit.blocks import random_blocks
 
 DIMS = {"Qwen3-30B-A3B": (2048, 768), "DeepSeek-V3": (7168, 2048)}
 BATCHES = (1, 8, 64, 256, 512)

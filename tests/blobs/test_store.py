@@ -8,7 +8,7 @@ import time
 import pytest
 
 from apps.blobs.store import BLOB_URI_PREFIX, BlobError, BlobStore, blob_hash, blob_uri, fetch_blob, parse_blob_uri
-from tests.catalog.checkpoints import FileServer
+from testkit.checkpoints import FileServer
 
 DATA = bytes(range(256)) * 40
 

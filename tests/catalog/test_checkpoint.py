@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from apps.catalog.checkpoint import CheckpointError, CheckpointReader
-from tests.catalog.checkpoints import FileServer, deepseek_v3, qwen3_moe, write_checkpoint, write_safetensors
+from testkit.checkpoints import FileServer, deepseek_v3, qwen3_moe, write_checkpoint, write_safetensors
 
 PROBE = 64  # small first header read, so the second (rest-of-header) read is exercised too
 
@@ -74,7 +74,7 @@ def test_fp8_block_scales_with_partial_edge_blocks(tmp_path):
 
 def test_fp8_decode_covers_every_code():
     from apps.catalog.checkpoint import FP8_E4M3_LUT
-    from tests.catalog.checkpoints import f32_to_e4m3
+    from testkit.checkpoints import f32_to_e4m3
 
     finite = np.flatnonzero(np.isfinite(FP8_E4M3_LUT))
     assert len(finite) == 254 and float(np.nanmax(FP8_E4M3_LUT)) == 448.0

@@ -24,7 +24,7 @@ from apps.experts.backends import CpuBackend
 from apps.experts.ffn import build_expert, expert_forward
 from apps.experts.gate_payload import read_gate_payload
 from apps.quantization.payload import read_expert_payload
-from tests.catalog.checkpoints import FileServer, deepseek_v3, qwen3_moe
+from testkit.checkpoints import FileServer, deepseek_v3, qwen3_moe
 
 # Bounds. Per weight (relative RMSE of the dequantized projection, as tests/quantization uses):
 WEIGHT_BOUND = {"Q4_K": 0.08, "Q6_K": 0.02, "Q8_0": 0.006, "F16": 0.001, "F32": 0.0}

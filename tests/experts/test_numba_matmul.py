@@ -15,7 +15,8 @@ from gguf import GGMLQuantizationType, quants
 from apps.experts import numba_matmul
 from apps.experts.backends import CpuBackend, CpuWeight, quant_matmul_variants
 from apps.quantization.f16 import F16_TO_F32
-from tests.experts.factories import bit_report, random_blocks, reference_weights
+from testkit.blocks import random_blocks
+from tests.experts.factories import bit_report, reference_weights
 
 FORMATS = ["Q8_0", "Q4_K", "Q6_K"]
 RTOL = 1e-5  # f32 accumulation in a different order than the f64 reference

@@ -18,7 +18,8 @@ from gguf import GGMLQuantizationType, quants
 
 from apps.experts.backends import CpuBackend, CpuWeight, quant_matmul_variants
 from apps.quantization.types import GGMLType
-from tests.experts.factories import F16_FIELDS, bit_report, random_blocks, reference_weights, run_in_threads
+from testkit.blocks import F16_FIELDS, random_blocks
+from tests.experts.factories import bit_report, reference_weights, run_in_threads
 
 FORMATS = ["Q8_0", "Q4_K", "Q6_K"]
 
