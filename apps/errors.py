@@ -124,21 +124,26 @@ def _kinds(kind: type[TenzroError], *reasons: str) -> dict[str, type[TenzroError
 
 # Every reason the node reports, and its kind. A new reason is added here, once.
 REASONS: dict[str, type[TenzroError]] = {
-    **_kinds(InvalidInput, "invalid_input", "invalid_params", "shape_mismatch", "non_finite_input",
-             "invalid_payload", "model_mismatch", "invalid_uri", "invalid_hash", "hash_mismatch",
-             "invalid_policy", "invalid_quant", "checkpoint_required", "range_invalid", "bad_request",
-             "bad_frame", "bad_magic", "unsupported_version", "truncated_frame", "not_a_file",
-             "config_invalid", "config_missing_key", "config_unsupported", "index_invalid",
-             "header_corrupt", "header_too_large", "header_truncated", "offsets_invalid",
-             "dtype_unsupported", "tensor_missing", "short_read", "expert_out_of_range",
-             "layer_not_moe", "unsupported_layout", "shape_incomplete", "non_finite", "unknown_model",
-             "range_ignored", "fetch_failed"),
+    **_kinds(InvalidInput,
+             # requests: params the schema refuses, content it cannot describe
+             "invalid_input", "invalid_params", "shape_mismatch", "non_finite_input", "invalid_payload",
+             "model_mismatch", "invalid_policy", "invalid_quant", "checkpoint_required", "not_a_file",
+             "unreadable_file",
+             # blobs
+             "invalid_uri", "invalid_hash", "hash_mismatch", "range_invalid",
+             # QUIC frames (docs/protocol.md)
+             "bad_request", "bad_frame", "bad_magic", "unsupported_version", "truncated_frame",
+             # checkpoints and slicing (prepare jobs)
+             "config_invalid", "config_missing_key", "config_unsupported", "index_invalid", "header_corrupt",
+             "header_too_large", "header_truncated", "offsets_invalid", "dtype_unsupported", "tensor_missing",
+             "short_read", "range_ignored", "fetch_failed", "expert_out_of_range", "layer_not_moe",
+             "unsupported_layout", "shape_incomplete", "non_finite"),
     **_kinds(Unauthorized, "unauthorized"),
     **_kinds(Forbidden, "forbidden"),
-    **_kinds(Unavailable, "unavailable", "worker_unavailable", "worker_busy", "deadline_exceeded",
-             "timeout", "connection_failed", "connection_closed", "certificate_pin_mismatch"),
-    **_kinds(NotFound, "not_found", "expert_not_loaded", "gate_not_loaded", "method_not_found",
-             "blob_not_found", "job_not_found", "policy_not_found", "no_active_policy"),
+    **_kinds(Unavailable, "unavailable", "worker_unavailable", "deadline_exceeded", "timeout", "connection_failed",
+             "connection_closed", "certificate_pin_mismatch"),
+    **_kinds(NotFound, "not_found", "expert_not_loaded", "gate_not_loaded", "method_not_found", "blob_not_found",
+             "job_not_found", "policy_not_found", "no_active_policy", "unknown_model", "file_not_found"),
     **_kinds(Conflict, "conflict", "policy_not_proposed", "state_not_published"),
     **_kinds(PayloadTooLarge, "payload_too_large", "too_large"),
     **_kinds(RateLimited, "rate_limited", "too_many_streams"),

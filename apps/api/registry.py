@@ -15,7 +15,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from ninja import Schema
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 # Statuses every method of a kind can answer, added to the ones it declares.
 _POST_STATUSES = (400, 413)  # unparsable JSON body; body over TENZRO_RPC_MAX_BYTES
@@ -27,7 +27,7 @@ _OPERATOR_STATUSES = (401,)  # no or wrong operator token
 class RpcMethod:
     name: str
     func: Callable[..., Any]
-    params: type[Schema] | None
+    params: type[BaseModel] | None
     response: type[Schema]
     errors: tuple[int, ...]
     operator_only: bool
@@ -37,7 +37,7 @@ class RpcMethod:
     summary: str
     description: str
 
-    async def invoke(self, params: Schema | None) -> Any:
+    async def invoke(self, params: BaseModel | None) -> Any:
         """Run the method (sync ones in Django's thread-sensitive executor); a JSON-able result."""
         args = () if self.params is None else (params,)
         if asyncio.iscoroutinefunction(self.func):
@@ -63,7 +63,7 @@ def rpc_method(
     rest: str,
     tag: str,
     response: type[Schema],
-    params: type[Schema] | None = None,
+    params: type[BaseModel] | None = None,
     errors: Iterable[int] = (),
     operator_only: bool = False,
     http_method: str = "POST",

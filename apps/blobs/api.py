@@ -6,11 +6,11 @@ from django.conf import settings
 from ninja import Schema
 
 from apps.api.registry import rpc_method
-from apps.api.schemas import absent_or
+from apps.api.schemas import Params, absent_or
 from apps.blobs import services
 
 
-class BlobGcParams(Schema):
+class BlobGcParams(Params):
     min_age_s: float = absent_or(
         ge=0, le=1e12, description="Keep blobs younger than this many seconds (default TENZRO_BLOB_GC_MIN_AGE_S)."
     )

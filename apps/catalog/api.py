@@ -1,12 +1,12 @@
 """JSON-RPC/REST methods of the model catalog and prepare jobs."""
 
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from ninja import Field, Schema
 
 from apps.api.registry import rpc_method
-from apps.api.schemas import DB_INT_MAX, absent_or
+from apps.api.schemas import DB_INT_MAX, Int, Params, QueryParams, absent_or, bounded_int
 from apps.catalog import selectors, services
 from apps.quantization.presets import PRESETS
 from apps.quantization.types import GGMLType
@@ -16,29 +16,29 @@ Preset = Literal[tuple(sorted(PRESETS))]  # type: ignore[valid-type]
 TypeName = Literal[tuple(sorted({t.value for t in GGMLType} | {t.value.lower() for t in GGMLType}))]  # type: ignore[valid-type]
 
 
-class PerProjectionQuant(Schema):
+class PerProjectionQuant(Params):
     gate: TypeName
     up: TypeName
     down: TypeName
 
 
-class CatalogShapeParams(Schema):
+class CatalogShapeParams(QueryParams):
     model: str = Field(min_length=1, max_length=200, description="Catalog model id, e.g. qwen3-30b-a3b.")
     checkpoint: str = absent_or(min_length=1, max_length=4096,
                                 description="For a model not in the catalog: read its config.json here.")
 
 
-class PrepareParams(Schema):
+class PrepareParams(Params):
     model_id: str = Field(min_length=1, max_length=200)
-    layer: int = Field(ge=0, le=DB_INT_MAX)
-    experts: list[Annotated[int, Field(ge=0, le=DB_INT_MAX)]] = Field(min_length=1, max_length=4096)
+    layer: Int = Field(ge=0, le=DB_INT_MAX)
+    experts: list[bounded_int(0, DB_INT_MAX)] = Field(min_length=1, max_length=4096)  # type: ignore[valid-type]
     quant: Preset | PerProjectionQuant | None = Field(
         None, description='Preset ("q4_k_m", "q8_0", …), one type per projection, or null for dense f32.')
     checkpoint: str = absent_or(min_length=1, max_length=4096,
                                 description="Checkpoint folder or http(s) URL (default: the catalog's).")
 
 
-class PrepareStatusParams(Schema):
+class PrepareStatusParams(QueryParams):
     job_id: uuid.UUID
 
 

@@ -137,7 +137,12 @@ class CheckpointReader:
                                                           timeout_s=timeout_s, client=client)
         else:
             root = Path(text)
-            if not root.is_dir():
+            try:
+                is_dir = root.is_dir()
+            except OSError as exc:  # a name too long, a loop of links: no such folder either way
+                raise CheckpointError("not_found", f"checkpoint folder {text[:200]!r} cannot exist: "
+                                                   f"{exc.strerror}") from exc
+            if not is_dir:
                 raise CheckpointError("not_found", f"checkpoint folder {root} does not exist")
             src = LocalSource(root)
         try:

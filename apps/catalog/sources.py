@@ -41,11 +41,14 @@ class LocalSource:
 
     def read_small(self, name: str) -> bytes:
         path = self.root / name
-        if not path.is_file():
-            raise CheckpointError("not_found", f"{path} does not exist")
-        if path.stat().st_size > MAX_JSON:
-            raise CheckpointError("fetch_failed", f"{path} is larger than {MAX_JSON} bytes")
-        return path.read_bytes()
+        try:
+            if not path.is_file():
+                raise CheckpointError("not_found", f"{path} does not exist")
+            if path.stat().st_size > MAX_JSON:
+                raise CheckpointError("fetch_failed", f"{path} is larger than {MAX_JSON} bytes")
+            return path.read_bytes()
+        except OSError as exc:  # unreadable (permissions, a name too long): the bytes are not ours to read
+            raise CheckpointError("fetch_failed", f"cannot read {path}: {exc.strerror}") from exc
 
     def read_range(self, name: str, start: int, length: int, *, allow_short: bool) -> tuple[bytes, int]:
         """Bytes [start, start+length) and the file size; short only at EOF when allow_short."""
@@ -57,6 +60,8 @@ class LocalSource:
                 data = fh.read(length)
         except FileNotFoundError:
             raise CheckpointError("not_found", f"{path} does not exist") from None
+        except OSError as exc:
+            raise CheckpointError("fetch_failed", f"cannot read {path}: {exc.strerror}") from exc
         if len(data) != length and not (allow_short and start + len(data) == size):
             raise CheckpointError("short_read", f"{path}: read {len(data)} of {length} bytes at offset {start} "
                                                 f"(file is {size} bytes)")

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from apps.errors import InvalidInput, PayloadTooLarge
+from apps.errors import InvalidInput, NotFound, PayloadTooLarge
 from apps.experts.errors import ShapeMismatch
 from apps.experts.runtime import ExpertRuntime
 from apps.experts.wire import rows_from_bytes, rows_to_bytes
@@ -72,8 +72,11 @@ def read_regular_file(path: str, *, max_bytes: int, what: str) -> bytes:
     """A node-local payload file: regular files only, at most `max_bytes` (read bounded)."""
     try:
         info = os.stat(path)
-    except OSError as exc:
-        raise InvalidInput(f"cannot read {what} payload file {path}: {exc.strerror}") from exc
+    except FileNotFoundError as exc:
+        raise NotFound(f"{what} payload file {path} does not exist on this node", reason="file_not_found") from exc
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        raise InvalidInput(f"cannot read {what} payload file {path!r}: {getattr(exc, 'strerror', None) or exc}",
+                           reason="unreadable_file") from exc
     if not stat.S_ISREG(info.st_mode):
         raise InvalidInput(f"{what} payload {path} is not a regular file", reason="not_a_file")
     if info.st_size > max_bytes:
@@ -83,7 +86,8 @@ def read_regular_file(path: str, *, max_bytes: int, what: str) -> bytes:
         with open(path, "rb") as handle:
             data = handle.read(max_bytes + 1)  # bounded even if the file grows meanwhile
     except OSError as exc:
-        raise InvalidInput(f"cannot read {what} payload file {path}: {exc.strerror}") from exc
+        raise InvalidInput(f"cannot read {what} payload file {path}: {exc.strerror}",
+                           reason="unreadable_file") from exc
     if len(data) > max_bytes:
         raise PayloadTooLarge(f"{what} payload file {path} grew past {max_bytes} bytes", limit_bytes=max_bytes)
     return data

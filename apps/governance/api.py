@@ -5,37 +5,37 @@ from typing import Any, Literal
 from ninja import Field, Schema
 
 from apps.api.registry import rpc_method
-from apps.api.schemas import DB_INT_MAX, absent_or
+from apps.api.schemas import DB_INT_MAX, Int, Params, QueryParams, absent_or
 from apps.governance import selectors, services
 
 _COUNT = {"ge": 1, "le": DB_INT_MAX}
 _AMOUNT = {"ge": 0, "le": 1e300}  # finite: JSON has no inf, and the database stores doubles
 
 
-class PolicyChanges(Schema):
+class PolicyChanges(Params):
     """Only the fields given change; the others keep the active policy's values."""
 
-    min_replication: int = absent_or(**_COUNT)
-    max_replication: int = absent_or(**_COUNT, description="Must stay ≥ min_replication.")
+    min_replication: Int = absent_or(**_COUNT)
+    max_replication: Int = absent_or(**_COUNT, description="Must stay ≥ min_replication.")
     hot_threshold_tps: float = absent_or(**_AMOUNT)
-    repair_interval_s: int = absent_or(**_COUNT)
-    repair_max_experts_per_pass: int = absent_or(**_COUNT)
-    receipt_sample_one_in: int = absent_or(**_COUNT)
+    repair_interval_s: Int = absent_or(**_COUNT)
+    repair_max_experts_per_pass: Int = absent_or(**_COUNT)
+    receipt_sample_one_in: Int = absent_or(**_COUNT)
     holder_failure_penalty: float = absent_or(**_AMOUNT)
     fraud_penalty: float = absent_or(**_AMOUNT)
     settlement_holder_share: float = absent_or(ge=0, le=1)
 
 
-class PolicyProposeParams(Schema):
+class PolicyProposeParams(Params):
     changes: PolicyChanges
     note: str = Field("", max_length=10_000)
 
 
-class PolicyDecisionParams(Schema):
-    policy_id: int = Field(ge=1, le=DB_INT_MAX)
+class PolicyDecisionParams(Params):
+    policy_id: Int = Field(ge=1, le=DB_INT_MAX)
 
 
-class PolicyHistoryParams(Schema):
+class PolicyHistoryParams(QueryParams):
     limit: int = Field(50, ge=1, le=500)
 
 

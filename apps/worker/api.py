@@ -13,7 +13,7 @@ from pydantic import ConfigDict
 
 from apps.api.b64 import b64_decode, b64_encode, base64_field
 from apps.api.registry import rpc_method
-from apps.api.schemas import DB_INT_MAX, Unloaded, absent_or, exactly_one_of
+from apps.api.schemas import DB_INT_MAX, Int, Params, QueryParams, Unloaded, absent_or, exactly_one_of
 from apps.errors import InvalidInput
 from apps.worker import client, selectors
 
@@ -22,51 +22,51 @@ _BLOB_URI = r"^tenzro://blob/[0-9a-f]{64}$"
 _SOURCES = ("payload", "path", "blob_uri")
 
 
-class ExpertLoadParams(Schema):
+class ExpertLoadParams(Params):
     model_config = ConfigDict(json_schema_extra=exactly_one_of(*_SOURCES))
 
     payload: str = absent_or(json_schema_extra=base64_field("Expert payload (safetensors), base64."))
     path: str = absent_or(min_length=1, max_length=4096, description="A regular file on the node's filesystem.")
     blob_uri: str = absent_or(pattern=_BLOB_URI, description="tenzro://blob/<hash> to fetch, verify and load.")
     model_id: str = absent_or(**_MODEL_ID, description="If given, the payload must carry this model_id.")
-    layer: int = absent_or(ge=0, le=DB_INT_MAX, description="If given, the payload must carry this layer.")
-    expert: int = absent_or(ge=0, le=DB_INT_MAX, description="If given, the payload must carry this expert.")
+    layer: Int = absent_or(ge=0, le=DB_INT_MAX, description="If given, the payload must carry this layer.")
+    expert: Int = absent_or(ge=0, le=DB_INT_MAX, description="If given, the payload must carry this expert.")
 
 
-class GateLoadParams(Schema):
+class GateLoadParams(Params):
     model_config = ConfigDict(json_schema_extra=exactly_one_of(*_SOURCES))
 
     payload: str = absent_or(json_schema_extra=base64_field("Gate payload (safetensors), base64."))
     path: str = absent_or(min_length=1, max_length=4096, description="A regular file on the node's filesystem.")
     blob_uri: str = absent_or(pattern=_BLOB_URI, description="tenzro://blob/<hash> to fetch, verify and load.")
     model_id: str = absent_or(**_MODEL_ID, description="Names the model when the payload does not; else must match.")
-    layer: int = absent_or(ge=0, le=DB_INT_MAX, description="Names the layer if the payload does not; else must match.")
+    layer: Int = absent_or(ge=0, le=DB_INT_MAX, description="Names the layer if the payload does not; else must match.")
 
 
-class ExpertKey(Schema):
+class ExpertKey(Params):
     model_id: str = Field(**_MODEL_ID)
-    layer: int = Field(ge=0, le=DB_INT_MAX)
-    expert: int = Field(ge=0, le=DB_INT_MAX)
+    layer: Int = Field(ge=0, le=DB_INT_MAX)
+    expert: Int = Field(ge=0, le=DB_INT_MAX)
 
 
-class GateKey(Schema):
+class GateKey(Params):
     model_id: str = Field(**_MODEL_ID)
-    layer: int = Field(ge=0, le=DB_INT_MAX)
+    layer: Int = Field(ge=0, le=DB_INT_MAX)
 
 
-class HiddenParams(Schema):
+class HiddenParams(Params):
     model_id: str = Field(**_MODEL_ID)
-    layer: int = Field(0, ge=0, le=DB_INT_MAX)
-    d_model: int = Field(gt=0, le=1 << 20)
+    layer: Int = Field(0, ge=0, le=DB_INT_MAX)
+    d_model: Int = Field(gt=0, le=1 << 20)
     hidden: str = Field(json_schema_extra=base64_field(
         "Little-endian f32 [tokens, d_model], base64; its length must be whole rows of d_model."))
 
 
 class ExecuteParams(HiddenParams):
-    expert: int = Field(ge=0, le=DB_INT_MAX)
+    expert: Int = Field(ge=0, le=DB_INT_MAX)
 
 
-class ExpertStatusParams(Schema):
+class ExpertStatusParams(QueryParams):
     live: bool = Field(False, description="Ask the expert worker now (503 if it is down) instead of reading "
                                           "what it last published to the control plane.")
 
@@ -156,7 +156,11 @@ def _source(params: ExpertLoadParams | GateLoadParams, what: str) -> dict[str, A
     if len(given) != 1:
         raise InvalidInput(f"give exactly one of payload, path, blob_uri for the {what} (got {given or 'none'})")
     if params.payload is not None:
-        return {"payload": b64_decode(params.payload, what=f"{what} payload")}
+        payload = b64_decode(params.payload, what=f"{what} payload")
+        if not payload:
+            raise InvalidInput(f"the {what} payload is empty; a safetensors file was expected",
+                               reason="invalid_payload")
+        return {"payload": payload}
     return {"path": params.path} if params.path is not None else {"blob_uri": params.blob_uri}
 
 
