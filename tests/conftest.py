@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from tests.e2e.nodes import NodeProcess
+from testkit.nodes import NodeProcess
 
 # Redis databases 1-14 are for e2e nodes (0: `make run`, 15: in-process tests).
 _redis_dbs = itertools.cycle(range(1, 15))

@@ -3,12 +3,16 @@
 The schemas advertise BASE64_PATTERN (padded standard alphabet, no whitespace) but pydantic
 does not enforce it: matching a 64 MB string against a regex costs as much as decoding it,
 and the strict decoder below refuses exactly what the pattern refuses, naming the field.
+pybase64 (SIMD: AVX-512 VBMI, AVX2, NEON) decodes 4 MB in ~0.2 ms where binascii takes
+~11 ms (bench/transport.py measures the whole call).
 """
 
 from __future__ import annotations
 
 import binascii
 from typing import Any
+
+import pybase64
 
 from apps.errors import InvalidInput
 
@@ -22,15 +26,15 @@ def base64_field(description: str) -> dict[str, Any]:
 
 def b64_decode(text: str, *, what: str) -> bytes:
     """Padded standard base64 -> bytes; InvalidInput naming `what` otherwise."""
-    # binascii's strict mode still takes padding past a whole group ("abcd=="): refuse it
-    # here so the decoder and BASE64_PATTERN agree exactly.
+    # Length and padding first: cheap, and they keep the decoder and BASE64_PATTERN in exact
+    # agreement whatever the decoder tolerates.
     if len(text) % 4 or "=" in text[:-2]:
         raise InvalidInput(f"{what} is not padded standard base64 (length {len(text)})")
     try:
-        return binascii.a2b_base64(text, strict_mode=True)
+        return pybase64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise InvalidInput(f"{what} is not valid base64: {exc}") from exc
 
 
 def b64_encode(data: bytes | bytearray | memoryview) -> str:
-    return binascii.b2a_base64(data, newline=False).decode("ascii")
+    return pybase64.b64encode(data).decode("ascii")

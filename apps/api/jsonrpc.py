@@ -29,6 +29,10 @@ logger = logging.getLogger(__name__)
 _MISSING = object()
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
 def _response(request_id: Any, *, result: Any = _MISSING, error: dict | None = None) -> dict[str, Any]:
     if error is not None:
         return {"jsonrpc": "2.0", "error": error, "id": request_id}
@@ -109,8 +113,8 @@ async def _run_method(name: str, raw_params: Any, *, operator: bool, reply_id: A
 async def handle_payload(body: bytes, *, operator: bool) -> dict[str, Any] | list[dict[str, Any]] | None:
     """Answer one HTTP body of JSON-RPC: a response, a list of responses, or None (nothing to send)."""
     try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        payload = json.loads(body, parse_constant=_not_json)
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
         return _response(None, error=error_object(PARSE_ERROR, f"Parse error: {exc}"))
     if isinstance(payload, list):
         if not payload:

@@ -7,10 +7,12 @@ kind (apps/errors.py), and each route documents in OpenAPI every status it can a
 
 from typing import Any
 
+import orjson
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI, Query, Router
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.renderers import BaseRenderer
 from ninja.security import HttpBearer
 
 from apps.api.auth import is_operator
@@ -19,6 +21,16 @@ from apps.api.schemas import ErrorOut
 from apps.errors import PayloadTooLarge, TenzroError, Unauthorized
 
 _HTTP_REASONS = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+
+
+class OrjsonRenderer(BaseRenderer):
+    """Responses through orjson (a base64 row string ~4x faster than json); results are schema-
+    validated first, which refuses the non-finite floats orjson would write as null."""
+
+    media_type = "application/json"
+
+    def render(self, request: HttpRequest, data: Any, *, response_status: int) -> bytes:
+        return orjson.dumps(data)
 
 
 class OperatorBearer(HttpBearer):
@@ -54,7 +66,8 @@ def _error(api: NinjaAPI, request: HttpRequest, exc: TenzroError) -> HttpRespons
 
 
 def build_api() -> NinjaAPI:
-    api = NinjaAPI(title="Tenzro MoE node", version="1", urls_namespace="rest", docs_url="/docs")
+    api = NinjaAPI(title="Tenzro MoE node", version="1", urls_namespace="rest", docs_url="/docs",
+                   renderer=OrjsonRenderer())
 
     @api.exception_handler(TenzroError)
     def tenzro_error(request: HttpRequest, exc: TenzroError) -> HttpResponse:

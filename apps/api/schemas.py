@@ -38,7 +38,14 @@ class QueryParams(BaseModel):
     """Base of GET params: they arrive as query strings, which pydantic parses (lax mode)."""
 
 
-class ErrorOut(Schema):
+class Out(Schema):
+    """Base of every result schema. A non-finite float is a contract break (internal_error), never
+    a silent `null`: the JSON encoder (orjson) would write NaN and ±inf as null."""
+
+    model_config = ConfigDict(from_attributes=True, allow_inf_nan=False)
+
+
+class ErrorOut(Out):
     """Every error answer of the REST edge (the JSON-RPC edge carries the same in `error.data`)."""
 
     model_config = ConfigDict(extra="allow")
@@ -47,7 +54,7 @@ class ErrorOut(Schema):
     reason: str = Field(description="Stable snake_case reason (docs/protocol.md lists them).")
 
 
-class Unloaded(Schema):
+class Unloaded(Out):
     unloaded: bool
 
 

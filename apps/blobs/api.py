@@ -3,10 +3,9 @@
 from typing import Any
 
 from django.conf import settings
-from ninja import Schema
 
 from apps.api.registry import rpc_method
-from apps.api.schemas import Params, absent_or
+from apps.api.schemas import Out, Params, absent_or
 from apps.blobs import services
 
 
@@ -16,7 +15,7 @@ class BlobGcParams(Params):
     )
 
 
-class BlobGcOut(Schema):
+class BlobGcOut(Out):
     removed: list[str]
     kept: int
     referenced: int

@@ -3,10 +3,10 @@
 import uuid
 from typing import Any, Literal
 
-from ninja import Field, Schema
+from ninja import Field
 
 from apps.api.registry import rpc_method
-from apps.api.schemas import DB_INT_MAX, Int, Params, QueryParams, absent_or, bounded_int
+from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams, absent_or, bounded_int
 from apps.catalog import selectors, services
 from apps.quantization.presets import PRESETS
 from apps.quantization.types import GGMLType
@@ -42,7 +42,7 @@ class PrepareStatusParams(QueryParams):
     job_id: uuid.UUID
 
 
-class ModelShapeOut(Schema):
+class ModelShapeOut(Out):
     model_id: str
     family: str | None
     n_routed_experts: int | None
@@ -64,12 +64,12 @@ class ModelShapeOut(Schema):
     sources: dict[str, str]
 
 
-class BlobOut(Schema):
+class BlobOut(Out):
     blob_uri: str
     size: int
 
 
-class JobExpertOut(Schema):
+class JobExpertOut(Out):
     expert: int
     state: Literal["pending", "done", "failed"]
     blob_uri: str | None = None
@@ -77,17 +77,17 @@ class JobExpertOut(Schema):
     formats: dict[str, str] | None = None
 
 
-class Progress(Schema):
+class Progress(Out):
     done: int
     total: int
 
 
-class JobError(Schema):
+class JobError(Out):
     reason: str
     message: str
 
 
-class PrepareJobOut(Schema):
+class PrepareJobOut(Out):
     job_id: str
     state: Literal["queued", "running", "done", "failed"]
     model_id: str

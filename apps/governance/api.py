@@ -2,10 +2,10 @@
 
 from typing import Any, Literal
 
-from ninja import Field, Schema
+from ninja import Field
 
 from apps.api.registry import rpc_method
-from apps.api.schemas import DB_INT_MAX, Int, Params, QueryParams, absent_or
+from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams, absent_or
 from apps.governance import selectors, services
 
 _COUNT = {"ge": 1, "le": DB_INT_MAX}
@@ -39,7 +39,7 @@ class PolicyHistoryParams(QueryParams):
     limit: int = Field(50, ge=1, le=500)
 
 
-class PolicyOut(Schema):
+class PolicyOut(Out):
     id: int
     status: Literal["proposed", "active", "superseded", "rejected"]
     min_replication: int
@@ -58,7 +58,7 @@ class PolicyOut(Schema):
     decided_at: str | None
 
 
-class PolicyHistoryOut(Schema):
+class PolicyHistoryOut(Out):
     policies: list[PolicyOut]
 
 

@@ -2,19 +2,18 @@
 
 from typing import Any
 
-from ninja import Schema
-
 from apps.api.registry import rpc_method
+from apps.api.schemas import Out
 from apps.node import selectors
 
 
-class Endpoints(Schema):
+class Endpoints(Out):
     http: str
     quic: str
     quic_cert_sha256: str
 
 
-class NodeInfoOut(Schema):
+class NodeInfoOut(Out):
     provider_id: str
     roles: list[str]
     version: str
@@ -22,7 +21,7 @@ class NodeInfoOut(Schema):
     peers: list[str]
 
 
-class ProcessOut(Schema):
+class ProcessOut(Out):
     name: str
     pid: int | None
     state: str
@@ -30,7 +29,7 @@ class ProcessOut(Schema):
     restarts: int
 
 
-class NodeProcessesOut(Schema):
+class NodeProcessesOut(Out):
     supervised: bool
     processes: list[ProcessOut]
     celery_heartbeat_age_s: float | None

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -263,6 +264,60 @@ class _ClientProtocol(QuicConnectionProtocol):
                 future.set_result(frame)
 
 
+class QuicPeerConnection:
+    """One pinned connection to a peer; `call` may be used for many requests, concurrently."""
+
+    def __init__(self, protocol: _ClientProtocol, where: str) -> None:
+        self._protocol = protocol
+        self._where = where
+
+    async def call(self, method: str, params: dict[str, Any], body: bytes | memoryview = b"", *,
+                   timeout_s: float = 30.0) -> tuple[dict[str, Any], bytes | bytearray]:
+        """One request on its own stream; raises TransportError (reason says why)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                frame = await self._protocol.call(method, params, body)
+        except TimeoutError as exc:
+            raise TransportError("timeout", f"no answer from {self._where} within {timeout_s} s") from exc
+        header = frame.header
+        if not header.get("ok"):
+            error = header.get("error") or {}
+            raise TransportError(error.get("reason", "remote_error"), error.get("message", "remote error"))
+        return header.get("result", {}), frame.body
+
+
+@contextlib.asynccontextmanager
+async def quic_connection(
+    *, host: str, port: int, pin_sha256: str, settings: QuicSettings, timeout_s: float = 30.0
+) -> AsyncIterator[QuicPeerConnection]:
+    """Connect, check the certificate pin before sending anything, and yield the connection."""
+    configuration = _configuration(settings, is_client=True)
+    # Trust comes from the pin below, not from a CA: the certificate is self-signed.
+    configuration.verify_mode = ssl.CERT_NONE
+
+    def create_protocol(*args: Any, **kwargs: Any) -> _ClientProtocol:
+        return _ClientProtocol(*args, max_body=settings.max_body, **kwargs)
+
+    where = f"{host}:{port}"
+    try:
+        async with asyncio.timeout(timeout_s):
+            opening = connect(host, port, configuration=configuration, create_protocol=create_protocol)
+            client = await opening.__aenter__()
+    except TimeoutError as exc:
+        raise TransportError("timeout", f"no QUIC handshake with {where} within {timeout_s} s") from exc
+    except ConnectionError as exc:
+        raise TransportError("connection_failed", f"could not reach {where}: {exc}") from exc
+    try:
+        assert isinstance(client, _ClientProtocol)
+        seen = client.peer_certificate_sha256()
+        if seen is None or seen != pin_sha256.lower():
+            raise TransportError("certificate_pin_mismatch",
+                                 f"{where} presented certificate sha256 {seen}, expected {pin_sha256}")
+        yield QuicPeerConnection(client, where)
+    finally:
+        await opening.__aexit__(None, None, None)
+
+
 async def quic_call(
     *,
     host: str,
@@ -275,31 +330,8 @@ async def quic_call(
     timeout_s: float = 30.0,
 ) -> tuple[dict[str, Any], bytes | bytearray]:
     """One request on a fresh connection; raises TransportError (reason says why)."""
-    configuration = _configuration(settings, is_client=True)
-    # Trust comes from the pin below, not from a CA: the certificate is self-signed.
-    configuration.verify_mode = ssl.CERT_NONE
-
-    def create_protocol(*args: Any, **kwargs: Any) -> _ClientProtocol:
-        return _ClientProtocol(*args, max_body=settings.max_body, **kwargs)
-
-    try:
-        async with asyncio.timeout(timeout_s):
-            async with connect(host, port, configuration=configuration, create_protocol=create_protocol) as client:
-                assert isinstance(client, _ClientProtocol)
-                seen = client.peer_certificate_sha256()
-                if seen is None or seen != pin_sha256.lower():
-                    client.close()
-                    raise TransportError(
-                        "certificate_pin_mismatch",
-                        f"{host}:{port} presented certificate sha256 {seen}, expected {pin_sha256}",
-                    )
-                frame = await client.call(method, params, body)
-    except TimeoutError as exc:
-        raise TransportError("timeout", f"no answer from {host}:{port} within {timeout_s} s") from exc
-    except ConnectionError as exc:
-        raise TransportError("connection_failed", f"could not reach {host}:{port}: {exc}") from exc
-    header = frame.header
-    if not header.get("ok"):
-        error = header.get("error") or {}
-        raise TransportError(error.get("reason", "remote_error"), error.get("message", "remote error"))
-    return header.get("result", {}), frame.body
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with quic_connection(host=host, port=port, pin_sha256=pin_sha256, settings=settings,
+                               timeout_s=timeout_s) as connection:
+        remaining = max(0.001, deadline - asyncio.get_running_loop().time())
+        return await connection.call(method, params, body, timeout_s=remaining)

@@ -8,12 +8,12 @@ published to the control plane, so it answers even while the worker is down (mar
 from typing import Any, Literal
 
 from asgiref.sync import sync_to_async
-from ninja import Field, Schema
+from ninja import Field
 from pydantic import ConfigDict
 
 from apps.api.b64 import b64_decode, b64_encode, base64_field
 from apps.api.registry import rpc_method
-from apps.api.schemas import DB_INT_MAX, Int, Params, QueryParams, Unloaded, absent_or, exactly_one_of
+from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams, Unloaded, absent_or, exactly_one_of
 from apps.errors import InvalidInput
 from apps.worker import client, selectors
 
@@ -71,7 +71,7 @@ class ExpertStatusParams(QueryParams):
                                           "what it last published to the control plane.")
 
 
-class ExpertRow(Schema):
+class ExpertRow(Out):
     model_id: str
     layer: int
     expert: int
@@ -85,7 +85,7 @@ class ExpertRow(Schema):
     blob_uri: str | None
 
 
-class GateRow(Schema):
+class GateRow(Out):
     model_id: str
     layer: int
     router: Literal["softmax", "sigmoid"]
@@ -97,13 +97,13 @@ class GateRow(Schema):
     blob_uri: str | None
 
 
-class Counts(Schema):
+class Counts(Out):
     warm: int
     cold: int
     gates: int
 
 
-class ExpertStatusOut(Schema):
+class ExpertStatusOut(Out):
     experts: list[ExpertRow]
     gates: list[GateRow]
     memory_budget_bytes: int
@@ -119,29 +119,29 @@ class ExpertStatusOut(Schema):
     worker_pid: int | None
 
 
-class RouteSlot(Schema):
+class RouteSlot(Out):
     layer: int
     expert: int
     weight: float
 
 
-class TokenRouting(Schema):
+class TokenRouting(Out):
     token_index: int
     experts: list[RouteSlot]
 
 
-class RouteOut(Schema):
+class RouteOut(Out):
     tokens: int
     routings: list[TokenRouting]
 
 
-class RowsOut(Schema):
+class RowsOut(Out):
     tokens: int
     d_model: int
     output: str = Field(json_schema_extra=base64_field("Little-endian f32 [tokens, d_model], base64."))
 
 
-class WorkerStatusOut(Schema):
+class WorkerStatusOut(Out):
     provider_id: str
     quic_cert_sha256: str
     roles: list[str]

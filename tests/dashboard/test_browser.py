@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from tests.e2e.nodes import TOKEN
+from testkit.nodes import TOKEN
 from tests.experts.factories import expert_payload, expert_weights
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.nodes import TOKEN
+from testkit.nodes import TOKEN
 
 pytestmark = pytest.mark.e2e
 HERE = Path(__file__).resolve().parent

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.e2e.nodes import TOKEN
+from testkit.nodes import TOKEN
 from tests.experts.factories import (
     MODEL,
     deepseek_gate,

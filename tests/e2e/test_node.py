@@ -11,7 +11,7 @@ import pytest
 import websockets
 
 from apps.transport.quic import QuicSettings, TransportError, quic_call
-from tests.e2e.nodes import TOKEN
+from testkit.nodes import TOKEN
 
 pytestmark = pytest.mark.e2e
 QUIC = QuicSettings(max_body=1 << 20)

@@ -19,7 +19,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import StreamDataReceived
 from blake3 import blake3
 
-from tests.e2e.nodes import TOKEN
+from testkit.nodes import TOKEN
 from tests.experts.factories import MODEL, expert_payload, expert_weights, qwen_gate
 
 pytestmark = pytest.mark.e2e

@@ -18,7 +18,7 @@ from apps.catalog.shapes import shape_from_config
 from apps.catalog.slicing import prepare_expert
 from apps.transport.quic import QuicSettings, quic_call
 from testkit.checkpoints import FileServer, qwen3_moe
-from tests.e2e.nodes import TOKEN
+from testkit.nodes import TOKEN
 from tests.experts.factories import moe_block_reference, qwen3_router_reference
 
 pytestmark = pytest.mark.e2e

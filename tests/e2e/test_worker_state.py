@@ -12,7 +12,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.e2e.nodes import TOKEN, NodeProcess
+from testkit.nodes import TOKEN, NodeProcess
 from tests.experts.factories import MODEL, expert_payload, expert_weights
 
 pytestmark = pytest.mark.e2e

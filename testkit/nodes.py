@@ -1,4 +1,4 @@
-"""Real node processes on loopback for end-to-end tests.
+"""Real node processes on loopback, for the end-to-end tests and the benchmarks.
 
 Each node gets free HTTP and QUIC ports, its own data dir and its own Redis database,
 and is started with the real `tenzro node run` command line.
@@ -40,6 +40,8 @@ class NodeProcess:
     peers: list[str] = field(default_factory=list)
     process: subprocess.Popen | None = None
     log_path: Path | None = None
+    # Run the node from another checkout of the project (a benchmark's "before"); default: this one.
+    source_root: Path | None = None
 
     @property
     def url(self) -> str:
@@ -54,6 +56,8 @@ class NodeProcess:
         self.log_path = self.data_dir.with_suffix(".log")
         env = {**os.environ, "TENZRO_OPERATOR_TOKEN": TOKEN, "DJANGO_SETTINGS_MODULE": "tenzro_site.settings.base",
                **env_overrides}
+        if self.source_root is not None:  # its packages come first on sys.path, before this checkout's
+            env["PYTHONPATH"] = str(self.source_root)
         argv = [
             sys.executable, "-m", "apps.cli.main", "node", "run",
             "--http", f"127.0.0.1:{self.http_port}", "--quic", f"127.0.0.1:{self.quic_port}",
@@ -61,7 +65,7 @@ class NodeProcess:
         ]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True)
+                                            start_new_session=True, cwd=self.source_root)
         self.wait_ready()
         return self
 
