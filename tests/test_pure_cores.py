@@ -13,7 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PURE_CORES = {
     "identity and supervisor": ["apps.node.identity", "apps.node.supervisor", "apps.node.liveness"],
-    "transport": ["apps.transport.framing", "apps.transport.quic"],
+    "transport": ["apps.transport.framing", "apps.transport.quic", "apps.transport.admission"],
+    "worker cores": ["apps.worker.doors", "apps.worker.publisher"],
+    "errors and files": ["apps.errors", "apps.durable_files", "apps.api.b64", "apps.blobs.references"],
     "quantization": ["apps.quantization.registry", "apps.quantization.payload", "apps.quantization.presets",
                      "apps.quantization.activations", "apps.quantization.baseline"],
     "expert runtime": ["apps.experts.runtime", "apps.experts.numba_matmul", "apps.experts.backends",

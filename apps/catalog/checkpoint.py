@@ -24,7 +24,6 @@ Pure module (numpy + httpx), never Django.
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ import httpx
 import numpy as np
 
 from apps.catalog.sources import CheckpointError, HttpSource, LocalSource
+from apps.quantization.safetensors_header import header_length, parse_header
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
@@ -202,9 +202,10 @@ class CheckpointReader:
         self._count("header", len(first))
         if len(first) < 8:
             raise CheckpointError("header_truncated", f"{where}: {size} bytes, shorter than the 8-byte header length")
-        (n,) = struct.unpack_from("<Q", first, 0)
-        if n > MAX_HEADER:
-            raise CheckpointError("header_too_large", f"{where}: header length {n} exceeds {MAX_HEADER} bytes")
+        try:
+            n = header_length(first, limit=MAX_HEADER)
+        except ValueError as exc:
+            raise CheckpointError("header_too_large", f"{where}: {exc}") from None
         if 8 + n > size:
             raise CheckpointError("header_truncated", f"{where}: header length {n} runs past the {size}-byte file")
         raw = first[8:8 + n]
@@ -213,11 +214,9 @@ class CheckpointReader:
             self._count("header", len(rest))
             raw = first[8:] + rest
         try:
-            header = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError("header_corrupt", f"{where}: header is not valid JSON: {exc}") from None
-        if not isinstance(header, dict):
-            raise CheckpointError("header_corrupt", f"{where}: header is not a JSON object")
+            header = parse_header(raw)
+        except ValueError as exc:
+            raise CheckpointError("header_corrupt", f"{where}: {exc}") from None
         header.pop("__metadata__", None)
         data_start, data_len = 8 + n, size - 8 - n
         infos: dict[str, TensorInfo] = {}

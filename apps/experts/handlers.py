@@ -34,9 +34,10 @@ class Context(Protocol):
 
 @dataclass(frozen=True)
 class Payload:
-    """Payload bytes, and the file that already holds exactly them (a blob), if any."""
+    """Payload bytes (a request body is passed on as received, not copied), and the file that
+    already holds exactly them (a blob), if any."""
 
-    data: bytes
+    data: bytes | bytearray
     stored_at: Path | None = None
 
 
@@ -140,7 +141,7 @@ class ExpertHandlers:
             if len(body) > self._max_payload:
                 raise PayloadTooLarge(f"{what} payload of {len(body)} bytes exceeds {self._max_payload}",
                                       limit_bytes=self._max_payload)
-            return Payload(bytes(body))
+            return Payload(body)
         path, uri = params.get("path"), params.get("blob_uri")
         if isinstance(path, str) and path:
             data = await ctx.run_blocking(self._executor, read_regular_file, path, max_bytes=self._max_payload,

@@ -28,6 +28,7 @@ import numpy as np
 
 from .presets import PROJECTIONS, TENSOR_NAMES, resolve_quant
 from .registry import KERNELS, dense_to_f32, dequantize, f32_to_dense, quantize
+from .safetensors_header import header_length, parse_header
 from .types import GGMLType, resolve_type, row_bytes
 
 FORMAT = "tenzro-expert/1"
@@ -165,17 +166,13 @@ def serialize_safetensors(entries: dict[str, tuple[str, list[int], bytes]], meta
 
 def split_safetensors(data: bytes) -> tuple[dict, memoryview]:
     """(header JSON object, tensor data section) of a safetensors file; PayloadError if malformed."""
-    if len(data) < 8:
-        raise PayloadError(f"payload too short for a safetensors header: {len(data)} bytes")
-    (hlen,) = struct.unpack_from("<Q", data, 0)
-    if hlen > _MAX_HEADER or 8 + hlen > len(data):
-        raise PayloadError(f"safetensors header length {hlen} does not fit a {len(data)}-byte payload")
     try:
-        header = json.loads(bytes(data[8:8 + hlen]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PayloadError(f"safetensors header is not valid JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise PayloadError("safetensors header must be a JSON object")
+        hlen = header_length(data, limit=_MAX_HEADER)
+        if 8 + hlen > len(data):
+            raise ValueError(f"header length {hlen} does not fit a {len(data)}-byte payload")
+        header = parse_header(memoryview(data)[8:8 + hlen])
+    except ValueError as exc:
+        raise PayloadError(f"safetensors payload: {exc}") from None
     return header, memoryview(data)[8 + hlen:]
 
 
