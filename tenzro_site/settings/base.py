@@ -13,6 +13,7 @@ from tenzro_site.settings.env import (
     DEFAULT_ROLES,
     data_dir,
     env_bool,
+    env_float,
     env_int,
     env_list,
     env_str,
@@ -30,7 +31,7 @@ TENZRO_PUBLIC_HTTP = env_str("TENZRO_PUBLIC_HTTP", f"http://{TENZRO_HTTP}")
 # Largest JSON-RPC request body accepted, in bytes (base64 hidden rows make these big).
 TENZRO_RPC_MAX_BYTES = env_int("TENZRO_RPC_MAX_BYTES", 64 * 1024 * 1024)
 # Seconds the web process waits for the expert worker to answer over the Channels layer.
-TENZRO_WORKER_TIMEOUT_S = env_int("TENZRO_WORKER_TIMEOUT_S", 30)
+TENZRO_WORKER_TIMEOUT_S = env_float("TENZRO_WORKER_TIMEOUT_S", 30.0)
 # Largest body of one QUIC frame this node accepts in an answer (as a client), in bytes.
 TENZRO_QUIC_MAX_BODY = env_int("TENZRO_QUIC_MAX_BODY", 256 * 1024 * 1024)
 # Limits of the peer door (QUIC), per peer connection: request body size, requests in flight,

@@ -124,11 +124,11 @@ def test_a_start_ends_what_a_previous_run_of_the_data_dir_left_behind(start_node
 
 
 def test_a_call_the_web_gave_up_on_is_dropped_by_the_worker(start_node, tmp_path) -> None:
-    """TENZRO_WORKER_TIMEOUT_S=1 and one compute thread: a slow batch holds the thread past the
+    """TENZRO_WORKER_TIMEOUT_S=0.5 and one compute thread: a slow batch holds the thread past the
     deadline of the call queued behind it, which the worker then drops without computing."""
-    node = start_node(env={"TENZRO_WORKER_TIMEOUT_S": "1", "TENZRO_COMPUTE_THREADS": "1"})
+    node = start_node(env={"TENZRO_WORKER_TIMEOUT_S": "0.5", "TENZRO_COMPUTE_THREADS": "1"})
     rng = np.random.default_rng(5)
-    d_model, d_ff, rows = 1024, 2048, 4096  # ~100 GFLOP: seconds on two cores
+    d_model, d_ff, rows = 2048, 2048, 4096  # ~100 GFLOP: one to a few seconds on two cores
     path = tmp_path / "big.safetensors"
     path.write_bytes(expert_payload(expert_weights(rng, d_model, d_ff), expert=0))
     node.rpc("tenzro_moeExpertLoad", {"path": str(path)}, token=TOKEN, timeout=60)
@@ -138,10 +138,12 @@ def test_a_call_the_web_gave_up_on_is_dropped_by_the_worker(start_node, tmp_path
     before = node.result("tenzro_workerStatus")["calls"]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         answers = list(pool.map(lambda _: node.rpc("tenzro_moeExecute", params, timeout=60), range(2)))
-    assert all(a["error"]["data"]["reason"] == "worker_unavailable" for a in answers), answers
+    # the web gave up (worker_unavailable), or the worker saw a call arrive already late and said so
+    assert all(a["error"]["data"]["reason"] in {"worker_unavailable", "deadline_exceeded"} for a in answers), answers
 
     def grew(name):
         return node.result("tenzro_workerStatus")["calls"].get(name, 0) - before.get(name, 0)
 
-    assert wait_for(lambda: grew("operator.abandoned_past_deadline") >= 2, 30, "both answers dropped")
-    assert grew("operator.dropped_past_deadline") >= 1  # the queued call never computed
+    # one call computed past its deadline (its answer dropped); the other never computed
+    assert wait_for(lambda: grew("operator.dropped_past_deadline") >= 1, 30, "the queued call to be dropped")
+    assert grew("operator.abandoned_past_deadline") + grew("operator.dropped_past_deadline") >= 2
