@@ -22,23 +22,23 @@ _BLOB_URI = r"^tenzro://blob/[0-9a-f]{64}$"
 _SOURCES = ("payload", "path", "blob_uri")
 
 
-class ExpertLoadParams(Params):
+class PayloadSource(Params):
+    """Where a payload comes from: exactly one of these three."""
+
     model_config = ConfigDict(json_schema_extra=exactly_one_of(*_SOURCES))
 
-    payload: str = absent_or(json_schema_extra=base64_field("Expert payload (safetensors), base64."))
+    payload: str = absent_or(json_schema_extra=base64_field("The payload (safetensors), base64."))
     path: str = absent_or(min_length=1, max_length=4096, description="A regular file on the node's filesystem.")
     blob_uri: str = absent_or(pattern=_BLOB_URI, description="tenzro://blob/<hash> to fetch, verify and load.")
+
+
+class ExpertLoadParams(PayloadSource):
     model_id: str = absent_or(**_MODEL_ID, description="If given, the payload must carry this model_id.")
     layer: Int = absent_or(ge=0, le=DB_INT_MAX, description="If given, the payload must carry this layer.")
     expert: Int = absent_or(ge=0, le=DB_INT_MAX, description="If given, the payload must carry this expert.")
 
 
-class GateLoadParams(Params):
-    model_config = ConfigDict(json_schema_extra=exactly_one_of(*_SOURCES))
-
-    payload: str = absent_or(json_schema_extra=base64_field("Gate payload (safetensors), base64."))
-    path: str = absent_or(min_length=1, max_length=4096, description="A regular file on the node's filesystem.")
-    blob_uri: str = absent_or(pattern=_BLOB_URI, description="tenzro://blob/<hash> to fetch, verify and load.")
+class GateLoadParams(PayloadSource):
     model_id: str = absent_or(**_MODEL_ID, description="Names the model when the payload does not; else must match.")
     layer: Int = absent_or(ge=0, le=DB_INT_MAX, description="Names the layer if the payload does not; else must match.")
 
@@ -151,7 +151,7 @@ class WorkerStatusOut(Out):
     calls: dict[str, int] = Field(description="Worker calls per door: calls, forbidden, errors, dropped_past_deadline.")
 
 
-def _source(params: ExpertLoadParams | GateLoadParams, what: str) -> dict[str, Any]:
+def _source(params: PayloadSource, what: str) -> dict[str, Any]:
     given = [name for name in _SOURCES if getattr(params, name) is not None]
     if len(given) != 1:
         raise InvalidInput(f"give exactly one of payload, path, blob_uri for the {what} (got {given or 'none'})")

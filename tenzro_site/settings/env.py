@@ -10,7 +10,11 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -28,24 +32,22 @@ def env_str(name: str, default: str) -> str:
     return default if value is None or value == "" else value
 
 
-def env_int(name: str, default: int) -> int:
+def _env_number(name: str, default: T, cast: Callable[[str], T], kind: str) -> T:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        return cast(raw)
     except ValueError as exc:
-        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from exc
+        raise ValueError(f"environment variable {name} must be {kind}, got {raw!r}") from exc
+
+
+def env_int(name: str, default: int) -> int:
+    return _env_number(name, default, int, "an integer")
 
 
 def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError as exc:
-        raise ValueError(f"environment variable {name} must be a number, got {raw!r}") from exc
+    return _env_number(name, default, float, "a number")
 
 
 def env_bool(name: str, default: bool) -> bool:
