@@ -10,7 +10,7 @@ import pytest
 from django.core.asgi import get_asgi_application
 from django.core.handlers import asgi as django_asgi
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
 
 class RecordingSpool(tempfile.SpooledTemporaryFile):

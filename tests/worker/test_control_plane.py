@@ -8,7 +8,8 @@ import pytest
 from apps.governance import services
 from apps.worker.control_plane import ControlPlaneView
 
-pytestmark = pytest.mark.django_db(transaction=True)  # the view reads from its own thread
+# transaction: the view reads from its own thread; serialized_rollback: the seeded policy survives
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
 
 def test_an_approved_policy_reaches_the_worker_within_the_ttl() -> None:
