@@ -1,0 +1,1 @@
+"""Shard map and dispatch planner: pure functions over the gossip view (no Django)."""

@@ -1,0 +1,216 @@
+"""Placing each routed expert's rows on holders: candidates, greedy order, water-filling splits.
+
+Pure module (no Django); the rules and their reasons are in apps.shardmap.planner's
+docstring, this module is their arithmetic. It works on Python lists rather than numpy:
+the loop visits one expert at a time with a handful of candidates each, where numpy's
+per-call overhead (about a microsecond) would cost more than the arithmetic.
+
+Units: rows are (token, expert) pairs; rate is committed_tps in rows per second; latency
+and finish times are seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from apps.shardmap.index import ShardIndex
+
+NO_HOLDER, HOLDERS_EXCLUDED, ONLY_COLD = "no_holder", "holders_excluded", "only_cold_holders"
+
+# A holder that has measured nothing advertises committed_tps 0; ranking it at 1 token/s keeps the
+# finish-time arithmetic finite and makes it the last resort among holders with numbers.
+MIN_RATE = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """A ShardIndex's columns as lists (see apps.shardmap.index for the layout)."""
+
+    offsets: list[int]  # (n_experts + 1): expert e's holder rows
+    n_warm: list[int]  # (n_experts): its Warm holders are the first n_warm[e] rows (Warm sorts first)
+    hot: list[bool]  # (n_experts)
+    provider: list[int]  # (n_holders): provider index per holder row
+    rate: list[float]  # (n_holders): max(committed_tps, MIN_RATE)
+    gpu: list[bool]  # (n_providers)
+    latency: list[float]  # (n_providers): seconds
+    n_experts: int
+
+
+_CACHE: weakref.WeakKeyDictionary[ShardIndex, Columns] = weakref.WeakKeyDictionary()
+
+
+def columns_of(shard: ShardIndex) -> Columns:
+    """The index's columns as lists, computed once per index and kept while the index lives.
+
+    Two threads may both compute them the first time; the results are equal, so either wins.
+    """
+    cols = _CACHE.get(shard)
+    if cols is None:
+        n_warm = shard.holder_warm.astype(np.int64)
+        cols = Columns(
+            offsets=shard.offsets.tolist(),
+            n_warm=(np.add.reduceat(n_warm, shard.offsets[:-1]).tolist() if shard.n_experts else []),
+            hot=shard.hot.tolist(),
+            provider=shard.holder_provider.tolist(),
+            rate=np.maximum(shard.holder_tps, MIN_RATE).astype(np.float64).tolist(),
+            gpu=shard.provider_gpu.tolist(),
+            latency=shard.provider_latency_s.tolist(),
+            n_experts=shard.n_experts,
+        )
+        _CACHE[shard] = cols
+    return cols
+
+
+class Piece(NamedTuple):
+    """Rows ``first : first + rows`` of segment ``segment`` (expert ``expert``) go to ``provider``."""
+
+    segment: int
+    expert: int
+    provider: int
+    first: int
+    rows: int
+    backups: tuple[int, ...]  # provider indices, best first
+
+
+def place(
+    cols: Columns,
+    segment_expert: list[int],
+    segment_rows: list[int],
+    *,
+    allow_cold: bool,
+    excluded: set[int],
+    min_batch_rows: int,
+) -> tuple[list[Piece], list[tuple[int, str]]]:
+    """Place every segment (one routed expert's rows); return its pieces and the refused segments.
+
+    ``segment_expert[s]`` is an expert index of the index, or >= n_experts for an expert
+    nobody holds. Pieces come sorted by (segment, provider); segments must be in expert order
+    for that to be (layer, expert, provider id) order, as the planner gives them.
+    """
+    prov, rate, lat = cols.provider, cols.rate, cols.latency
+    refused: list[tuple[int, str]] = []
+    chosen_tier: dict[int, list[int]] = {}  # segment -> candidate holder rows, preferred ones first
+    preferred: dict[int, int] = {}  # segment -> how many leading candidates are preferred (GPU, hot)
+    backup_pool: dict[int, list[int]] = {}  # segment -> holder rows a backup may come from
+    usable: set[int] = set()
+    routable = 0
+    for s, (e, n) in enumerate(zip(segment_expert, segment_rows, strict=True)):
+        if e >= cols.n_experts:
+            refused.append((s, NO_HOLDER))
+            continue
+        a, w, b = cols.offsets[e], cols.offsets[e] + cols.n_warm[e], cols.offsets[e + 1]
+        if excluded:
+            warm = [j for j in range(a, w) if prov[j] not in excluded]
+            cold = [j for j in range(w, b) if prov[j] not in excluded]
+        else:
+            warm, cold = list(range(a, w)), list(range(w, b))
+        if not warm and not cold:
+            refused.append((s, HOLDERS_EXCLUDED))
+            continue
+        if not warm and not allow_cold:
+            refused.append((s, ONLY_COLD))
+            continue
+        tier = warm or cold
+        gpus = len(tier)
+        if cols.hot[e]:  # GPU holders first (stable: each group keeps its shard-map order)
+            first = [j for j in tier if cols.gpu[prov[j]]]
+            gpus = len(first)
+            if first:
+                tier = first + [j for j in tier if not cols.gpu[prov[j]]]
+        chosen_tier[s] = tier
+        preferred[s] = gpus or len(tier)  # no GPU holder: every candidate is preferred alike
+        backup_pool[s] = warm + cold if allow_cold else warm
+        usable.update(map(prov.__getitem__, tier))
+        routable += n
+    fair = max(-(-routable // len(usable)), 1) if usable else 1
+
+    load = [0] * len(cols.latency)
+    placed: dict[int, list[tuple[int, int]]] = {}
+    # Longest first; equal counts in segment order, i.e. (layer, expert) order.
+    for s in sorted(chosen_tier, key=lambda s: (-segment_rows[s], s)):
+        n, tier, g = segment_rows[s], chosen_tier[s], preferred[s]
+        pieces = min(len(tier), -(-n // fair), n // min_batch_rows)
+        if pieces <= 1:
+            # Exact float ties fall to the smaller provider index (= provider id order).
+            best = min(tier[:g], key=lambda j, n=n: (lat[prov[j]] + (load[prov[j]] + n) / rate[j], prov[j]))
+            alloc = [(best, n)]
+        else:
+            alloc = _water_fill(n, tier, g, pieces, cols, load, min_batch_rows)
+        for j, r in alloc:
+            load[prov[j]] += r
+        placed[s] = alloc
+
+    out: list[Piece] = []
+    for s in sorted(placed):
+        e, first = segment_expert[s], 0
+        hot, warm_end = cols.hot[e], cols.offsets[e] + cols.n_warm[e]
+        for j, r in sorted(placed[s], key=lambda item: prov[item[0]]):
+            # Backups: Warm before Cold, GPU first for a hot expert, then earliest finish with the final loads.
+            ranked = sorted(
+                (k >= warm_end, hot and not cols.gpu[prov[k]], lat[prov[k]] + (load[prov[k]] + r) / rate[k], prov[k])
+                for k in backup_pool[s] if k != j)
+            out.append(Piece(s, e, prov[j], first, r, tuple([item[3] for item in ranked])))
+            first += r
+    return out, refused
+
+
+def _water_fill(n: int, tier: list[int], preferred: int, pieces: int, cols: Columns, load: list[int],
+                min_batch_rows: int) -> list[tuple[int, int]]:
+    """Split n rows over at most ``pieces`` holders of ``tier`` so that they finish together.
+
+    Picks ``pieces`` holders: the ``preferred`` leading candidates (GPU holders of a hot
+    expert) first, the rest only to fill the places they leave, each group in order of the
+    time it would finish an even share. While a holder would get fewer than
+    ``min_batch_rows`` rows, the one given the fewest leaves (equal counts: the one picked
+    last) and the rows are split again. Returns (holder row, rows) pairs with rows >=
+    min_batch_rows, or one pair with all n.
+    """
+    prov, rate, lat = cols.provider, cols.rate, cols.latency
+    share = n / pieces
+
+    def by_finish(group: list[int]) -> list[int]:
+        return sorted(group, key=lambda j: (lat[prov[j]] + (load[prov[j]] + share) / rate[j], prov[j]))
+
+    chosen = (by_finish(tier[:preferred]) + by_finish(tier[preferred:]))[:pieces]
+    while True:
+        rows = _fill(n, [lat[prov[j]] + load[prov[j]] / rate[j] for j in chosen],
+                     [rate[j] for j in chosen], [prov[j] for j in chosen])
+        if len(chosen) == 1 or min(rows) >= min_batch_rows:
+            return [(j, r) for j, r in zip(chosen, rows, strict=True)]
+        drop = min(range(len(chosen)), key=lambda k: (rows[k], -k))
+        del chosen[drop]
+
+
+def _fill(n: int, free_at: list[float], rate: list[float], tie: list[int]) -> list[int]:
+    """Integer rows per holder summing to n that equalize finish = free_at + rows / rate.
+
+    Water filling: holders join in order of free_at (ties: ``tie``, the provider index)
+    while the common finish time T still lies beyond the next one's free_at; each active
+    holder gets rate * (T - free_at) rows. Rounding: floors, then the remaining rows one
+    each to the largest fractional parts (ties: smaller ``tie``).
+    """
+    order = sorted(range(len(free_at)), key=lambda k: (free_at[k], tie[k]))
+    total_rate = weighted = 0.0
+    level = 0.0
+    active = 0
+    for k in order:
+        if active and level <= free_at[k]:
+            break  # T does not reach this holder's free time: it and every later one get nothing
+        total_rate += rate[k]
+        weighted += rate[k] * free_at[k]
+        level = (n + weighted) / total_rate
+        active += 1
+    share = [0.0] * len(free_at)
+    for k in order[:active]:
+        share[k] = max(rate[k] * (level - free_at[k]), 0.0)  # >= 0 up to float error; clamp it
+    rows = [math.floor(x) for x in share]
+    left = n - sum(rows)
+    by_fraction = sorted(order[:active], key=lambda k: (-(share[k] - rows[k]), tie[k]))
+    for i in range(left):  # left < active unless float error; the modulo keeps it safe either way
+        rows[by_fraction[i % len(by_fraction)]] += 1
+    return rows
