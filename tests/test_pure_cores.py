@@ -22,6 +22,7 @@ PURE_CORES = {
                        "apps.experts.gating", "apps.experts.wire", "apps.experts.handlers"],
     "catalog": ["apps.catalog.shapes", "apps.catalog.sources", "apps.catalog.checkpoint", "apps.catalog.slicing"],
     "blobs": ["apps.blobs.store", "apps.blobs.resolver", "apps.blobs.handlers"],
+    "shard map and planner": ["apps.shardmap.aggregation", "apps.shardmap.planner"],
 }
 
 
