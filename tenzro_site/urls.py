@@ -5,5 +5,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("apps.api.urls")),
     path("", include("apps.blobs.urls")),
+    path("", include("apps.providers.urls")),
     path("", include("apps.dashboard.urls")),
 ]

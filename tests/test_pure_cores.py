@@ -21,7 +21,8 @@ PURE_CORES = {
     "expert runtime": ["apps.experts.runtime", "apps.experts.numba_matmul", "apps.experts.backends",
                        "apps.experts.gating", "apps.experts.wire", "apps.experts.handlers"],
     "catalog": ["apps.catalog.shapes", "apps.catalog.sources", "apps.catalog.checkpoint", "apps.catalog.slicing"],
-    "blobs": ["apps.blobs.store", "apps.blobs.resolver", "apps.blobs.handlers"],
+    "blobs": ["apps.blobs.store", "apps.blobs.resolver", "apps.blobs.handlers", "apps.blobs.peers"],
+    "provider records and gossip": ["apps.providers.records", "apps.providers.gossip"],
     "shard map and planner": ["apps.shardmap.aggregation", "apps.shardmap.planner"],
 }
 

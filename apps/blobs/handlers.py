@@ -24,7 +24,10 @@ class BlobHandlers:
         return {"blob/get": self.blob_get}
 
     async def blob_get(self, params: dict[str, Any], body: bytes | bytearray, ctx: Any) -> Result:
-        """params {hash, start=0, end=null (exclusive)} -> {hash, size, start, end}, body = the bytes."""
+        """params {hash, start=0, end=null (exclusive)} -> {hash, size, start, end}, body = the bytes.
+
+        An `end` past the blob reads to its end (as an HTTP Range does), so a client can ask for
+        fixed-size chunks without knowing the size first."""
         start, end = params.get("start", 0), params.get("end")
         if isinstance(start, bool) or not isinstance(start, int) or (
                 end is not None and (isinstance(end, bool) or not isinstance(end, int))):
@@ -39,4 +42,5 @@ class BlobHandlers:
         return {"hash": hash_, "size": size, "start": start, "end": start + len(data)}, data
 
     def _read(self, hash_: str, start: int, end: int | None) -> tuple[int, bytes]:
-        return self.store.size(hash_), self.store.read(hash_, start, end)
+        size = self.store.size(hash_)
+        return size, self.store.read(hash_, start, None if end is None else min(end, size))

@@ -1,8 +1,4 @@
-"""`tenzro moe …`: the operator commands of seed 001.
-
-Commands whose node-side capability is not built yet are listed (so `--help` shows the
-whole workflow) and say so plainly, exiting with status 2; they never fake a result.
-"""
+"""`tenzro moe …`: the operator commands of seed 001."""
 
 from __future__ import annotations
 
@@ -16,20 +12,6 @@ from typing import Any
 import click
 
 from apps.cli.context import CliContext, print_json
-
-PENDING = {
-    "shard-map": "the shard map",
-    "plan-dispatch": "the dispatch planner",
-}
-
-
-def _not_built(command: str) -> None:
-    click.echo(
-        f"tenzro moe {command}: not available in this version of the node yet "
-        f"(it arrives with {PENDING[command]}).",
-        err=True,
-    )
-    sys.exit(2)
 
 
 @click.group()
@@ -180,18 +162,27 @@ def status(obj: CliContext) -> None:
 
 @moe.command("shard-map")
 @click.option("--model", required=True)
-def shard_map(model: str) -> None:
+@click.pass_obj
+def shard_map(obj: CliContext, model: str) -> None:
     """Network-wide coverage, replication, hot and under-replicated experts."""
-    _not_built("shard-map")
+    print_json(obj.call("tenzro_moeShardMap", {"model_id": model}))
 
 
 @moe.command("plan-dispatch")
 @click.option("--model", required=True)
-@click.option("--routings", required=True, type=click.Path(dir_okay=False), help="JSON routing decisions.")
-@click.option("--allow-cold", is_flag=True)
-def plan_dispatch(**_: object) -> None:
+@click.option("--routings", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="JSON file: [{token_index, experts: [{layer, expert}]}].")
+@click.option("--allow-cold", is_flag=True, help="Plan on Cold (disk-tier) holders when no Warm one exists.")
+@click.pass_obj
+def plan_dispatch(obj: CliContext, model: str, routings: str, allow_cold: bool) -> None:
     """Per-holder batches the planner would dispatch for a routing."""
-    _not_built("plan-dispatch")
+    try:
+        decisions = json.loads(Path(routings).read_text())
+    except (OSError, ValueError) as exc:
+        click.echo(f"tenzro: cannot read routings from {routings}: {exc}", err=True)
+        sys.exit(1)
+    print_json(obj.call("tenzro_moePlanDispatch", {"model_id": model, "routings": decisions,
+                                                   "allow_cold": allow_cold}))
 
 
 @moe.command("forward")

@@ -49,6 +49,9 @@ METHOD_DOORS: dict[str, frozenset[Door]] = {
     "moe/status": PEER_AND_OPERATOR,
     "moe/execute": PEER_AND_OPERATOR,
     "blob/get": PEER_AND_OPERATOR,
+    "gossip/push": PEER_AND_OPERATOR,
+    "gossip/sync": PEER_AND_OPERATOR,
+    "gossip/dialback": PEER_AND_OPERATOR,
     "moe/expert_load": OPERATOR_ONLY,
     "moe/expert_unload": OPERATOR_ONLY,
     "moe/gate_load": OPERATOR_ONLY,
@@ -110,6 +113,25 @@ class DeadlineExceeded(Unavailable):
 
 
 Handler = Callable[[dict[str, Any], bytes | bytearray, CallContext], Awaitable[tuple[dict[str, Any], bytes]]]
+
+
+# Handlers that other parts contribute to the worker (e.g. gossip, from apps/providers), registered
+# from their AppConfig.ready(): the worker serves them without importing those parts. Each still
+# needs its door in METHOD_DOORS above.
+_CONTRIBUTED: list[Callable[[], Mapping[str, Handler]]] = []
+
+
+def contribute_handlers(factory: Callable[[], Mapping[str, Handler]]) -> None:
+    """Register a factory of {method: handler}; the worker calls it when it starts."""
+    if factory not in _CONTRIBUTED:
+        _CONTRIBUTED.append(factory)
+
+
+def contributed_handlers() -> dict[str, Handler]:
+    handlers: dict[str, Handler] = {}
+    for factory in _CONTRIBUTED:
+        handlers.update(factory())
+    return handlers
 
 
 class MethodTable:

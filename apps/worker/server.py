@@ -23,7 +23,9 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from apps.blobs.handlers import BlobHandlers
-from apps.blobs.resolver import resolve_blob
+from apps.blobs.peers import blob_holders
+from apps.blobs.quic_fetch import QuicBlobSource
+from apps.blobs.resolver import HttpBlobSource, resolve_blob
 from apps.blobs.selectors import blob_store
 from apps.blobs.store import parse_blob_uri
 from apps.experts.handlers import ExpertHandlers, Payload
@@ -35,7 +37,7 @@ from apps.transport.quic import PeerRequest, QuicSettings, start_server
 from apps.worker import services
 from apps.worker.client import WORKER_CHANNEL
 from apps.worker.control_plane import ControlPlaneView
-from apps.worker.doors import CallContext, Door, MethodTable
+from apps.worker.doors import CallContext, Door, MethodTable, contributed_handlers
 from apps.worker.publisher import StatePublisher
 from tenzro_site.settings.env import split_host_port
 
@@ -67,6 +69,7 @@ class WorkerServer:
         self._started_at = timezone.now()
         self._tasks: set[asyncio.Task] = set()
         self._quic: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by start(): QUIC blob fetches run on it
         self.executor = ThreadPoolExecutor(max_workers=settings.TENZRO_COMPUTE_THREADS, thread_name_prefix="expert")
         self.publisher = StatePublisher(
             snapshot=lambda: self.runtime.status(),
@@ -83,17 +86,32 @@ class WorkerServer:
         store = blob_store()
 
         def resolve(uri: str) -> Payload:
+            """Runs on a compute thread: the store, then peers that announce the blob (QUIC pinned to
+            their records, then HTTP), then the configured peers over HTTP."""
             hash_ = parse_blob_uri(uri)
-            data = resolve_blob(store, hash_, peers=settings.TENZRO_PEERS, max_bytes=settings.TENZRO_BLOB_MAX_BYTES)
-            return Payload(data, stored_at=store.path(hash_))
+            close_old_connections()
+            resolved = resolve_blob(store, hash_, sources=self._blob_sources(hash_),
+                                    max_bytes=settings.TENZRO_BLOB_MAX_BYTES)
+            if resolved.source is not None:
+                self.methods.counts[f"blob_fetch.{resolved.source.split()[0]}"] += 1
+                logger.info("blob %s fetched over %s", hash_[:16], resolved.source)
+            return Payload(resolved.data, stored_at=store.path(hash_))
 
         experts = ExpertHandlers(runtime=self.runtime, executor=self.executor, resolve_blob=resolve,
                                  max_payload_bytes=settings.TENZRO_BLOB_MAX_BYTES, after_change=self.publisher.flush)
         self.methods = MethodTable({
             **experts.table(),
             **BlobHandlers(store=store, executor=self.executor).table(),
+            **contributed_handlers(),
             "moe/status": self.moe_status,
         })
+
+    def _blob_sources(self, hash_: str) -> list[Any]:
+        holders = blob_holders(hash_)
+        sources: list[Any] = [QuicBlobSource(h.quic_endpoint, h.quic_cert_sha256, self._loop) for h in holders
+                              if h.quic_endpoint and h.quic_cert_sha256 and self._loop is not None]
+        urls = dict.fromkeys([*(h.http_endpoint for h in holders if h.http_endpoint), *settings.TENZRO_PEERS])
+        return sources + [HttpBlobSource(url) for url in urls]
 
     # -- methods of the worker itself -----------------------------------------------------------
 
@@ -155,6 +173,7 @@ class WorkerServer:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         status = self.runtime.status()
         logger.info("expert runtime: %d experts (%d warm), %d gates, budget %d bytes, backend %s, kernel %s",
                     len(status["experts"]), status["counts"]["warm"], status["counts"]["gates"],

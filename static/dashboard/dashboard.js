@@ -61,6 +61,19 @@
     }));
   }
 
+  function showNetwork(status) {
+    const record = status.record;
+    const announced = record ? [record.http_endpoint, record.quic_endpoint].filter(Boolean).join(", ") : "";
+    document.getElementById("network-summary").textContent =
+      status.known_providers + " other providers known; " +
+      (record ? "announcing seq " + record.seq + ", " + record.holdings + " holdings" +
+        (announced ? " at " + announced : ", no endpoint") : "no record signed yet");
+    const why = document.getElementById("network-not-announced");
+    why.hidden = !status.not_announced_as_holder;
+    why.textContent = status.not_announced_as_holder
+      ? "Not announced as a holder: " + status.not_announced_as_holder + "." : "";
+  }
+
   let retryMs = 500;
   function connect() {
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
@@ -81,6 +94,8 @@
     fetch("/api/node/processes").then(function (r) { return r.json(); }).then(showProcesses).catch(function () {});
     fetch("/api/moe/status").then(function (r) { return r.ok ? r.json() : null; })
       .then(function (s) { if (s) showRuntime(s); }).catch(function () {});
+    fetch("/api/network/gossip").then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (s) { if (s) showNetwork(s); }).catch(function () {});
   }
 
   connect();

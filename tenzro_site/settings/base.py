@@ -28,6 +28,25 @@ TENZRO_PEERS = env_list("TENZRO_PEERS", "")
 TENZRO_ROLES = env_list("TENZRO_ROLES", DEFAULT_ROLES)
 # Public URL peers use to reach this node's HTTP endpoint (defaults to the bind address).
 TENZRO_PUBLIC_HTTP = env_str("TENZRO_PUBLIC_HTTP", f"http://{TENZRO_HTTP}")
+# Public host:port peers use to reach this node's QUIC endpoint (defaults to the bind address).
+TENZRO_PUBLIC_QUIC = env_str("TENZRO_PUBLIC_QUIC", TENZRO_QUIC)
+# Gossip of provider records (docs/operations.md, "Gossip"): a round every INTERVAL seconds, a
+# fresh signed heartbeat every HEARTBEAT seconds, providers silent for TTL seconds dropped.
+TENZRO_GOSSIP_INTERVAL_S = env_float("TENZRO_GOSSIP_INTERVAL_S", 5.0)
+TENZRO_GOSSIP_HEARTBEAT_S = env_float("TENZRO_GOSSIP_HEARTBEAT_S", 15.0)
+TENZRO_GOSSIP_TTL_S = env_float("TENZRO_GOSSIP_TTL_S", 60.0)
+TENZRO_GOSSIP_MAX_SKEW_S = env_float("TENZRO_GOSSIP_MAX_SKEW_S", 30.0)
+TENZRO_GOSSIP_FANOUT = env_int("TENZRO_GOSSIP_FANOUT", 3)
+TENZRO_GOSSIP_MAX_RECORD_BYTES = env_int("TENZRO_GOSSIP_MAX_RECORD_BYTES", 1024 * 1024)
+TENZRO_GOSSIP_MAX_PROVIDERS = env_int("TENZRO_GOSSIP_MAX_PROVIDERS", 100_000)
+# How often this node asks a peer to confirm its endpoints once one has (until then: every round).
+TENZRO_REACHABILITY_CHECK_S = env_float("TENZRO_REACHABILITY_CHECK_S", 60.0)
+# Dial back endpoints on other hosts than the asking one (only behind address translation).
+TENZRO_DIALBACK_ANY_HOST = env_bool("TENZRO_DIALBACK_ANY_HOST", False)
+# This provider's advertised price per input token (a decimal string, signed as written).
+TENZRO_PRICE_PER_INPUT_TOKEN = env_str("TENZRO_PRICE_PER_INPUT_TOKEN", "0.000001")
+# Re-sign the record when committed_tps moves by more than this fraction (and at least 10 rows/s).
+TENZRO_RECORD_TPS_STEP = env_float("TENZRO_RECORD_TPS_STEP", 0.25)
 # Largest JSON-RPC request body accepted, in bytes (base64 hidden rows make these big).
 TENZRO_RPC_MAX_BYTES = env_int("TENZRO_RPC_MAX_BYTES", 64 * 1024 * 1024)
 # Seconds the web process waits for the expert worker to answer over the Channels layer.
@@ -76,6 +95,7 @@ INSTALLED_APPS = [
     "apps.node",
     "apps.governance",
     "apps.worker",
+    "apps.providers",
     "apps.blobs",
     "apps.catalog",
     "apps.dashboard",
@@ -159,6 +179,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "node-heartbeat": {"task": "tenzro.node.heartbeat", "schedule": env_int("TENZRO_HEARTBEAT_S", 10)},
+    "gossip-round": {"task": "tenzro.providers.gossip_round", "schedule": TENZRO_GOSSIP_INTERVAL_S},
 }
 
 LOGGING = {

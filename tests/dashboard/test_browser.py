@@ -53,4 +53,7 @@ def test_dashboard_shows_identity_processes_and_live_policy(start_node, page, tm
     expect(row.locator("td").nth(3)).to_have_text("Warm")
     expect(row.locator("td").nth(4)).to_have_text("Q8_0/Q8_0/Q8_0")
     expect(page.locator("#runtime-summary")).to_contain_text("1 warm, 0 cold experts")
+    # A node alone: no peer can dial it back, so it says why it is not announced as a holder.
+    expect(page.locator("#network-not-announced")).to_contain_text("no peer has dialed this node back",
+                                                                    timeout=15000)
     page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)

@@ -10,7 +10,7 @@ import pytest
 from apps.errors import NotFound
 from apps.worker.doors import METHOD_DOORS, OPERATOR_ONLY, CallContext, Door, MethodTable
 
-PEER_METHODS = {"moe/status", "moe/execute", "blob/get"}
+PEER_METHODS = {"moe/status", "moe/execute", "blob/get", "gossip/push", "gossip/sync", "gossip/dialback"}
 
 
 def _table(**overrides):
@@ -20,7 +20,7 @@ def _table(**overrides):
     return MethodTable({**dict.fromkeys(METHOD_DOORS, ok), **overrides})
 
 
-def test_the_peer_door_serves_exactly_status_execute_and_blob_reads() -> None:
+def test_the_peer_door_serves_exactly_status_execute_blob_reads_and_gossip() -> None:
     assert {m for m, doors in METHOD_DOORS.items() if Door.PEER in doors} == PEER_METHODS
     assert all(Door.OPERATOR in doors for doors in METHOD_DOORS.values())
 

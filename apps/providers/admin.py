@@ -1,0 +1,41 @@
+"""The gossip view in the admin: read-only (only gossip and this node's own record write it)."""
+
+from django.contrib import admin
+
+from apps.providers.models import GossipCount, Holding, Provider, Reachability
+
+
+class ReadOnly(admin.ModelAdmin):
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Provider)
+class ProviderAdmin(ReadOnly):
+    list_display = ("provider_id", "is_self", "seq", "roles", "http_endpoint", "quic_endpoint", "moe_gpu",
+                    "latency_ms", "changed_at")
+    list_filter = ("is_self", "moe_gpu")
+    search_fields = ("provider_id",)
+    exclude = ("record_text",)
+
+
+@admin.register(Holding)
+class HoldingAdmin(ReadOnly):
+    list_display = ("model_id", "layer", "expert", "residency", "committed_tps", "provider")
+    list_filter = ("residency", "model_id")
+
+
+@admin.register(GossipCount)
+class GossipCountAdmin(ReadOnly):
+    list_display = ("verdict", "count")
+
+
+@admin.register(Reachability)
+class ReachabilityAdmin(ReadOnly):
+    list_display = ("http_ok", "quic_ok", "checked_by", "checked_at", "detail")

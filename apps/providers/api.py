@@ -1,0 +1,167 @@
+"""JSON-RPC/REST methods of the gossip view: the shard map, the dispatch planner, gossip status."""
+
+from typing import Any, Literal
+
+from ninja import Field
+from pydantic import model_validator
+
+from apps.api.registry import rpc_method
+from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams
+from apps.providers import selectors
+from apps.shardmap.aggregation import shard_map_of
+from apps.shardmap.planner import plan_dispatch
+
+_MODEL_ID = {"min_length": 1, "max_length": 200}
+
+
+class ShardMapParams(QueryParams):
+    model_id: str = Field(**_MODEL_ID)
+
+
+class ExpertRef(Params):
+    layer: Int = Field(ge=0, le=DB_INT_MAX)
+    expert: Int = Field(ge=0, le=DB_INT_MAX)
+
+
+class Routing(Params):
+    token_index: Int = Field(ge=0, le=DB_INT_MAX)
+    experts: list[ExpertRef] = Field(max_length=256, json_schema_extra={"uniqueItems": True})
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "Routing":
+        pairs = [(e.layer, e.expert) for e in self.experts]
+        if len(set(pairs)) != len(pairs):
+            raise ValueError(f"token {self.token_index} names an expert twice")
+        return self
+
+
+class PlanParams(Params):
+    model_id: str = Field(**_MODEL_ID)
+    routings: list[Routing] = Field(max_length=65536)
+    allow_cold: bool = False
+
+
+class LayerExpert(Out):
+    layer: int
+    expert: int
+
+
+class PolicyShare(Out):
+    min_replication: int
+    max_replication: int
+    hot_threshold_tps: float
+
+
+class Holder(Out):
+    provider: str
+    residency: Literal["Warm", "Cold"]
+    committed_tps: int
+    quic_endpoint: str | None
+    quic_cert_sha256: str | None
+    http_endpoint: str | None
+    blob_uri: str | None
+
+
+class ExpertHolders(Out):
+    layer: int
+    expert: int
+    replication: int
+    holders: list[Holder]
+
+
+class ShardMapOut(Out):
+    model_id: str
+    covered_experts: int
+    distinct_providers: int
+    expert_holders_role_count: int
+    router_role_count: int
+    policy: PolicyShare
+    under_replicated_experts: list[LayerExpert]
+    hot_experts: list[LayerExpert]
+    holders: list[ExpertHolders]
+
+
+class BatchOut(Out):
+    layer: int
+    expert: int
+    provider: str
+    quic_endpoint: str | None
+    quic_cert_sha256: str | None
+    http_endpoint: str | None
+    token_indices: list[int]
+    backups: list[str]
+
+
+class Slot(Out):
+    layer: int
+    expert: int
+    provider: str
+
+
+class TokenAssignment(Out):
+    token_index: int
+    slots: list[Slot]
+
+
+class Unroutable(Out):
+    token_index: int
+    layer: int
+    expert: int
+    reason: str
+
+
+class PlanOut(Out):
+    batches: list[BatchOut]
+    token_assignments: list[TokenAssignment]
+    unroutable: list[Unroutable]
+
+
+class Announced(Out):
+    seq: int
+    issued_at_ms: int
+    roles: list[str]
+    http_endpoint: str | None
+    quic_endpoint: str | None
+    holdings: int
+    moe_gpu: bool
+    price_per_input_token: str
+
+
+class ReachabilityOut(Out):
+    http: bool
+    quic: bool
+    checked_by: str
+    checked_at: str | None
+    detail: str
+
+
+class GossipStatusOut(Out):
+    provider_id: str
+    known_providers: int
+    record: Announced | None
+    reachability: ReachabilityOut | None
+    not_announced_as_holder: str | None = Field(description="Why this node announces no holdings, if it does not.")
+    verdicts: dict[str, int] = Field(description="Records and heartbeats by verdict: accepted, forged, replayed, …")
+
+
+@rpc_method("tenzro_moeShardMap", rest="/moe/shard-map", http_method="GET", tag="network", params=ShardMapParams,
+            response=ShardMapOut, errors=(404,))
+def shard_map(params: ShardMapParams) -> dict[str, Any]:
+    """Network-wide coverage of a model: replication per expert, hot and under-replicated experts."""
+    return shard_map_of(selectors.shard_index(params.model_id))
+
+
+@rpc_method("tenzro_moePlanDispatch", rest="/moe/plan-dispatch", tag="network", params=PlanParams,
+            response=PlanOut, errors=(404,))
+def plan(params: PlanParams) -> dict[str, Any]:
+    """Per-holder batches the planner would dispatch for top-k routing decisions."""
+    routings = [{"token_index": r.token_index, "experts": [{"layer": e.layer, "expert": e.expert}
+                                                              for e in r.experts]} for r in params.routings]
+    return plan_dispatch(routings, selectors.shard_index(params.model_id), allow_cold=params.allow_cold)
+
+
+@rpc_method("tenzro_gossipStatus", rest="/network/gossip", http_method="GET", tag="network",
+            response=GossipStatusOut, errors=(404,))
+def gossip_status() -> dict[str, Any]:
+    """What this node announces to the network, why not more, and what its gossip refused."""
+    return selectors.gossip_status()

@@ -1,0 +1,161 @@
+"""One gossip round of this node, as the Celery beat task runs it (apps/providers/tasks.py).
+
+1. Re-sign this node's record if what it announces changed, and sign a fresh heartbeat.
+2. Drop providers silent past the TTL.
+3. Push this round's rumors to `fanout` random peers.
+4. Sync with one random peer: send the digest (SYN), merge its answer (ACK), send what it
+   wants (ACK2).
+5. Until a peer has confirmed this node's endpoints (and every TENZRO_REACHABILITY_CHECK_S
+   after), ask one to dial them back, and re-sign if that changes what may be announced.
+
+Peers are every provider whose record announces an endpoint, plus the `--peers` URLs (HTTP
+only: their pins are unknown until their records arrive). A call goes over QUIC, pinned to the
+certificate in the peer's signed record, and falls back to HTTP (`POST <http>/peer/<method>`)
+when QUIC fails or the peer announces no QUIC endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.utils import timezone
+
+from apps.node.selectors import node_identity
+from apps.providers import services
+from apps.providers.models import Provider, Reachability
+from apps.transport.quic import QuicSettings, TransportError, quic_call
+from tenzro_site.settings.env import split_host_port
+
+logger = logging.getLogger(__name__)
+CALL_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class PeerTarget:
+    key: str  # the provider id, or the configured URL of a peer not yet known by its record
+    provider_id: str | None
+    quic_endpoint: str | None
+    quic_cert_sha256: str | None
+    http_endpoint: str | None
+
+
+def peer_targets(self_id: str) -> list[PeerTarget]:
+    """Known providers with an endpoint, then configured peers no record covers yet."""
+    rows = Provider.objects.exclude(provider_id=self_id).values_list(
+        "provider_id", "quic_endpoint", "quic_cert_sha256", "http_endpoint")
+    known = [PeerTarget(pid, pid, quic, pin, http) for pid, quic, pin, http in rows if quic or http]
+    covered = {t.http_endpoint.rstrip("/") for t in known if t.http_endpoint}
+    own = settings.TENZRO_PUBLIC_HTTP.rstrip("/")
+    configured = [PeerTarget(url, None, None, None, url) for url in settings.TENZRO_PEERS
+                  if url.rstrip("/") not in covered and url.rstrip("/") != own]
+    return known + configured
+
+
+async def peer_call(target: PeerTarget, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Call a peer method: QUIC (pinned) first, HTTP second. Raises TransportError when both fail."""
+    failures = []
+    if target.quic_endpoint and target.quic_cert_sha256:
+        host, port = split_host_port(target.quic_endpoint, what="quic endpoint")
+        started = time.monotonic()
+        try:
+            result, _ = await quic_call(host=host, port=port, pin_sha256=target.quic_cert_sha256, method=method,
+                                        params=params, settings=QuicSettings(max_body=settings.TENZRO_QUIC_MAX_BODY),
+                                        timeout_s=CALL_TIMEOUT_S)
+            if target.provider_id:
+                await asyncio.to_thread(services.provider_latency_record, provider_id=target.provider_id,
+                                        latency_ms=(time.monotonic() - started) * 1000)
+            return result
+        except TransportError as exc:
+            failures.append(f"quic: {exc.reason}: {exc}")
+    if target.http_endpoint:
+        try:
+            async with httpx.AsyncClient(timeout=CALL_TIMEOUT_S) as client:
+                answer = (await client.post(f"{target.http_endpoint.rstrip('/')}/peer/{method}",
+                                            json={"params": params})).json()
+        except (httpx.HTTPError, ValueError) as exc:
+            failures.append(f"http: {exc}")
+        else:
+            if answer.get("ok"):
+                return answer["result"]
+            error = answer.get("error") or {}
+            raise TransportError(error.get("reason", "remote_error"), error.get("message", "remote error"))
+    raise TransportError("unreachable", f"peer {target.key[:24]}: " + ("; ".join(failures) or "no endpoint"))
+
+
+async def _push(targets: list[PeerTarget], message: dict[str, Any]) -> None:
+    async def one(target: PeerTarget) -> None:
+        try:
+            await peer_call(target, "gossip/push", message)
+        except TransportError as exc:
+            logger.info("gossip push to %s failed: %s", target.key[:24], exc)
+
+    await asyncio.gather(*(one(t) for t in targets))
+
+
+async def _sync(target: PeerTarget) -> None:
+    syn = await asyncio.to_thread(lambda: services.gossip_engine().sync_request())
+    ack = await peer_call(target, "gossip/sync", syn)
+    await asyncio.to_thread(services.gossip_receive, records=ack.get("records", []),
+                            heartbeats=ack.get("heartbeats", []))
+    if ack.get("want"):
+        ack2 = await asyncio.to_thread(services.gossip_records_for, provider_ids=ack["want"])
+        await peer_call(target, "gossip/push", ack2)
+
+
+async def _dialback(targets: list[PeerTarget]) -> None:
+    identity = node_identity()
+    params = {"provider_id": identity.provider_id, "http": settings.TENZRO_PUBLIC_HTTP,
+              "quic": settings.TENZRO_PUBLIC_QUIC, "quic_cert_sha256": identity.cert_sha256}
+    for target in targets:
+        try:
+            answer = await peer_call(target, "gossip/dialback", params)
+        except TransportError as exc:
+            logger.info("dial-back request to %s failed: %s", target.key[:24], exc)
+            continue
+        changed = await asyncio.to_thread(services.reachability_record, http_ok=bool(answer.get("http")),
+                                          quic_ok=bool(answer.get("quic")), checked_by=target.key,
+                                          detail=str(answer.get("detail", ""))[:2000])
+        if changed:
+            await asyncio.to_thread(services.local_record_refresh)
+        return
+
+
+def _dialback_due() -> bool:
+    reach = Reachability.objects.filter(pk=1).first()
+    if reach is None or not (reach.http_ok or reach.quic_ok):
+        return True
+    age = (timezone.now() - reach.checked_at).total_seconds() if reach.checked_at else float("inf")
+    return age >= settings.TENZRO_REACHABILITY_CHECK_S
+
+
+async def _round(rng: random.Random) -> dict[str, Any]:
+    self_id = node_identity().provider_id
+    await asyncio.to_thread(services.local_record_refresh)
+    expired = await asyncio.to_thread(services.gossip_expire)
+    targets = await asyncio.to_thread(peer_targets, self_id)
+    if await asyncio.to_thread(_dialback_due):
+        await _dialback(rng.sample(targets, len(targets)))
+    push = await asyncio.to_thread(services.gossip_push_message)
+    fanout = rng.sample(targets, min(settings.TENZRO_GOSSIP_FANOUT, len(targets)))
+    await _push(fanout, push)
+    synced = None
+    if targets:
+        target = rng.choice(targets)
+        try:
+            await _sync(target)
+            synced = target.key
+        except TransportError as exc:
+            logger.info("gossip sync with %s failed: %s", target.key[:24], exc)
+    return {"peers": len(targets), "pushed_to": len(fanout), "synced_with": synced, "expired": expired}
+
+
+def gossip_round() -> dict[str, Any]:
+    """Run one round (blocking); what happened, for the task's log."""
+    return asyncio.run(_round(random.Random()))

@@ -1,0 +1,105 @@
+"""Reads of the gossip view: the node's gossip status, and the shard views the planner reads.
+
+Each read is a bounded number of queries whatever the number of providers: the shard view of
+a model is two (providers, that model's holdings) plus the active policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count
+
+from apps.blobs.peers import PeerBlobEndpoint
+from apps.governance.selectors import policy_active
+from apps.node.selectors import node_identity
+from apps.providers.models import GossipCount, Holding, Provider, Reachability
+from apps.providers.records import Holding as RecordHolding
+from apps.shardmap.index import ShardIndex
+from apps.shardmap.views import HoldingView, ProviderView, ReplicationPolicy
+from apps.worker import selectors as worker_selectors
+
+
+def replication_policy() -> ReplicationPolicy:
+    policy = policy_active()
+    return ReplicationPolicy(min_replication=policy.min_replication, max_replication=policy.max_replication,
+                             hot_threshold_tps=float(policy.hot_threshold_tps))
+
+
+def provider_views() -> list[ProviderView]:
+    rows = Provider.objects.values_list("provider_id", "roles", "http_endpoint", "quic_endpoint",
+                                        "quic_cert_sha256", "moe_gpu", "latency_ms")
+    return [ProviderView(pid, tuple(roles), http, quic, pin, gpu, latency)
+            for pid, roles, http, quic, pin, gpu, latency in rows]
+
+
+def holding_views(model_id: str) -> list[HoldingView]:
+    rows = Holding.objects.filter(model_id=model_id).values_list(
+        "provider__provider_id", "layer", "expert", "residency", "committed_tps", "blob_uri")
+    return [HoldingView(pid, model_id, layer, expert, residency, tps, blob)
+            for pid, layer, expert, residency, tps, blob in rows]
+
+
+def shard_index(model_id: str) -> ShardIndex:
+    """The model's holders as the planner and the shard map read them (three queries)."""
+    return ShardIndex.build(model_id, provider_views(), holding_views(model_id), replication_policy())
+
+
+def blob_holder_endpoints(blob_hash: str) -> list[PeerBlobEndpoint]:
+    """Where the providers that announce this blob can be reached (one query), best first: the ones
+    with a QUIC door, lowest measured latency first."""
+    rows = (Provider.objects.filter(holdings__blob_uri=f"tenzro://blob/{blob_hash}", is_self=False).distinct()
+            .values_list("quic_endpoint", "quic_cert_sha256", "http_endpoint", "latency_ms"))
+    ranked = sorted(rows, key=lambda r: (r[0] is None, r[3] is None, r[3] or 0.0))
+    return [PeerBlobEndpoint(quic, pin, http) for quic, pin, http, _ in ranked if (quic and pin) or http]
+
+
+def announcement() -> tuple[dict[str, Any], str | None]:
+    """What this node may announce now, and why it announces no holdings (None when it does)."""
+    reach = Reachability.objects.filter(pk=1).first()
+    http_ok, quic_ok = (reach.http_ok, reach.quic_ok) if reach else (False, False)
+    identity = node_identity()
+    state = worker_selectors.worker_status_published()
+    roles = set(settings.TENZRO_ROLES)
+    reason = None
+    if not (http_ok or quic_ok):
+        reason = ("no peer has dialed this node back yet" if reach is None else
+                  f"a peer could not dial this node back ({reach.detail or 'no endpoint answered'})")
+    elif state["stale"]:
+        reason = "the expert worker is not reporting (its state is stale)"
+    holdings = () if reason else tuple(
+        RecordHolding(h["model_id"], h["layer"], h["expert"], h["residency"], h["committed_tps"], h["blob_uri"])
+        for h in worker_selectors.holdings())
+    if reason:
+        roles.discard("ExpertHolder")  # still a router: it can gate and dispatch to others
+    return {
+        "roles": tuple(sorted(roles)),
+        "http_endpoint": settings.TENZRO_PUBLIC_HTTP if http_ok else None,
+        "quic_endpoint": settings.TENZRO_PUBLIC_QUIC if quic_ok else None,
+        "quic_cert_sha256": identity.cert_sha256 if quic_ok else None,
+        "moe_gpu": bool(state["gpu_backend_active"]),
+        "price_per_input_token": settings.TENZRO_PRICE_PER_INPUT_TOKEN,
+        "holdings": holdings,
+    }, reason
+
+
+def gossip_status() -> dict[str, Any]:
+    """What this node announces, why not more, and what its gossip refused."""
+    identity = node_identity()
+    me = Provider.objects.filter(provider_id=identity.provider_id).annotate(n=Count("holdings")).first()
+    reach = Reachability.objects.filter(pk=1).first()
+    _, not_announced = announcement()
+    return {
+        "provider_id": identity.provider_id,
+        "known_providers": Provider.objects.exclude(provider_id=identity.provider_id).count(),
+        "record": None if me is None else {
+            "seq": me.seq, "issued_at_ms": me.issued_at_ms, "roles": me.roles, "http_endpoint": me.http_endpoint,
+            "quic_endpoint": me.quic_endpoint, "holdings": me.n, "moe_gpu": me.moe_gpu,
+            "price_per_input_token": me.price_per_input_token},
+        "reachability": None if reach is None else {
+            "http": reach.http_ok, "quic": reach.quic_ok, "checked_by": reach.checked_by,
+            "checked_at": reach.checked_at.isoformat() if reach.checked_at else None, "detail": reach.detail},
+        "not_announced_as_holder": not_announced,
+        "verdicts": dict(GossipCount.objects.values_list("verdict", "count")),
+    }

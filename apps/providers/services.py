@@ -1,0 +1,149 @@
+"""Writes of the gossip view: merging what peers send, and this node's own signed record.
+
+Every merge runs in one transaction with the rows it touches locked (DbStore(lock=True)), so the
+worker's QUIC door, the web's HTTP door and the Celery round never interleave on one provider.
+Verdict counts (accepted, forged, replayed, …) accumulate in GossipCount for the status.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from apps.node.selectors import node_identity
+from apps.providers.gossip import Gossip, Limits, parse_digest
+from apps.providers.models import GossipCount, Provider, Reachability
+from apps.providers.records import ProviderRecord, SignedRecord, sign_heartbeat, sign_record
+from apps.providers.selectors import announcement
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def gossip_limits() -> Limits:
+    return Limits(ttl_ms=int(settings.TENZRO_GOSSIP_TTL_S * 1000), max_skew_ms=int(settings.TENZRO_GOSSIP_MAX_SKEW_S
+                                                                                    * 1000),
+                  max_record_bytes=settings.TENZRO_GOSSIP_MAX_RECORD_BYTES, fanout=settings.TENZRO_GOSSIP_FANOUT)
+
+
+def gossip_engine(*, lock: bool = False) -> Gossip:
+    from apps.providers.store import DbStore  # the store imports models; keep this module's import light
+
+    self_id = node_identity().provider_id
+    return Gossip(DbStore(self_id=self_id, lock=lock), self_id=self_id, limits=gossip_limits())
+
+
+def _count(verdicts: Counter[str]) -> None:
+    for verdict, n in verdicts.items():
+        if n and not GossipCount.objects.filter(verdict=verdict).update(count=F("count") + n):
+            try:
+                with transaction.atomic():
+                    GossipCount.objects.create(verdict=verdict, count=n)
+            except IntegrityError:  # created concurrently: add to it
+                GossipCount.objects.filter(verdict=verdict).update(count=F("count") + n)
+
+
+def gossip_receive(*, records: Sequence[Any], heartbeats: Sequence[Any]) -> dict[str, int]:
+    """Merge a push (or a sync answer, or an ack2); returns the verdict counts of this message."""
+    with transaction.atomic():
+        engine = gossip_engine(lock=True)
+        verdicts = engine.receive(records, heartbeats, now_ms=now_ms())
+        _count(verdicts)
+    return dict(verdicts)
+
+
+def gossip_answer_sync(*, digest: Any) -> dict[str, Any]:
+    """ACK to a peer's SYN: what it lacks and what this node wants."""
+    limit = settings.TENZRO_GOSSIP_MAX_PROVIDERS
+    return gossip_engine().answer_sync(parse_digest(digest, limit=limit))
+
+
+def gossip_records_for(*, provider_ids: Sequence[str]) -> dict[str, Any]:
+    return gossip_engine().records_for(provider_ids)
+
+
+def gossip_push_message() -> dict[str, Any]:
+    """This round's rumors (spends one round of each)."""
+    with transaction.atomic():
+        return gossip_engine(lock=True).push_message()
+
+
+def gossip_expire() -> list[str]:
+    with transaction.atomic():
+        engine = gossip_engine(lock=True)
+        gone = engine.expire(now_ms=now_ms())
+        _count(Counter({"expired_removed": len(gone)}))
+    return gone
+
+
+# -- this node's own record ---------------------------------------------------------------------
+
+def _needs_new_seq(current: Provider | None, fields: dict[str, Any]) -> bool:
+    if current is None:
+        return True
+    old = current.record_text
+    from apps.providers.records import verify_record  # parse our own stored record back
+
+    previous = verify_record({"record": old, "signature": current.signature}, max_bytes=len(old) + 1).record
+    same = {k: getattr(previous, k) for k in fields if k != "holdings"} == {k: v for k, v in fields.items()
+                                                                           if k != "holdings"}
+    old_holdings = {(h.model_id, h.layer, h.expert): h for h in previous.holdings}
+    new_holdings = {(h.model_id, h.layer, h.expert): h for h in fields["holdings"]}
+    if not same or old_holdings.keys() != new_holdings.keys():
+        return True
+    step = settings.TENZRO_RECORD_TPS_STEP
+    for key, new in new_holdings.items():
+        old_h = old_holdings[key]
+        if (old_h.residency, old_h.blob_uri) != (new.residency, new.blob_uri):
+            return True
+        if abs(new.committed_tps - old_h.committed_tps) > max(step * old_h.committed_tps, 10):
+            return True
+    return False
+
+
+def local_record_refresh() -> SignedRecord | None:
+    """Re-sign this node's record when what it announces changed (docs/protocol.md lists when),
+    and sign a heartbeat when the last one is TENZRO_GOSSIP_HEARTBEAT_S old. Returns the new
+    record, or None when the current one still holds."""
+    identity = node_identity()
+    fields, _ = announcement()
+    at = now_ms()
+    with transaction.atomic():
+        current = Provider.objects.select_for_update().filter(provider_id=identity.provider_id).first()
+        engine = gossip_engine(lock=True)
+        signed = None
+        if _needs_new_seq(current, fields):
+            seq = max(at, (current.seq + 1) if current else 0)  # monotonic even if the clock steps back
+            record = ProviderRecord(provider_id=identity.provider_id, seq=seq, issued_at_ms=at, **fields)
+            signed = sign_record(record, identity.signing_key)
+        elif current is not None and at - current.alive_ms < settings.TENZRO_GOSSIP_HEARTBEAT_S * 1000:
+            return None  # nothing changed and the last heartbeat is recent
+        record_now = signed or engine.store.entries([identity.provider_id])[identity.provider_id].record
+        beat = sign_heartbeat(provider_id=identity.provider_id, seq=record_now.seq, at_ms=at,
+                              key=identity.signing_key)
+        engine.issue(record_now, beat)
+    return signed
+
+
+def reachability_record(*, http_ok: bool, quic_ok: bool, checked_by: str, detail: str) -> bool:
+    """Store a dial-back's answer; True when it changed what this node may announce."""
+    before = Reachability.objects.filter(pk=1).first()
+    Reachability.objects.update_or_create(pk=1, defaults={
+        "http_ok": http_ok, "quic_ok": quic_ok, "checked_by": checked_by, "checked_at": timezone.now(),
+        "detail": detail})
+    return before is None or (before.http_ok, before.quic_ok) != (http_ok, quic_ok)
+
+
+def provider_latency_record(*, provider_id: str, latency_ms: float) -> None:
+    """Fold a measured round trip into the provider's latency (EWMA, alpha 0.3): the planner ranks by it."""
+    row = Provider.objects.filter(provider_id=provider_id).values_list("latency_ms", flat=True).first()
+    value = latency_ms if row is None else 0.7 * row + 0.3 * latency_ms
+    Provider.objects.filter(provider_id=provider_id).update(latency_ms=value)
