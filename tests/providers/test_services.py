@@ -113,3 +113,23 @@ def test_shard_map_and_plan_over_the_gossip_view(client, django_assert_max_num_q
     twice = rpc("tenzro_moePlanDispatch", {"model_id": MODEL, "routings": [
         {"token_index": 0, "experts": [{"layer": 0, "expert": 1}, {"layer": 0, "expert": 1}]}]})
     assert twice["error"]["data"]["reason"] == "invalid_params"
+
+
+def test_a_view_of_a_thousand_providers_is_built_and_read_in_a_bounded_number_of_queries(
+        django_assert_max_num_queries) -> None:
+    now = _now()
+    records = [signed_record(new_key(1000 + i), seq=now, at_ms=now, holdings=_holdings(i % 64, (i + 7) % 64))
+               for i in range(1000)]
+    for start in range(0, 1000, 250):  # a message carries at most 256 records
+        # a handful of statements; SQLite splits a bulk insert of 250 rows into a few (its
+        # 999-variable limit), PostgreSQL does not
+        with django_assert_max_num_queries(24):
+            assert services.gossip_receive(records=[r.envelope() for r in records[start:start + 250]],
+                                           heartbeats=[])["accepted"] == 250
+    with django_assert_max_num_queries(3):
+        index = selectors.shard_index(MODEL)
+    assert len(index.providers) == 1000
+    with django_assert_max_num_queries(2):
+        answer = services.gossip_answer_sync(digest={})
+    assert len(answer["records"]) == 256 and len(answer["want"]) == 0  # capped per message
+    assert Holding.objects.count() == 2000
