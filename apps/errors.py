@@ -128,7 +128,7 @@ REASONS: dict[str, type[TenzroError]] = {
              # requests: params the schema refuses, content it cannot describe
              "invalid_input", "invalid_params", "shape_mismatch", "non_finite_input", "invalid_payload",
              "model_mismatch", "invalid_policy", "invalid_quant", "checkpoint_required", "not_a_file",
-             "unreadable_file",
+             "unreadable_file", "invalid_routings",
              # blobs
              "invalid_uri", "invalid_hash", "hash_mismatch", "range_invalid",
              # QUIC frames (docs/protocol.md)

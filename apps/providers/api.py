@@ -3,13 +3,14 @@
 from typing import Any, Literal
 
 from ninja import Field
-from pydantic import model_validator
 
 from apps.api.registry import rpc_method
 from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams
+from apps.errors import InvalidInput
 from apps.providers import selectors
 from apps.shardmap.aggregation import shard_map_of
 from apps.shardmap.planner import plan_dispatch
+from apps.shardmap.routings import PlanInputError
 
 _MODEL_ID = {"min_length": 1, "max_length": 200}
 
@@ -26,13 +27,6 @@ class ExpertRef(Params):
 class Routing(Params):
     token_index: Int = Field(ge=0, le=DB_INT_MAX)
     experts: list[ExpertRef] = Field(max_length=256, json_schema_extra={"uniqueItems": True})
-
-    @model_validator(mode="after")
-    def _distinct(self) -> "Routing":
-        pairs = [(e.layer, e.expert) for e in self.experts]
-        if len(set(pairs)) != len(pairs):
-            raise ValueError(f"token {self.token_index} names an expert twice")
-        return self
 
 
 class PlanParams(Params):
@@ -157,7 +151,10 @@ def plan(params: PlanParams) -> dict[str, Any]:
     """Per-holder batches the planner would dispatch for top-k routing decisions."""
     routings = [{"token_index": r.token_index, "experts": [{"layer": e.layer, "expert": e.expert}
                                                               for e in r.experts]} for r in params.routings]
-    return plan_dispatch(routings, selectors.shard_index(params.model_id), allow_cold=params.allow_cold)
+    try:
+        return plan_dispatch(routings, selectors.shard_index(params.model_id), allow_cold=params.allow_cold)
+    except PlanInputError as exc:  # a token listed twice, or one expert twice for a token: no schema says it
+        raise InvalidInput(str(exc), reason="invalid_routings") from exc
 
 
 @rpc_method("tenzro_gossipStatus", rest="/network/gossip", http_method="GET", tag="network",

@@ -12,7 +12,7 @@ CONTENT_REASONS = {
     "shape_mismatch", "non_finite_input", "invalid_payload", "model_mismatch", "not_a_file", "unreadable_file",
     "invalid_policy", "checkpoint_required", "config_invalid", "config_missing_key", "config_unsupported",
     "index_invalid", "header_corrupt", "header_too_large", "header_truncated", "offsets_invalid",
-    "dtype_unsupported", "tensor_missing", "short_read", "range_ignored", "fetch_failed",
+    "dtype_unsupported", "tensor_missing", "short_read", "range_ignored", "fetch_failed", "invalid_routings",
 }
 
 

@@ -112,7 +112,7 @@ def test_shard_map_and_plan_over_the_gossip_view(client, django_assert_max_num_q
     assert all(len(b["backups"]) == 1 for b in plan["batches"])
     twice = rpc("tenzro_moePlanDispatch", {"model_id": MODEL, "routings": [
         {"token_index": 0, "experts": [{"layer": 0, "expert": 1}, {"layer": 0, "expert": 1}]}]})
-    assert twice["error"]["data"]["reason"] == "invalid_params"
+    assert twice["error"]["data"]["reason"] == "invalid_routings"
 
 
 def test_a_view_of_a_thousand_providers_is_built_and_read_in_a_bounded_number_of_queries(
