@@ -194,7 +194,11 @@ def _first_per_provider(key: np.ndarray, pidx: np.ndarray, n_providers: int) -> 
     if not len(key):
         return np.ones(0, dtype=bool)
     dense = np.cumsum(np.r_[False, key[1:] != key[:-1]])
-    _, first = np.unique(dense * max(n_providers, 1) + pidx, return_index=True)
+    pair = dense * max(n_providers, 1) + pidx
+    ordered = np.sort(pair)
+    if not (ordered[1:] == ordered[:-1]).any():
+        return np.ones(len(key), dtype=bool)  # the usual view: no provider lists an expert twice
+    _, first = np.unique(pair, return_index=True)
     keep = np.zeros(len(key), dtype=bool)
     keep[first] = True
     return keep

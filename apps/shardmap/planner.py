@@ -18,11 +18,14 @@ forward), ``only_cold_holders`` (the holders left are Cold and ``allow_cold`` is
 Who may serve an expert (its candidates), strictly in this order:
   1. Warm holders not excluded; only when there are none, Cold ones (with ``allow_cold``).
   2. For a hot expert (policy hot_threshold_tps on its holders' summed committed_tps) the
-     ``moe_gpu`` candidates come first: an unsplit batch goes to the best GPU holder, a
-     split takes GPU holders first and CPU holders only for the places left; with no GPU
+     ``moe_gpu`` candidates come first: an expert placed whole goes to the best GPU holder,
+     even one whose measured committed_tps is lower (committed_tps is observed throughput:
+     a GPU holder that was sent little shows little); a split picks GPU holders first and
+     CPU holders only for the places left, and water filling may leave out a GPU holder
+     already so loaded that it would get under ``min_batch_rows`` rows. With no GPU
      candidate the CPU ones serve (seed 000: "biases batches for hot experts toward GPU
-     holders and falls back to CPU holders when none cover the shard"). A hard GPU-only
-     rule would pile every token of a hot expert on its one GPU holder.
+     holders and falls back to CPU holders when none cover the shard"). A GPU-only rule
+     would pile every token of a hot expert on its one GPU holder.
 
 Score (lower is better): the estimated time at which the holder would finish this batch,
     finish(h, rows) = latency_s(h) + (load(h) + rows) / rate(h)
@@ -41,11 +44,14 @@ candidate providers)`` is split over up to ceil(rows / fair) of its candidates b
 filling: the rows go where they finish earliest, so the pieces end at one time. A piece is
 never smaller than ``min_batch_rows`` (default 32): below that a batch-1-like expert matmul
 is bound by reading the expert's weights, and a second holder reading them again for a few
-rows costs more than it saves. A split expert's pieces take consecutive runs of its tokens.
+rows costs more than it saves. A split that shrinks to one holder places the expert whole
+(rule 2). A split expert's pieces take consecutive runs of its tokens.
 
-Backups per batch: the other candidates of tier 1 (Warm, then Cold with ``allow_cold``;
-never an excluded provider, never the primary), GPU first for a hot expert, then by
-finish(h, rows) with the final loads, then provider id.
+Backups per batch: the expert's other holders, Warm before Cold (Cold only with
+``allow_cold``), never an excluded provider, never the batch's own; GPU first for a hot
+expert; then by finish(h, rows) with the plan's final loads; then provider id. The forward
+redispatches to them in this order when the primary stalls, and replans with ``exclude``
+when all fail.
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ import numpy as np
 
 from apps.shardmap.index import ShardIndex, expert_keys
 from apps.shardmap.routings import PlanInputError, parse_routings
-from apps.shardmap.spread import columns_of, place
+from apps.shardmap.spread import place
 from apps.shardmap.views import MAX_ID, ProviderView
 
 __all__ = ["Batch", "DispatchPlan", "PlanInputError", "plan_dispatch", "plan_pairs"]
@@ -156,7 +162,9 @@ def plan_pairs(
     """Plan flat (token, layer, expert) pairs, each (n_pairs,) of integers in [0, 2**31).
 
     ``exclude``: provider ids never to plan on (unknown ids are ignored). ``listed``: the
-    tokens to report in token_assignments (ascending, distinct), default those of the pairs.
+    tokens to report in token_assignments, default those of the pairs; when given it must
+    be ascending, distinct and include every token of the pairs (not checked: it costs a
+    sort, and plan_dispatch builds it so).
     Raises PlanInputError when the arrays disagree in length, hold other than integers in
     range, or a token routes to one (layer, expert) twice.
     """
@@ -182,7 +190,7 @@ def plan_pairs(
         raise PlanInputError("exclude must be a collection of provider ids, not one string")
     gone = set(exclude)
     excluded = {i for i, pid in enumerate(shard.provider_ids()) if pid in gone} if gone else set()
-    pieces, refused = place(columns_of(shard), g_sorted[starts].tolist(), np.diff(bounds).tolist(),
+    pieces, refused = place(shard, g_sorted[starts].tolist(), np.diff(bounds).tolist(),
                             allow_cold=allow_cold, excluded=excluded, min_batch_rows=min_batch_rows)
 
     batches: list[Batch] = []

@@ -59,7 +59,7 @@ def parse_routings(routings: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
         if not _all_ints(layer_list) or not _all_ints(expert_list):
             raise TypeError
         layers, experts = _ints(layer_list), _ints(expert_list)
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         _explain(routings)
         raise PlanInputError("routings are malformed") from None  # _explain names the entry; not reached
 
@@ -74,11 +74,10 @@ def _all_ints(values: list[Any]) -> bool:
 
 def _ints(values: list[int]) -> np.ndarray:
     """int64 array of already type-checked ints; ValueError when one is out of [0, 2**31)."""
-    if not values:
-        return np.zeros(0, dtype=np.int64)
-    if max(values) >= MAX_ID or min(values) < 0:
+    array = np.array(values, dtype=np.int64)  # OverflowError beyond int64, handled by the caller
+    if array.size and (array.min() < 0 or array.max() >= MAX_ID):
         raise ValueError  # _explain names it
-    return np.array(values, dtype=np.int64)
+    return array
 
 
 def _explain(routings: list[Any] | tuple[Any, ...]) -> None:

@@ -39,6 +39,10 @@ class Columns:
     gpu: list[bool]  # (n_providers)
     latency: list[float]  # (n_providers): seconds
     n_experts: int
+    # The same as arrays, for the vectorized backup ranking: (n_experts + 1,), (n_experts,), (n_holders,)
+    offsets_array: np.ndarray
+    n_warm_array: np.ndarray
+    rate_array: np.ndarray
 
 
 _CACHE: weakref.WeakKeyDictionary[ShardIndex, Columns] = weakref.WeakKeyDictionary()
@@ -51,17 +55,14 @@ def columns_of(shard: ShardIndex) -> Columns:
     """
     cols = _CACHE.get(shard)
     if cols is None:
-        n_warm = shard.holder_warm.astype(np.int64)
+        warm = shard.holder_warm.astype(np.int64)
+        n_warm = np.add.reduceat(warm, shard.offsets[:-1]) if shard.n_experts else np.zeros(0, np.int64)
+        rate = np.maximum(shard.holder_tps, MIN_RATE).astype(np.float64)
         cols = Columns(
-            offsets=shard.offsets.tolist(),
-            n_warm=(np.add.reduceat(n_warm, shard.offsets[:-1]).tolist() if shard.n_experts else []),
-            hot=shard.hot.tolist(),
-            provider=shard.holder_provider.tolist(),
-            rate=np.maximum(shard.holder_tps, MIN_RATE).astype(np.float64).tolist(),
-            gpu=shard.provider_gpu.tolist(),
-            latency=shard.provider_latency_s.tolist(),
-            n_experts=shard.n_experts,
-        )
+            offsets=shard.offsets.tolist(), n_warm=n_warm.tolist(), hot=shard.hot.tolist(),
+            provider=shard.holder_provider.tolist(), rate=rate.tolist(), gpu=shard.provider_gpu.tolist(),
+            latency=shard.provider_latency_s.tolist(), n_experts=shard.n_experts,
+            offsets_array=shard.offsets, n_warm_array=n_warm, rate_array=rate)
         _CACHE[shard] = cols
     return cols
 
@@ -78,7 +79,7 @@ class Piece(NamedTuple):
 
 
 def place(
-    cols: Columns,
+    shard: ShardIndex,
     segment_expert: list[int],
     segment_rows: list[int],
     *,
@@ -92,11 +93,11 @@ def place(
     nobody holds. Pieces come sorted by (segment, provider); segments must be in expert order
     for that to be (layer, expert, provider id) order, as the planner gives them.
     """
+    cols = columns_of(shard)
     prov, rate, lat = cols.provider, cols.rate, cols.latency
     refused: list[tuple[int, str]] = []
     chosen_tier: dict[int, list[int]] = {}  # segment -> candidate holder rows, preferred ones first
     preferred: dict[int, int] = {}  # segment -> how many leading candidates are preferred (GPU, hot)
-    backup_pool: dict[int, list[int]] = {}  # segment -> holder rows a backup may come from
     usable: set[int] = set()
     routable = 0
     for s, (e, n) in enumerate(zip(segment_expert, segment_rows, strict=True)):
@@ -124,7 +125,6 @@ def place(
                 tier = first + [j for j in tier if not cols.gpu[prov[j]]]
         chosen_tier[s] = tier
         preferred[s] = gpus or len(tier)  # no GPU holder: every candidate is preferred alike
-        backup_pool[s] = warm + cold if allow_cold else warm
         usable.update(map(prov.__getitem__, tier))
         routable += n
     fair = max(-(-routable // len(usable)), 1) if usable else 1
@@ -135,40 +135,72 @@ def place(
     for s in sorted(chosen_tier, key=lambda s: (-segment_rows[s], s)):
         n, tier, g = segment_rows[s], chosen_tier[s], preferred[s]
         pieces = min(len(tier), -(-n // fair), n // min_batch_rows)
-        if pieces <= 1:
-            # Exact float ties fall to the smaller provider index (= provider id order).
+        alloc = _water_fill(n, tier, g, pieces, cols, load, min_batch_rows) if pieces > 1 else None
+        if alloc is None:
+            # Whole, on the best preferred candidate; exact float ties go to the smaller provider
+            # index (= provider id order).
             best = min(tier[:g], key=lambda j, n=n: (lat[prov[j]] + (load[prov[j]] + n) / rate[j], prov[j]))
             alloc = [(best, n)]
-        else:
-            alloc = _water_fill(n, tier, g, pieces, cols, load, min_batch_rows)
         for j, r in alloc:
             load[prov[j]] += r
         placed[s] = alloc
 
-    out: list[Piece] = []
+    out: list[tuple[int, int, int, int, int]] = []  # (segment, expert, holder row, first, rows)
     for s in sorted(placed):
         e, first = segment_expert[s], 0
-        hot, warm_end = cols.hot[e], cols.offsets[e] + cols.n_warm[e]
         for j, r in sorted(placed[s], key=lambda item: prov[item[0]]):
-            # Backups: Warm before Cold, GPU first for a hot expert, then earliest finish with the final loads.
-            ranked = sorted(
-                (k >= warm_end, hot and not cols.gpu[prov[k]], lat[prov[k]] + (load[prov[k]] + r) / rate[k], prov[k])
-                for k in backup_pool[s] if k != j)
-            out.append(Piece(s, e, prov[j], first, r, tuple([item[3] for item in ranked])))
+            out.append((s, e, j, first, r))
             first += r
-    return out, refused
+    backups = _backups(shard, cols, out, load, allow_cold=allow_cold, excluded=excluded)
+    return [Piece(s, e, prov[j], first, r, b) for (s, e, j, first, r), b in zip(out, backups, strict=True)], refused
+
+
+def _backups(shard: ShardIndex, cols: Columns, pieces: list[tuple[int, int, int, int, int]], load: list[int], *,
+             allow_cold: bool, excluded: set[int]) -> list[tuple[int, ...]]:
+    """Each piece's backup providers, best first, ranked for all pieces in one sort.
+
+    Pool per piece: its expert's Warm holder rows (and Cold ones with ``allow_cold``) minus
+    the excluded providers and the piece's own holder. Key, in order: Cold after Warm; for a
+    hot expert, CPU after GPU; finish(h, rows) = latency + (final load + rows) / rate; the
+    provider index (= provider id order) for exact ties.
+    """
+    if not pieces:
+        return []
+    expert = np.array([p[1] for p in pieces], dtype=np.int64)  # (n_pieces,)
+    own = np.array([p[2] for p in pieces], dtype=np.int64)
+    rows = np.array([p[4] for p in pieces], dtype=np.float64)
+    start = cols.offsets_array[expert]
+    warm_end = start + cols.n_warm_array[expert]
+    stop = cols.offsets_array[expert + 1] if allow_cold else warm_end
+    lengths = stop - start
+    # Ragged arange: for each piece, its pool's holder rows start .. stop-1, all pieces end to end.
+    piece = np.repeat(np.arange(len(pieces)), lengths)  # (n_candidates,)
+    row = np.arange(len(piece)) - np.repeat(np.cumsum(lengths) - lengths, lengths) + start[piece]
+    keep = row != own[piece]
+    if excluded:
+        keep &= ~np.isin(shard.holder_provider[row], np.fromiter(excluded, dtype=np.int64))
+    piece, row = piece[keep], row[keep]
+    who = shard.holder_provider[row]
+    busy = np.asarray(load, dtype=np.float64)[who] + rows[piece]  # rows the holder would have with this piece
+    finish = shard.provider_latency_s[who] + busy / cols.rate_array[row]
+    cpu_of_hot = shard.hot[expert[piece]] & ~shard.provider_gpu[who]
+    order = np.lexsort((who, finish, cpu_of_hot, row >= warm_end[piece], piece))  # last key sorts first
+    ranked = who[order].tolist()
+    ends = np.cumsum(np.bincount(piece, minlength=len(pieces))).tolist()
+    return [tuple(ranked[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
 def _water_fill(n: int, tier: list[int], preferred: int, pieces: int, cols: Columns, load: list[int],
-                min_batch_rows: int) -> list[tuple[int, int]]:
+                min_batch_rows: int) -> list[tuple[int, int]] | None:
     """Split n rows over at most ``pieces`` holders of ``tier`` so that they finish together.
 
     Picks ``pieces`` holders: the ``preferred`` leading candidates (GPU holders of a hot
     expert) first, the rest only to fill the places they leave, each group in order of the
     time it would finish an even share. While a holder would get fewer than
-    ``min_batch_rows`` rows, the one given the fewest leaves (equal counts: the one picked
-    last) and the rows are split again. Returns (holder row, rows) pairs with rows >=
-    min_batch_rows, or one pair with all n.
+    ``min_batch_rows`` rows, the one given the fewest (equal counts: the one picked last)
+    leaves and the rows are split again. Returns (holder row, rows) pairs with rows >=
+    min_batch_rows, or None when only one holder is left: the caller then places the
+    expert whole, as it places one that is not split.
     """
     prov, rate, lat = cols.provider, cols.rate, cols.latency
     share = n / pieces
@@ -180,7 +212,9 @@ def _water_fill(n: int, tier: list[int], preferred: int, pieces: int, cols: Colu
     while True:
         rows = _fill(n, [lat[prov[j]] + load[prov[j]] / rate[j] for j in chosen],
                      [rate[j] for j in chosen], [prov[j] for j in chosen])
-        if len(chosen) == 1 or min(rows) >= min_batch_rows:
+        if len(chosen) == 1:
+            return None
+        if min(rows) >= min_batch_rows:
             return [(j, r) for j, r in zip(chosen, rows, strict=True)]
         drop = min(range(len(chosen)), key=lambda k: (rows[k], -k))
         del chosen[drop]

@@ -29,15 +29,20 @@ def scenarios(draw):
     holdings = []
     for layer, expert in EXPERTS:
         # Provider n_providers is not in the view: its holdings must be ignored (the view lags).
-        for p in draw(st.lists(st.integers(0, n_providers), unique=True, min_size=1, max_size=n_providers + 1)):
-            holdings.append(holding(p, layer, expert, warm=draw(st.booleans()),
+        # Expert (0, 0), the one every token may share, has two holders or more where there are two.
+        least = min(2, n_providers) if (layer, expert) == (0, 0) else 1
+        for p in draw(st.lists(st.integers(0, n_providers), unique=True, min_size=least, max_size=n_providers + 1)):
+            holdings.append(holding(p, layer, expert, warm=draw(st.sampled_from([True, True, False])),
                                     tps=draw(st.sampled_from([0, 100, 400, 400, 1200]))))
-    n_tokens = draw(st.integers(1, 64))
-    tokens = draw(st.lists(st.integers(0, 300), unique=True, min_size=n_tokens, max_size=n_tokens))
+    # Tokens and per-token expert lists from a seeded Random: hypothesis' own lists stay short, and
+    # routings need many pairs per expert before load spreading and splits come into play.
+    pick = draw(st.randoms(use_true_random=False))
+    tokens = pick.sample(range(300), draw(st.sampled_from([64, 40, 16, 5, 2, 1])))
+    most = draw(st.sampled_from([5, 3, 1, 0]))  # first values come most often
     shared = draw(st.booleans())  # every token also routes to expert (0, 0), like a shared expert: splits it
     routings = []
     for t in tokens:
-        chosen = draw(st.lists(st.sampled_from([*EXPERTS, NOBODYS]), unique=True, max_size=5))
+        chosen = pick.sample([*EXPERTS, NOBODYS], pick.randint(0, most))
         if shared and (0, 0) not in chosen:
             chosen.append((0, 0))
         routings.append({"token_index": t, "experts": [{"layer": layer, "expert": expert} for layer, expert in chosen]})
@@ -132,7 +137,7 @@ def test_tiers_reasons_and_backups(scenario):
 
 @SETTINGS
 @given(scenarios())
-def test_hot_experts_go_to_a_gpu_holder_when_one_is_usable(scenario):
+def test_a_hot_expert_placed_whole_goes_to_a_gpu_holder_when_one_is_usable(scenario):
     providers, holdings, policy, routings, options, _ = scenario
     index = ShardIndex.build(MODEL, providers, holdings, policy)
     plan = plan_dispatch(routings, index, **options)
@@ -146,8 +151,8 @@ def test_hot_experts_go_to_a_gpu_holder_when_one_is_usable(scenario):
     for key, chosen in by_expert.items():
         can = {p: w for p, w in holders[key].items() if p not in options["exclude"]}
         tier = {p for p, w in can.items() if w} or set(can)
-        if key in hot and tier & gpu:
-            assert set(chosen) & gpu
+        if key in hot and tier & gpu and len(chosen) == 1:  # placed whole: on a GPU holder (a split may not be)
+            assert chosen[0] in gpu
 
 
 @SETTINGS

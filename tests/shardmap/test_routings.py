@@ -26,6 +26,8 @@ def ok(token=0, *pairs):
     ([{"token_index": True, "experts": []}], r"got True"),
     ([{"token_index": 3.0, "experts": []}], r"got 3.0"),
     ([{"token_index": 2**31, "experts": []}], r"token_index must be an integer in \[0, 2\*\*31\)"),
+    ([{"token_index": 2**70, "experts": []}], r"token_index must be an integer"),  # past int64 too
+    ([ok(1, (2**64, 0))], r"token 1 \(routings\[0\]\) experts\[0\].layer must be an integer"),
     ([{"token_index": 4, "experts": {"layer": 0}}], r"token 4 \(routings\[0\]\): experts must be a list"),
     ([{"token_index": 4}], r"token 4 \(routings\[0\]\): experts must be a list"),
     ([ok(1, (0, 0)), {"token_index": 4, "experts": [{"layer": 0}]}],
