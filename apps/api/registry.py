@@ -36,6 +36,7 @@ class RpcMethod:
     tag: str
     summary: str
     description: str
+    links: dict[str, dict[str, Any]]
 
     async def invoke(self, params: BaseModel | None) -> Any:
         """Run the method (sync ones in Django's thread-sensitive executor); a JSON-able result."""
@@ -67,12 +68,16 @@ def rpc_method(
     errors: Iterable[int] = (),
     operator_only: bool = False,
     http_method: str = "POST",
+    links: dict[str, dict[str, Any]] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register `func` as JSON-RPC method `name` and REST route `http_method /api<rest>`.
 
     `response` is the result schema; `errors` the HTTP statuses of the application errors
     the method can answer besides the ones every method of its kind can (400/413 for a POST
     body, 422 for params, 401 for `operator_only` methods, which need the operator token).
+    `links` are OpenAPI links of the result to other operations (`{name: {"operationId": …,
+    "parameters" | "requestBody": {…: "$response.body#/…"}}}`): a client, or schemathesis's
+    stateful phase, learns which field of this result names what.
     """
 
     def register(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -89,7 +94,7 @@ def rpc_method(
         REGISTRY[name] = RpcMethod(
             name=name, func=func, params=params, response=response, errors=tuple(sorted(statuses)),
             operator_only=operator_only, rest_path=rest, http_method=http_method.upper(), tag=tag,
-            summary=doc.splitlines()[0], description=doc,
+            summary=doc.splitlines()[0], description=doc, links=dict(links or {}),
         )
         return func
 

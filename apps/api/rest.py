@@ -106,6 +106,7 @@ def build_api() -> NinjaAPI:
             operation_id=method.name,
             description=f"{method.description}\n\nJSON-RPC: `{method.name}`"
                         + ("; needs the operator token." if method.operator_only else "."),
+            openapi_extra={"responses": {200: {"links": method.links}}} if method.links else None,
         )
     for router in routers.values():
         api.add_router("", router)

@@ -112,7 +112,9 @@ def catalog_shape(params: CatalogShapeParams) -> dict[str, Any]:
 
 
 @rpc_method("tenzro_moePrepareExperts", rest="/moe/prepare", tag="catalog", params=PrepareParams,
-            response=PrepareJobOut, operator_only=True)
+            response=PrepareJobOut, operator_only=True,
+            links={"status": {"operationId": "tenzro_moePrepareStatus",
+                              "parameters": {"job_id": "$response.body#/job_id"}}})
 def prepare_experts(params: PrepareParams) -> dict[str, Any]:
     """Queue a job that slices a layer's experts (and gate) from a checkpoint, quantizes and publishes them."""
     quant = params.quant.model_dump() if isinstance(params.quant, PerProjectionQuant) else params.quant

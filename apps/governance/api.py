@@ -77,7 +77,9 @@ def policy_history(params: PolicyHistoryParams) -> dict[str, Any]:
 
 
 @rpc_method("tenzro_policyPropose", rest="/governance/proposals", tag="governance",
-            params=PolicyProposeParams, response=PolicyOut, errors=(404,), operator_only=True)
+            params=PolicyProposeParams, response=PolicyOut, errors=(404,), operator_only=True,
+            links={name: {"operationId": op, "requestBody": {"policy_id": "$response.body#/id"}}
+                   for name, op in (("approve", "tenzro_policyApprove"), ("reject", "tenzro_policyReject"))})
 def policy_propose(params: PolicyProposeParams) -> dict[str, Any]:
     """Propose a policy: the active values with the given changes."""
     changes = params.changes.model_dump(exclude_unset=True)
