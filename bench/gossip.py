@@ -262,7 +262,7 @@ def main() -> None:
             print(f"\nN={s['n']} joined: converged in {j['rounds_to_converge']} rounds, last rumor spent in round "
                   f"{j['rounds_until_no_rumor']}; sent per node by then: "
                   + ", ".join(f"{k} {j['bytes_per_node'][k] / 1e6:.1f} MB" for k in KINDS)
-                  + " (a rumor is a whole record pushed to random peers, most of which already hold it)")
+                  + " (pushes offer versions; records travel in the ack2 to peers that asked for them)")
     for s in steady:
         last = s["minutes"][-1]
         if last["expired_removed"] or last["records_received"]:

@@ -1,7 +1,8 @@
 """An in-process network of gossiping nodes: real records and signatures, a simulated transport.
 
-Each SimNode runs the same Gossip rounds a real node runs from its Celery task (push rumors to
-`fanout` random peers, then a sync with one random peer, then ack2), but messages are handed
+Each SimNode runs the same Gossip rounds a real node runs from its Celery task (offer rumors to
+`fanout` random peers and send what they want, a sync with one random peer and, now and then, with
+a configured one, then ack2: apps/providers/rounds.py), but messages are handed
 over in memory and their JSON size is counted, in total and by kind of message (`KINDS`). Used by
 the gossip tests and bench/gossip.py.
 
@@ -110,13 +111,51 @@ class SimNetwork:
             total += size
         return total
 
-    def _receive(self, target: SimNode, message: dict) -> None:
+    def _refusing(self, action: Callable[[], Any]) -> Any:
+        """Run a receiving step; a message refused whole (e.g. "oversized") answers an error."""
         try:
-            target.gossip.receive(message["records"], message["heartbeats"], now_ms=self.now_ms)
-        except RecordError as exc:  # refused whole (e.g. "oversized"): a peer door answers an error
+            return action()
+        except RecordError as exc:
             if not self.drop_refused:
                 raise
             self.refused[exc.reason] += 1
+            return None
+
+    def _receive(self, target: SimNode, message: dict) -> None:
+        self._refusing(lambda: target.gossip.receive(message["records"], message["heartbeats"], now_ms=self.now_ms))
+
+    def _answer(self, sender: SimNode, size_kind: str, answer: dict) -> None:
+        size = self.message_size(answer)
+        sender.sent_bytes += size
+        sender.sent_by_kind[size_kind] += size
+
+    def _push(self, node: SimNode, peer: str, push: dict) -> None:
+        """Offer (push), the peer's answer (what it wants), then the records it wants (ack2)."""
+        target = self._deliver(node, peer, push, "push")
+        if target is None:
+            return
+        answer = self._refusing(lambda: target.gossip.answer_push(push, now_ms=self.now_ms))
+        if not answer:
+            return
+        self._answer(target, "ack", answer)
+        if answer["want"]:
+            wanted = node.gossip.records_for(answer["want"])
+            if self._deliver(node, peer, wanted, "ack2") is not None:
+                self._receive(target, wanted)
+
+    def _sync(self, node: SimNode, peer: str) -> None:
+        """SYN (digest), ACK (what the peer has newer, and what it wants), ACK2."""
+        syn = node.gossip.sync_request()
+        target = self._deliver(node, peer, syn, "sync")
+        if target is None:
+            return
+        ack = target.gossip.answer_sync(parse_digest(syn["digest"], limit=1 << 20))
+        self._answer(target, "ack", ack)
+        self._receive(node, ack)
+        if ack["want"] or ack["want_beats"]:
+            ack2 = node.gossip.records_for(ack["want"], ack["want_beats"])
+            if self._deliver(node, peer, ack2, "ack2") is not None:
+                self._receive(target, ack2)
 
     def round(self, *, step_ms: int = 5_000, heartbeat_every: int = 3, round_no: int = 0) -> None:
         """One gossip round on every live node (in a random order), then the clock advances."""
@@ -129,23 +168,12 @@ class SimNetwork:
             candidates = sorted(node.known() | set(node.seeds))
             push = node.gossip.push_message()
             for peer in node.gossip.pick_peers(candidates, self.rng, self.limits.fanout):
-                target = self._deliver(node, peer, push, "push")
-                if target is not None:
-                    self._receive(target, push)
+                self._push(node, peer, push)
             for peer in node.gossip.pick_peers(candidates, self.rng, 1):
-                syn = node.gossip.sync_request()
-                target = self._deliver(node, peer, syn, "sync")
-                if target is None:
-                    continue
-                ack = target.gossip.answer_sync(parse_digest(syn["digest"], limit=1 << 20))
-                ack_size = self.message_size(ack)
-                target.sent_bytes += ack_size
-                target.sent_by_kind["ack"] += ack_size
-                self._receive(node, ack)
-                if ack["want"]:
-                    ack2 = node.gossip.records_for(ack["want"])
-                    if self._deliver(node, peer, ack2, "ack2") is not None:
-                        self._receive(target, ack2)
+                self._sync(node, peer)
+            seeds = [pid for pid in node.seeds if pid != node.pid]
+            if seeds and self.rng.random() < self.limits.seed_sync_probability:
+                self._sync(node, self.rng.choice(seeds))
         self.now_ms += step_ms
 
     def converged(self) -> bool:

@@ -12,14 +12,18 @@ dissemination from anti-entropy (hashicorp/memberlist state.go: gossip of fresh 
 few random peers for a bounded number of rounds, plus periodic push-pull):
 
 * **Versions.** A provider's digest entry is (record seq, heartbeat at_ms). Records change
-  rarely and are big (500 holdings ~ 70 KB); liveness changes every heartbeat and is a
-  ~250-byte signed statement. A record is sent only to a peer whose digest shows an older
-  seq, never again to one that has it.
-* **Dissemination (push).** A newly accepted record is a rumor: pushed to `fanout` random
-  peers each round for `rumor_rounds(n)` ≈ log2(n) + 2 rounds, then left to anti-entropy.
+  rarely and are big (500 holdings ~ 90 KB); liveness changes every heartbeat and is a
+  ~250-byte signed statement. A record is sent only to a peer that says it lacks it, never
+  again to one that has it.
+* **Dissemination (push).** A newly accepted record is a rumor for `rumor_rounds(n)` ≈ log2(n)
+  + 2 rounds: each round the node *offers* its rumors' versions (and its own) with their
+  heartbeats to `fanout` random peers; a peer answers which records it wants, and only those
+  travel. (Pushing whole records blind resent ~9 of 10 to peers that had them: bench/gossip.)
 * **Anti-entropy (pull).** Each round a node sends its digest to one random peer (sync); the
-  peer answers the records and heartbeats that are newer on its side and the provider ids it
-  wants; the node pushes those back (ack2).
+  peer answers the records and heartbeats newer on its side (the stalest on the asking side
+  first, when capped) and the records and heartbeats it wants; the node sends those (ack2).
+  With probability `seed_sync_probability` it also syncs with one of its configured peers,
+  as Cassandra's gossiper does with its seeds, so groups that formed apart cannot stay apart.
 * **Merge.** Highest record seq wins; for one seq, the latest heartbeat. Signatures, the id-key
   binding, size and clock skew are checked before anything is stored. A provider whose
   newest liveness (heartbeat, else the record's issue time) is older than the TTL is dropped.
@@ -35,7 +39,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from apps.providers.records import Heartbeat, RecordError, SignedRecord, verify_heartbeat, verify_record
+from apps.providers.records import (
+    Heartbeat,
+    RecordError,
+    SignedRecord,
+    claimed_provider_id,
+    verify_heartbeat,
+    verify_record,
+)
 
 # Refusal reasons, counted (visible in the node's gossip status).
 VERDICTS = ("accepted", "duplicate", "replayed", "forged", "expired", "skewed", "oversized", "malformed")
@@ -49,7 +60,9 @@ class Limits:
     max_skew_ms: int = 30_000
     max_record_bytes: int = 1 << 20
     fanout: int = 3
-    max_items_per_message: int = 256
+    max_items_per_message: int = 256  # records (tens of KB each) per message
+    max_beats_per_message: int = 1024  # heartbeats (~250 bytes each) per message
+    seed_sync_probability: float = 0.25  # per round, also sync with a configured peer (see Gossip docs)
 
 
 class RecordRef(Protocol):
@@ -97,6 +110,7 @@ class Store(Protocol):
     """Where a node keeps its entries (the database in production, a dict in tests)."""
 
     def digest(self) -> dict[str, tuple[int, int]]: ...
+    def count(self) -> int: ...
     def entries(self, provider_ids: Iterable[str]) -> dict[str, Entry]: ...
     def save(self, entries: Sequence[Entry]) -> None: ...
     def remove(self, provider_ids: Sequence[str]) -> None: ...
@@ -111,6 +125,9 @@ class MemoryStore:
 
     def digest(self) -> dict[str, tuple[int, int]]:
         return {pid: e.version for pid, e in self.items.items()}
+
+    def count(self) -> int:
+        return len(self.items)
 
     def entries(self, provider_ids: Iterable[str]) -> dict[str, Entry]:
         return {pid: self.items[pid] for pid in provider_ids if pid in self.items}
@@ -160,8 +177,10 @@ class Gossip:
     def receive(self, records: Sequence[Any], heartbeats: Sequence[Any], *, now_ms: int) -> Counter[str]:
         """Merge records and heartbeats from a peer (push, sync answer or ack2); count verdicts."""
         verdicts: Counter[str] = Counter()
-        if len(records) + len(heartbeats) > 2 * self.limits.max_items_per_message:
-            raise RecordError("oversized", f"{len(records)} records and {len(heartbeats)} heartbeats in one message")
+        if len(records) > self.limits.max_items_per_message or len(heartbeats) > self.limits.max_beats_per_message:
+            raise RecordError("oversized", f"{len(records)} records and {len(heartbeats)} heartbeats in one message "
+                                           f"(at most {self.limits.max_items_per_message} and "
+                                           f"{self.limits.max_beats_per_message})")
         beats: dict[str, Heartbeat] = {}
         for value in heartbeats:
             try:
@@ -175,15 +194,19 @@ class Gossip:
                 newest = beats.get(hb.provider_id)
                 if newest is None or hb.at_ms > newest.at_ms:
                     beats[hb.provider_id] = hb
+        claimed = [claimed_provider_id(v) for v in records]
+        stored = self.store.entries({pid for pid in claimed if pid} | set(beats))
         fresh: list[SignedRecord] = []
-        for value in records:
+        for value, pid in zip(records, claimed, strict=True):
+            current = stored.get(pid) if pid else None
+            if current is not None and current.record.envelope() == value:
+                verdicts["duplicate"] += 1  # the very envelope held already: no need to verify it again
+                continue
             try:
                 fresh.append(verify_record(value, max_bytes=self.limits.max_record_bytes))
             except RecordError as exc:
                 verdicts[exc.reason] += 1
-        wanted = {r.provider_id for r in fresh} | set(beats)
-        stored = self.store.entries(wanted)
-        known = len(self.store.digest())
+        known = self.store.count()
         changed: dict[str, Entry] = {}
         for signed in sorted(fresh, key=lambda r: (r.provider_id, r.seq)):
             verdict, entry = self._judge_record(signed, changed.get(signed.provider_id) or
@@ -229,37 +252,68 @@ class Gossip:
         return {"digest": {pid: list(version) for pid, version in self.store.digest().items()}}
 
     def answer_sync(self, peer_digest: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
-        """ACK: what the peer lacks (newer records, newer heartbeats) and what this node wants."""
+        """ACK: what the peer lacks, and what this node wants of what it has.
+
+        `records`: newer records here (the peer's oldest versions first); `heartbeats`: newer
+        liveness here (the peer's stalest first, so a capped answer still refreshes whom the
+        peer is closest to dropping); `want`: providers whose record is newer at the peer;
+        `want_beats`: providers whose liveness is newer at the peer (same seq). The peer answers
+        both wants in its ACK2, so liveness flows both ways in one exchange.
+        """
         mine = self.store.digest()
-        newer_records = [pid for pid, (seq, _) in mine.items() if seq > peer_digest.get(pid, (-1, -1))[0]]
-        newer_beats = [pid for pid, (seq, alive) in mine.items()
-                       if pid not in newer_records and (seq, alive) > peer_digest.get(pid, (-1, -1))]
-        want = sorted(pid for pid, (seq, _) in peer_digest.items() if seq > mine.get(pid, (-1, -1))[0])
+        unknown = (-1, -1)
         cap = self.limits.max_items_per_message
-        entries = self.store.entries(sorted(newer_records)[:cap] + sorted(newer_beats)[:cap])
+        newer_records = sorted((pid for pid, (seq, _) in mine.items() if seq > peer_digest.get(pid, unknown)[0]),
+                               key=lambda pid: (peer_digest.get(pid, unknown), pid))[:cap]
+        sent = set(newer_records)
+        newer_beats = sorted((pid for pid, version in mine.items()
+                              if pid not in sent and version > peer_digest.get(pid, unknown)),
+                             key=lambda pid: (peer_digest.get(pid, unknown)[1], pid))
+        beat_ids = [*newer_records, *newer_beats][: self.limits.max_beats_per_message]
+        entries = self.store.entries(beat_ids)
+        want = sorted(pid for pid, (seq, _) in peer_digest.items() if seq > mine.get(pid, unknown)[0])
+        want_beats = sorted(pid for pid, (seq, alive) in peer_digest.items()
+                            if pid in mine and seq == mine[pid][0] and alive > mine[pid][1])
         return {
-            "records": [entries[pid].record.envelope() for pid in sorted(newer_records)[:cap] if pid in entries],
-            "heartbeats": [entries[pid].heartbeat.to_json() for pid in sorted({*newer_records, *newer_beats})
-                           if pid in entries and entries[pid].heartbeat is not None][:cap],
+            "records": [entries[pid].record.envelope() for pid in newer_records if pid in entries],
+            "heartbeats": [entries[pid].heartbeat.to_json() for pid in beat_ids
+                           if pid in entries and entries[pid].heartbeat is not None],
             "want": want[:cap],
+            "want_beats": want_beats[: self.limits.max_beats_per_message],
         }
 
-    def records_for(self, provider_ids: Iterable[str]) -> dict[str, Any]:
-        """ACK2 (or an answer to `want`): the records and heartbeats asked for, that this node has."""
-        entries = self.store.entries(sorted(set(provider_ids))[: self.limits.max_items_per_message])
-        return {"records": [e.record.envelope() for e in entries.values()],
-                "heartbeats": [e.heartbeat.to_json() for e in entries.values() if e.heartbeat is not None]}
+    def records_for(self, provider_ids: Iterable[str], beats_for: Iterable[str] = ()) -> dict[str, Any]:
+        """ACK2 (or the answer to a push's `want`): the records asked for, with their heartbeats,
+        and the heartbeats asked for alone."""
+        record_ids = sorted(set(provider_ids))[: self.limits.max_items_per_message]
+        beat_ids = sorted(set(beats_for) - set(record_ids))[: self.limits.max_beats_per_message - len(record_ids)]
+        entries = self.store.entries([*record_ids, *beat_ids])
+        return {"records": [entries[pid].record.envelope() for pid in record_ids if pid in entries],
+                "heartbeats": [entries[pid].heartbeat.to_json() for pid in [*record_ids, *beat_ids]
+                               if pid in entries and entries[pid].heartbeat is not None]}
 
     def push_message(self) -> dict[str, Any]:
-        """This round's rumors (fresh records, with their heartbeats); spends one round of each."""
+        """This round's push: an offer of the rumors' versions (and this node's own), with their
+        heartbeats; records follow only for the ones a peer answers it wants. Spends one round of
+        each rumor."""
         rumors = sorted(self.store.rumors(), key=lambda e: e.provider_id)[: self.limits.max_items_per_message]
-        with_beats = {e.provider_id: e for e in rumors}
-        with_beats.update(self.store.entries([self.self_id]))  # this node's liveness rides every push
-        message = {"records": [e.record.envelope() for e in rumors],
-                   "heartbeats": [e.heartbeat.to_json() for e in with_beats.values() if e.heartbeat is not None]}
+        offered = {e.provider_id: e for e in rumors}
+        offered.update(self.store.entries([self.self_id]))  # this node's liveness rides every push
+        message = {"offer": {pid: list(e.version) for pid, e in offered.items()},
+                   "heartbeats": [e.heartbeat.to_json() for e in offered.values() if e.heartbeat is not None]}
         if rumors:
             self.store.save([replace(e, rumor_rounds=e.rumor_rounds - 1) for e in rumors])
         return message
+
+    def answer_push(self, message: Mapping[str, Any], *, now_ms: int) -> dict[str, Any]:
+        """Merge a push's records and heartbeats; answer the verdicts and the offered records this
+        node wants (a newer seq than it holds, or a provider it does not know)."""
+        verdicts = self.receive(message.get("records") or [], message.get("heartbeats") or [], now_ms=now_ms)
+        offer = parse_digest(message.get("offer") or {}, limit=self.limits.max_items_per_message + 1)
+        mine = self.store.entries(offer)
+        want = sorted(pid for pid, (seq, _) in offer.items()
+                      if pid != self.self_id and (pid not in mine or seq > mine[pid].seq))
+        return {"verdicts": dict(verdicts), "want": want}
 
     def expire(self, *, now_ms: int) -> list[str]:
         """Drop every provider (never this node) silent for longer than the TTL."""
@@ -274,7 +328,7 @@ class Gossip:
         """Store this node's own (re)signed record and heartbeat; a new seq becomes a rumor."""
         current = self.store.entries([self.self_id]).get(self.self_id)
         is_new = current is None or current.seq < record.seq
-        rounds = rumor_rounds(len(self.store.digest())) if is_new else current.rumor_rounds
+        rounds = rumor_rounds(self.store.count()) if is_new else current.rumor_rounds
         self.store.save([Entry(record=record, heartbeat=heartbeat, rumor_rounds=rounds)])
 
     def pick_peers(self, candidates: Sequence[str], rng: random.Random, k: int) -> list[str]:

@@ -30,10 +30,13 @@ def _list(params: dict[str, Any], name: str) -> list[Any]:
 
 
 async def gossip_push(params: dict[str, Any], *, peer_host: str | None) -> dict[str, Any]:
-    """Records and heartbeats a peer disseminates (a rumor, or an ack2); answers the verdicts."""
-    verdicts = await sync_to_async(services.gossip_receive, thread_sensitive=False)(
-        records=_list(params, "records"), heartbeats=_list(params, "heartbeats"))
-    return {"verdicts": verdicts}
+    """A peer's offer of versions (with heartbeats), or the records it was asked for (ack2);
+    answers the verdicts and the offered records this node wants."""
+    offer = params.get("offer", {})
+    if not isinstance(offer, dict):
+        raise InvalidInput("param 'offer' must be an object {provider_id: [seq, alive_ms]}")
+    message = {"records": _list(params, "records"), "heartbeats": _list(params, "heartbeats"), "offer": offer}
+    return await sync_to_async(services.gossip_answer_push, thread_sensitive=False)(message=message)
 
 
 async def gossip_sync(params: dict[str, Any], *, peer_host: str | None) -> dict[str, Any]:

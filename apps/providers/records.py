@@ -189,6 +189,20 @@ def verify_heartbeat(value: Any) -> Heartbeat:
     return Heartbeat(pid, seq, at_ms, sig)
 
 
+_CLAIMED_ID = re.compile(r'"provider_id":"([0-9a-f]{64})"')
+
+
+def claimed_provider_id(value: Any) -> str | None:
+    """The provider id an envelope's text names, without verifying or parsing it (None if none).
+
+    Canonical text escapes every quote inside strings, so the unescaped `"provider_id":"…"` can
+    only be the top-level field; verify_record then checks the signature with exactly this key.
+    """
+    text = value.get("record") if isinstance(value, Mapping) else None
+    match = _CLAIMED_ID.search(text) if isinstance(text, str) else None
+    return match.group(1) if match else None
+
+
 def verify_record(value: Any, *, max_bytes: int) -> SignedRecord:
     """A record envelope from the wire: size, signature (the provider id is the key), then fields.
 
@@ -202,16 +216,16 @@ def verify_record(value: Any, *, max_bytes: int) -> SignedRecord:
         raise RecordError("oversized", f"record of {len(text)} bytes exceeds {max_bytes}")
     if not text.isascii():
         raise RecordError("malformed", "record text must be ASCII (canonical JSON escapes the rest)")
-    match = re.search(r'"provider_id":"([0-9a-f]{64})"', text)
-    if match is None:
+    claimed = claimed_provider_id(value)
+    if claimed is None:
         raise RecordError("malformed", "record names no provider_id")
-    _verify(match.group(1), RECORD_DOMAIN + text.encode("ascii"), signature, "record")
+    _verify(claimed, RECORD_DOMAIN + text.encode("ascii"), signature, "record")
     try:
         fields = json.loads(text)
     except ValueError as exc:
         raise RecordError("malformed", f"record is not JSON: {exc}") from exc
     record = _parse_record(fields)
-    if record.provider_id != match.group(1):  # the key that signed must be the id the record claims
+    if record.provider_id != claimed:  # the key that signed must be the id the record claims
         raise RecordError("forged", "record names two provider ids")
     return SignedRecord(record=record, text=text, signature=signature)
 

@@ -2,9 +2,11 @@
 
 1. Re-sign this node's record if what it announces changed, and sign a fresh heartbeat.
 2. Drop providers silent past the TTL.
-3. Push this round's rumors to `fanout` random peers.
-4. Sync with one random peer: send the digest (SYN), merge its answer (ACK), send what it
-   wants (ACK2).
+3. Push: offer this round's rumors (and this node's own version) to `fanout` random peers;
+   send each the records it answers it wants.
+4. Sync with one random peer — and, with probability TENZRO_GOSSIP_SEED_PROBABILITY, with one
+   configured peer too: send the digest (SYN), merge its answer (ACK), send the records and
+   heartbeats it wants (ACK2).
 5. Until a peer has confirmed this node's endpoints (and every TENZRO_REACHABILITY_CHECK_S
    after), ask one to dial them back, and re-sign if that changes what may be announced.
 
@@ -44,6 +46,10 @@ class PeerTarget:
     quic_endpoint: str | None
     quic_cert_sha256: str | None
     http_endpoint: str | None
+
+
+def configured_urls() -> set[str]:
+    return {url.rstrip("/") for url in settings.TENZRO_PEERS}
 
 
 def peer_targets(self_id: str) -> list[PeerTarget]:
@@ -89,10 +95,13 @@ async def peer_call(target: PeerTarget, method: str, params: dict[str, Any]) -> 
     raise TransportError("unreachable", f"peer {target.key[:24]}: " + ("; ".join(failures) or "no endpoint"))
 
 
-async def _push(targets: list[PeerTarget], message: dict[str, Any]) -> None:
+async def _push(targets: list[PeerTarget], offer: dict[str, Any]) -> None:
     async def one(target: PeerTarget) -> None:
         try:
-            await peer_call(target, "gossip/push", message)
+            answer = await peer_call(target, "gossip/push", offer)
+            if answer.get("want"):
+                wanted = await asyncio.to_thread(services.gossip_records_for, provider_ids=answer["want"])
+                await peer_call(target, "gossip/push", wanted)
         except TransportError as exc:
             logger.info("gossip push to %s failed: %s", target.key[:24], exc)
 
@@ -104,8 +113,9 @@ async def _sync(target: PeerTarget) -> None:
     ack = await peer_call(target, "gossip/sync", syn)
     await asyncio.to_thread(services.gossip_receive, records=ack.get("records", []),
                             heartbeats=ack.get("heartbeats", []))
-    if ack.get("want"):
-        ack2 = await asyncio.to_thread(services.gossip_records_for, provider_ids=ack["want"])
+    if ack.get("want") or ack.get("want_beats"):
+        ack2 = await asyncio.to_thread(services.gossip_records_for, provider_ids=ack.get("want", []),
+                                       beats_for=ack.get("want_beats", []))
         await peer_call(target, "gossip/push", ack2)
 
 
@@ -145,12 +155,17 @@ async def _round(rng: random.Random) -> dict[str, Any]:
     push = await asyncio.to_thread(services.gossip_push_message)
     fanout = rng.sample(targets, min(settings.TENZRO_GOSSIP_FANOUT, len(targets)))
     await _push(fanout, push)
-    synced = None
-    if targets:
-        target = rng.choice(targets)
+    synced = []
+    chosen = [rng.choice(targets)] if targets else []
+    # Now and then a configured peer too (Cassandra syncs with a seed so): groups that met no
+    # one in common cannot stay apart.
+    seeds = [t for t in targets if t.http_endpoint and t.http_endpoint.rstrip("/") in configured_urls()]
+    if seeds and rng.random() < settings.TENZRO_GOSSIP_SEED_PROBABILITY:
+        chosen.append(rng.choice(seeds))
+    for target in dict.fromkeys(chosen):
         try:
             await _sync(target)
-            synced = target.key
+            synced.append(target.key)
         except TransportError as exc:
             logger.info("gossip sync with %s failed: %s", target.key[:24], exc)
     return {"peers": len(targets), "pushed_to": len(fanout), "synced_with": synced, "expired": expired}

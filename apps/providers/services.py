@@ -29,9 +29,10 @@ def now_ms() -> int:
 
 
 def gossip_limits() -> Limits:
-    return Limits(ttl_ms=int(settings.TENZRO_GOSSIP_TTL_S * 1000), max_skew_ms=int(settings.TENZRO_GOSSIP_MAX_SKEW_S
-                                                                                    * 1000),
-                  max_record_bytes=settings.TENZRO_GOSSIP_MAX_RECORD_BYTES, fanout=settings.TENZRO_GOSSIP_FANOUT)
+    return Limits(ttl_ms=int(settings.TENZRO_GOSSIP_TTL_S * 1000),
+                  max_skew_ms=int(settings.TENZRO_GOSSIP_MAX_SKEW_S * 1000),
+                  max_record_bytes=settings.TENZRO_GOSSIP_MAX_RECORD_BYTES, fanout=settings.TENZRO_GOSSIP_FANOUT,
+                  seed_sync_probability=settings.TENZRO_GOSSIP_SEED_PROBABILITY)
 
 
 def gossip_engine(*, lock: bool = False) -> Gossip:
@@ -60,14 +61,23 @@ def gossip_receive(*, records: Sequence[Any], heartbeats: Sequence[Any]) -> dict
     return dict(verdicts)
 
 
+def gossip_answer_push(*, message: dict[str, Any]) -> dict[str, Any]:
+    """A peer's push: merge its records and heartbeats, answer the offered records wanted here."""
+    with transaction.atomic():
+        engine = gossip_engine(lock=True)
+        answer = engine.answer_push(message, now_ms=now_ms())
+        _count(Counter(answer["verdicts"]))
+    return answer
+
+
 def gossip_answer_sync(*, digest: Any) -> dict[str, Any]:
     """ACK to a peer's SYN: what it lacks and what this node wants."""
     limit = settings.TENZRO_GOSSIP_MAX_PROVIDERS
     return gossip_engine().answer_sync(parse_digest(digest, limit=limit))
 
 
-def gossip_records_for(*, provider_ids: Sequence[str]) -> dict[str, Any]:
-    return gossip_engine().records_for(provider_ids)
+def gossip_records_for(*, provider_ids: Sequence[str], beats_for: Sequence[str] = ()) -> dict[str, Any]:
+    return gossip_engine().records_for(provider_ids, beats_for)
 
 
 def gossip_push_message() -> dict[str, Any]:

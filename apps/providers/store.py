@@ -73,6 +73,9 @@ class DbStore:
     def digest(self) -> dict[str, tuple[int, int]]:
         return {pid: (seq, alive) for pid, seq, alive in Provider.objects.values_list("provider_id", "seq", "alive_ms")}
 
+    def count(self) -> int:
+        return Provider.objects.count()
+
     def entries(self, provider_ids: Iterable[str]) -> dict[str, Entry]:
         return {row.provider_id: _entry(row) for row in self._rows().filter(provider_id__in=list(provider_ids))}
 

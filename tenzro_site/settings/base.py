@@ -37,6 +37,9 @@ TENZRO_GOSSIP_HEARTBEAT_S = env_float("TENZRO_GOSSIP_HEARTBEAT_S", 15.0)
 TENZRO_GOSSIP_TTL_S = env_float("TENZRO_GOSSIP_TTL_S", 60.0)
 TENZRO_GOSSIP_MAX_SKEW_S = env_float("TENZRO_GOSSIP_MAX_SKEW_S", 30.0)
 TENZRO_GOSSIP_FANOUT = env_int("TENZRO_GOSSIP_FANOUT", 3)
+# Each round, the chance of also syncing with one of the configured --peers (as Cassandra does
+# with its seeds), so groups of nodes that formed apart cannot stay apart.
+TENZRO_GOSSIP_SEED_PROBABILITY = env_float("TENZRO_GOSSIP_SEED_PROBABILITY", 0.25)
 TENZRO_GOSSIP_MAX_RECORD_BYTES = env_int("TENZRO_GOSSIP_MAX_RECORD_BYTES", 1024 * 1024)
 TENZRO_GOSSIP_MAX_PROVIDERS = env_int("TENZRO_GOSSIP_MAX_PROVIDERS", 100_000)
 # How often this node asks a peer to confirm its endpoints once one has (until then: every round).

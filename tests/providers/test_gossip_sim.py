@@ -96,8 +96,9 @@ def test_a_converged_network_stays_converged_and_resends_no_record() -> None:
         net.round(round_no=i)
     assert net.converged()
     counts = net.counts()
+    # no record travelled at all (a resent one would count as a duplicate): only offers, digests
+    # and heartbeats, which flow both ways in a sync (the ack2 carries the ones the peer wanted)
     assert counts["accepted"] == counts["duplicate"] == counts["expired_removed"] == 0
-    assert sum(n.sent_by_kind["ack2"] for n in net.nodes.values()) == 0
 
 
 def test_message_size_is_the_wire_size() -> None:
