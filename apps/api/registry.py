@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -36,7 +36,7 @@ class RpcMethod:
     tag: str
     summary: str
     description: str
-    links: dict[str, dict[str, Any]]
+    links: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     async def invoke(self, params: BaseModel | None) -> Any:
         """Run the method (sync ones in Django's thread-sensitive executor); a JSON-able result."""
