@@ -128,7 +128,7 @@ REASONS: dict[str, type[TenzroError]] = {
              # requests: params the schema refuses, content it cannot describe
              "invalid_input", "invalid_params", "shape_mismatch", "non_finite_input", "invalid_payload",
              "model_mismatch", "invalid_policy", "invalid_quant", "checkpoint_required", "not_a_file",
-             "unreadable_file", "invalid_routings",
+             "unreadable_file", "invalid_routings", "unsupported_encoding",
              # blobs
              "invalid_uri", "invalid_hash", "hash_mismatch", "range_invalid",
              # QUIC frames (docs/protocol.md)
@@ -141,7 +141,8 @@ REASONS: dict[str, type[TenzroError]] = {
     **_kinds(Unauthorized, "unauthorized"),
     **_kinds(Forbidden, "forbidden"),
     **_kinds(Unavailable, "unavailable", "worker_unavailable", "deadline_exceeded", "timeout", "connection_failed",
-             "connection_closed", "certificate_pin_mismatch"),
+             "connection_closed", "certificate_pin_mismatch", "forward_incomplete", "gate_mass_lost",
+             "unreachable", "bad_answer", "remote_error"),
     **_kinds(NotFound, "not_found", "expert_not_loaded", "gate_not_loaded", "method_not_found", "blob_not_found",
              "job_not_found", "policy_not_found", "no_active_policy", "unknown_model", "file_not_found"),
     **_kinds(Conflict, "conflict", "policy_not_proposed", "state_not_published"),

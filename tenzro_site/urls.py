@@ -5,6 +5,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("apps.api.urls")),
     path("", include("apps.blobs.urls")),
+    path("", include("apps.worker.urls")),  # before providers': its peer/<method> would catch peer/moe/execute
     path("", include("apps.providers.urls")),
     path("", include("apps.dashboard.urls")),
 ]

@@ -30,6 +30,7 @@ def signed_record(key: SigningKey, *, seq: int = 1, at_ms: int = 1_000_000, n_ho
         quic_cert_sha256=fields.pop("quic_cert_sha256", "ab" * 32), moe_gpu=fields.pop("moe_gpu", False),
         price_per_input_token=fields.pop("price_per_input_token", "0.000002"),
         holdings=fields.pop("holdings", None) or holdings(n_holdings, seed=seq),
+        activation_codecs=fields.pop("activation_codecs", ("q8_0", "f32")),
     )
     assert not fields, fields
     return sign_record(record, key)

@@ -24,6 +24,7 @@ PURE_CORES = {
     "blobs": ["apps.blobs.store", "apps.blobs.resolver", "apps.blobs.handlers", "apps.blobs.peers"],
     "provider records and gossip": ["apps.providers.records", "apps.providers.gossip"],
     "shard map and planner": ["apps.shardmap.aggregation", "apps.shardmap.planner"],
+    "forward combine and dispatch": ["apps.forward.combine", "apps.forward.hedging", "apps.forward.engine"],
 }
 
 

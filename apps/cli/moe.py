@@ -192,9 +192,15 @@ def plan_dispatch(obj: CliContext, model: str, routings: str, allow_cold: bool) 
               help="Raw little-endian f32 [tokens, d_model].")
 @click.option("--d-model", required=True, type=click.IntRange(min=1))
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where to write the combined f32 output.")
+@click.option("--allow-partial", is_flag=True,
+              help="Accept a renormalized partial result (listed under missing) instead of failing closed.")
+@click.option("--allow-cold", is_flag=True, help="Plan on Cold (disk-tier) holders when no Warm one is left.")
+@click.option("--min-gate-mass", type=click.FloatRange(0.0, 1.0), default=None,
+              help="With --allow-partial: a token keeping less than this share of its gate mass is an error.")
 @click.pass_obj
-def forward(obj: CliContext, model: str, layer: int, hidden: str, d_model: int, out: str) -> None:
-    """Gate → execute the selected experts → gate-weighted combine, for one layer."""
+def forward(obj: CliContext, model: str, layer: int, hidden: str, d_model: int, out: str, allow_partial: bool,
+            allow_cold: bool, min_gate_mass: float | None) -> None:
+    """Distributed layer forward: gate here, dispatch to the holders, gate-weighted combine."""
     try:
         data = Path(hidden).read_bytes()
     except OSError as exc:
@@ -203,8 +209,10 @@ def forward(obj: CliContext, model: str, layer: int, hidden: str, d_model: int, 
         raise click.BadParameter(
             f"{hidden} has {len(data)} bytes, not whole rows of {d_model} f32 ({4 * d_model} bytes each)",
             param_hint="--hidden")
-    params = {"model_id": model, "layer": layer, "d_model": d_model,
-              "hidden": base64.b64encode(data).decode("ascii")}
+    params = {"model_id": model, "layer": layer, "d_model": d_model, "allow_partial": allow_partial,
+              "allow_cold": allow_cold, "hidden": base64.b64encode(data).decode("ascii")}
+    if min_gate_mass is not None:
+        params["min_gate_mass"] = min_gate_mass
     result = obj.call("tenzro_moeForward", params)
     output = base64.b64decode(result.pop("output"))
     Path(out).write_bytes(output)

@@ -21,7 +21,7 @@ import numpy as np
 from apps.errors import InvalidInput, NotFound, PayloadTooLarge
 from apps.experts.errors import ShapeMismatch
 from apps.experts.runtime import ExpertRuntime
-from apps.experts.wire import rows_from_bytes, rows_to_bytes
+from apps.experts.wire import WIRE_CODECS, decode_rows, encode_rows, rows_from_bytes, rows_to_bytes
 
 Result = tuple[dict[str, Any], bytes]
 
@@ -55,7 +55,7 @@ def str_param(params: dict[str, Any], name: str) -> str:
     return value
 
 
-def _hidden(params: dict[str, Any], body: bytes | bytearray) -> np.ndarray:
+def hidden_param(params: dict[str, Any], body: bytes | bytearray) -> np.ndarray:
     """The request body as f32 [tokens, d_model]: the one place hidden rows are shape-checked."""
     d_model = params.get("d_model")
     if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model <= 0:
@@ -65,6 +65,19 @@ def _hidden(params: dict[str, Any], body: bytes | bytearray) -> np.ndarray:
         raise InvalidInput(f"param 'tokens' must be a non-negative integer, got {tokens!r}")
     try:
         return rows_from_bytes(body, d_model=d_model, tokens=tokens)
+    except ValueError as exc:
+        raise ShapeMismatch(str(exc)) from exc
+
+
+def _decoded(params: dict[str, Any], body: bytes | bytearray, encoding: str) -> np.ndarray:
+    """Encoded rows -> f32 [tokens, d_model]; `tokens` is required, since block rows do not say."""
+    d_model, tokens = params.get("d_model"), params.get("tokens")
+    for name, value in (("d_model", d_model), ("tokens", tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (name == "d_model"):
+            raise InvalidInput(f"param {name!r} must be a {'positive' if name == 'd_model' else 'non-negative'} "
+                               f"integer with encoding {encoding}, got {value!r}")
+    try:
+        return decode_rows(body, encoding, tokens=tokens, d_model=d_model)
     except ValueError as exc:
         raise ShapeMismatch(str(exc)) from exc
 
@@ -185,17 +198,29 @@ class ExpertHandlers:
 
     async def route(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
         routing = await ctx.run_blocking(self._executor, self.runtime.route, model_id=str_param(params, "model_id"),
-                                         layer=int_param(params, "layer"), hidden=_hidden(params, body))
+                                         layer=int_param(params, "layer"), hidden=hidden_param(params, body))
         return {"experts": routing.experts.tolist(), "weights": routing.weights.tolist()}, b""
 
     async def execute(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
+        """One expert over the body's rows. `encoding` (default f32) names the body's codec, and the
+        answer's rows travel in the same one (docs/protocol.md, "Activation codecs")."""
+        encoding = params.get("encoding", "f32")
+        if encoding not in WIRE_CODECS:
+            raise InvalidInput(f"param 'encoding' must be one of {list(WIRE_CODECS)}, got {encoding!r}",
+                               reason="unsupported_encoding")
+        if encoding == "f32":
+            hidden = hidden_param(params, body)
+        else:
+            hidden = await ctx.run_blocking(self._executor, _decoded, params, body, encoding)
         out = await ctx.run_blocking(self._executor, self.runtime.execute, model_id=str_param(params, "model_id"),
                                      layer=int_param(params, "layer"), expert=int_param(params, "expert"),
-                                     hidden=_hidden(params, body))
-        return {"tokens": int(out.shape[0]), "d_model": int(out.shape[1])}, rows_to_bytes(out)
+                                     hidden=hidden)
+        data = rows_to_bytes(out) if encoding == "f32" else await ctx.run_blocking(self._executor, encode_rows,
+                                                                                     out, encoding)
+        return {"tokens": int(out.shape[0]), "d_model": int(out.shape[1]), "encoding": encoding}, data
 
     async def forward_local(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
         out = await ctx.run_blocking(self._executor, self.runtime.forward_local,
                                      model_id=str_param(params, "model_id"), layer=int_param(params, "layer"),
-                                     hidden=_hidden(params, body))
+                                     hidden=hidden_param(params, body))
         return {"tokens": int(out.shape[0]), "d_model": int(out.shape[1])}, rows_to_bytes(out)

@@ -172,6 +172,10 @@ class ExpertRuntime:
             except Exception:  # a listener's failure must never break a load
                 log.exception("runtime change listener failed")
 
+    def gate_spec(self, model_id: str, layer: int) -> GateSpec:
+        """The loaded gate of (model_id, layer); raises GateNotLoaded."""
+        return self._gate(model_id, layer)
+
     def _gate(self, model_id: str, layer: int) -> GateSpec:
         with self._lock:
             gate = self._gates.get((model_id, int(layer)))
@@ -266,6 +270,10 @@ class ExpertRuntime:
             "backend": self.backend.name,
             "cpu_kernel": self.backend.cpu_kernel,
         }
+
+    def held(self, model_id: str) -> list[tuple[int, int, bool, str | None]]:
+        """(layer, expert, warm, blob_uri) of every expert of `model_id` held here, cheaply (no rows)."""
+        return [(k[1], k[2], warm, record.blob_uri) for k, record, warm in self._cache.records() if k[0] == model_id]
 
     def _expert_row(self, key: Key) -> dict[str, Any]:
         for k, record, warm in self._cache.records():

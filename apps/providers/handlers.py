@@ -9,7 +9,7 @@ from apps.providers.peer_methods import PEER_METHODS
 Result = tuple[dict[str, Any], bytes]
 
 
-def gossip_handlers() -> dict[str, Any]:
+def gossip_handlers(parts: Any = None) -> dict[str, Any]:
     """Worker handlers (params, body, ctx) over the shared peer methods."""
 
     def bind(method: Any) -> Any:

@@ -22,6 +22,7 @@ class Provider(models.Model):
     quic_endpoint = models.CharField(max_length=262, null=True, blank=True)
     quic_cert_sha256 = models.CharField(max_length=64, null=True, blank=True)
     moe_gpu = models.BooleanField(default=False)
+    activation_codecs = models.JSONField(default=list, help_text="What its moe/execute accepts, preferred first.")
     price_per_input_token = models.CharField(max_length=40)
     latency_ms = models.FloatField(null=True, blank=True, help_text="Recent round trip measured by this node.")
     changed_at = models.DateTimeField(auto_now=True)

@@ -40,6 +40,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _HEX128 = re.compile(r"^[0-9a-f]{128}$")
 _DECIMAL = re.compile(r"^(0|[1-9][0-9]{0,17})(\.[0-9]{1,18})?$")
 _BLOB_URI = re.compile(r"^tenzro://blob/[0-9a-f]{64}$")
+_CODEC = re.compile(r"^[a-z0-9_]{1,16}$")
 _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$")
 
 
@@ -78,6 +79,9 @@ class ProviderRecord:
     moe_gpu: bool
     price_per_input_token: str  # decimal string: no float ever enters the signed bytes
     holdings: tuple[Holding, ...]
+    # Activation codecs its moe/execute accepts, in its order of preference (docs/protocol.md,
+    # "Activation codecs"); a record without the field speaks f32 only.
+    activation_codecs: tuple[str, ...] = ("f32",)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,6 +95,7 @@ class ProviderRecord:
             "moe_gpu": self.moe_gpu,
             "price_per_input_token": self.price_per_input_token,
             "moe_holdings": [h.to_json() for h in sorted(self.holdings, key=_holding_key)],
+            "activation_codecs": list(self.activation_codecs),
         }
 
 
@@ -264,10 +269,15 @@ def _parse_record(fields: Any) -> ProviderRecord:
         raise bad("price_per_input_token must be a decimal string such as \"0.000002\"")
     if not isinstance(fields.get("moe_gpu"), bool):
         raise bad("moe_gpu must be a boolean")
+    codecs = fields.get("activation_codecs", ["f32"])
+    if not (isinstance(codecs, list) and 0 < len(codecs) <= 8 and len(set(codecs)) == len(codecs)
+            and all(isinstance(c, str) and _CODEC.match(c) for c in codecs)):
+        raise bad("activation_codecs must be 1 to 8 distinct codec names such as \"q8_0\"")
     return ProviderRecord(
         provider_id=pid, seq=fields["seq"], issued_at_ms=fields["issued_at_ms"], roles=tuple(roles),
         http_endpoint=http, quic_endpoint=quic, quic_cert_sha256=pin, moe_gpu=fields["moe_gpu"],
         price_per_input_token=price, holdings=tuple(_parse_holdings(holdings, bad)),
+        activation_codecs=tuple(codecs),
     )
 
 

@@ -29,9 +29,9 @@ def replication_policy() -> ReplicationPolicy:
 
 def provider_views() -> list[ProviderView]:
     rows = Provider.objects.values_list("provider_id", "roles", "http_endpoint", "quic_endpoint",
-                                        "quic_cert_sha256", "moe_gpu", "latency_ms")
-    return [ProviderView(pid, tuple(roles), http, quic, pin, gpu, latency)
-            for pid, roles, http, quic, pin, gpu, latency in rows]
+                                        "quic_cert_sha256", "moe_gpu", "latency_ms", "activation_codecs")
+    return [ProviderView(pid, tuple(roles), http, quic, pin, gpu, latency, tuple(codecs or ("f32",)))
+            for pid, roles, http, quic, pin, gpu, latency, codecs in rows]
 
 
 def holding_views(model_id: str) -> list[HoldingView]:
@@ -81,6 +81,7 @@ def announcement() -> tuple[dict[str, Any], str | None]:
         "moe_gpu": bool(state["gpu_backend_active"]),
         "price_per_input_token": settings.TENZRO_PRICE_PER_INPUT_TOKEN,
         "holdings": holdings,
+        "activation_codecs": tuple(settings.TENZRO_ACTIVATION_CODECS),
     }, reason
 
 

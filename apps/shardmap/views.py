@@ -47,6 +47,7 @@ class ProviderView:
     quic_cert_sha256: str | None
     moe_gpu: bool
     latency_ms: float | None = None
+    activation_codecs: tuple[str, ...] = ("f32",)  # what its moe/execute accepts, preferred first
 
     def __post_init__(self) -> None:
         if not isinstance(self.provider_id, str) or not self.provider_id:

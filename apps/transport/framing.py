@@ -71,8 +71,12 @@ class Reply:
         return cls({"ok": True, "result": result}, body)
 
     @classmethod
-    def error(cls, reason: str, message: str) -> Reply:
-        return cls({"ok": False, "error": {"reason": reason, "message": message}})
+    def error(cls, reason: str, message: str, details: dict[str, Any] | None = None) -> Reply:
+        """An error reply; `details` are machine-readable fields beside the reason (e.g. `missing`)."""
+        error: dict[str, Any] = {"reason": reason, "message": message}
+        if details:
+            error["details"] = details
+        return cls({"ok": False, "error": error})
 
     def encode(self) -> bytes:
         return encode_frame(KIND_RESPONSE, self.header, self.body)

@@ -141,6 +141,65 @@ class RowsOut(Out):
     output: str = Field(json_schema_extra=base64_field("Little-endian f32 [tokens, d_model], base64."))
 
 
+class ForwardParams(HiddenParams):
+    allow_partial: bool = Field(False, description="Return a renormalized partial result when some (expert, "
+                                                   "token) pairs cannot be served, instead of failing closed.")
+    allow_cold: bool = Field(False, description="Plan on Cold (disk-tier) holders when no Warm one is left.")
+    min_gate_mass: float = Field(0.0, ge=0.0, le=1.0, description="With allow_partial: a token that kept less "
+                                 "than this share of its gate mass is an error (gate_mass_lost), not a result.")
+    wire: Literal["q8_0", "f32"] = absent_or(description="Activation codec to send rows in (default: the first "
+                                             "of TENZRO_ACTIVATION_CODECS each holder's record lists).")
+
+
+class MissingPair(Out):
+    layer: int
+    expert: int
+    token_index: int
+
+
+class HolderForwardStats(Out):
+    provider: str
+    transport: Literal["local", "quic", "http", ""]
+    batches: int
+    rows: int
+    bytes_sent: int
+    bytes_received: int
+    failures: int
+    latency_ms_median: float | None
+    latency_ms_max: float | None
+
+
+class ForwardFailure(Out):
+    provider: str
+    reason: str
+    layer: int
+    expert: int
+    rows: int
+
+
+class ForwardStats(Out):
+    elapsed_ms: float
+    dispatch_ms: float
+    batches: int
+    hedges_fired: int
+    hedges_won: int
+    retries: int
+    replans: int
+    bytes_sent: int
+    bytes_received: int
+    lost_gate_mass: float | None = Field(description="Sum over tokens of the share of gate mass lost.")
+    codecs: list[str]
+    holders: list[HolderForwardStats]
+    failures: list[ForwardFailure]
+
+
+class ForwardOut(RowsOut):
+    missing: list[MissingPair] = Field(description="Unserved (layer, expert, token) pairs (allow_partial only).")
+    lost_gate_mass: list[float] = Field(description="Per token, the share of its gate mass lost; empty when "
+                                                    "nothing was.")
+    stats: ForwardStats
+
+
 class WorkerStatusOut(Out):
     provider_id: str
     quic_cert_sha256: str
@@ -227,13 +286,19 @@ async def execute(params: ExecuteParams) -> dict[str, Any]:
                                        d_model=params.d_model, rows=rows))
 
 
-@rpc_method("tenzro_moeForward", rest="/moe/forward", tag="moe", params=HiddenParams, response=RowsOut,
+@rpc_method("tenzro_moeForward", rest="/moe/forward", tag="moe", params=ForwardParams, response=ForwardOut,
             errors=(404, 503))
-async def forward(params: HiddenParams) -> dict[str, Any]:
-    """Layer forward: gate → execute the selected experts → gate-weighted combine."""
+async def forward(params: ForwardParams) -> dict[str, Any]:
+    """Distributed layer forward: gate here → plan over the shard map → dispatch each holder's
+    batch (locally, QUIC or HTTP; failover, hedging, bounded replanning) → gate-weighted combine.
+
+    Fails closed (`forward_incomplete`, with `missing`) unless `allow_partial`."""
     rows = b64_decode(params.hidden, what="hidden")
-    return _rows(*await client.forward(model_id=params.model_id, layer=params.layer, d_model=params.d_model,
-                                       rows=rows))
+    options = params.model_dump(include={"allow_partial", "allow_cold", "min_gate_mass", "wire"}, exclude_none=True)
+    result, body = await client.forward(model_id=params.model_id, layer=params.layer, d_model=params.d_model,
+                                        rows=rows, options=options)
+    return {**_rows(result, body), "missing": result["missing"], "lost_gate_mass": result["lost_gate_mass"],
+            "stats": result["stats"]}
 
 
 @rpc_method("tenzro_workerStatus", rest="/node/worker", http_method="GET", tag="node", response=WorkerStatusOut,

@@ -22,14 +22,17 @@ WORKER_CHANNEL = "tenzro.worker"
 
 
 async def worker_call(
-    method: str, params: dict[str, Any], *, body: bytes = b"", timeout_s: float | None = None
+    method: str, params: dict[str, Any], *, body: bytes = b"", timeout_s: float | None = None, door: str = "operator"
 ) -> tuple[dict[str, Any], bytes]:
-    """Ask the expert worker; raise Unavailable when it does not answer in time."""
+    """Ask the expert worker; raise Unavailable when it does not answer in time.
+
+    `door` "peer" relays a call that reached this web process through the HTTP fallback of the
+    peer door (apps/worker/views.py): the worker serves it exactly as if it came over QUIC."""
     layer = get_channel_layer()
     reply_channel = await layer.new_channel()
     timeout = settings.TENZRO_WORKER_TIMEOUT_S if timeout_s is None else timeout_s
     message = {"type": "worker.call", "method": method, "params": params, "body": body, "reply": reply_channel,
-               "deadline": time.time() + timeout}
+               "deadline": time.time() + timeout, "door": door}
     await layer.send(WORKER_CHANNEL, message)
     try:
         answer = await asyncio.wait_for(layer.receive(reply_channel), timeout)
@@ -37,7 +40,8 @@ async def worker_call(
         raise Unavailable(f"the expert worker did not answer {method} within {timeout} s",
                           reason="worker_unavailable") from exc
     if not answer.get("ok"):
-        raise error_for_reason(answer.get("reason", "internal_error"), answer.get("message", "worker error"))
+        details = answer.get("details") if isinstance(answer.get("details"), dict) else {}
+        raise error_for_reason(answer.get("reason", "internal_error"), answer.get("message", "worker error"), **details)
     return answer["result"], answer.get("body", b"")
 
 
@@ -96,7 +100,9 @@ async def execute(*, model_id: str, layer: int, expert: int, d_model: int, rows:
     return await worker_call("moe/execute", params, body=rows)
 
 
-async def forward(*, model_id: str, layer: int, d_model: int, rows: bytes) -> tuple[dict, bytes]:
-    """gate -> execute -> combine on this node -> ({tokens, d_model}, raw f32 output rows)."""
-    return await worker_call("moe/forward_local", {"model_id": model_id, "layer": layer, "d_model": d_model},
-                             body=rows)
+async def forward(*, model_id: str, layer: int, d_model: int, rows: bytes,
+                  options: dict[str, Any] | None = None) -> tuple[dict, bytes]:
+    """The distributed forward (moe/forward) -> ({tokens, d_model, missing, lost_gate_mass, stats},
+    raw f32 output rows). `options`: allow_partial, allow_cold, min_gate_mass, wire."""
+    params = {"model_id": model_id, "layer": layer, "d_model": d_model, **(options or {})}
+    return await worker_call("moe/forward", params, body=rows)

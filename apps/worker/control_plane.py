@@ -37,7 +37,9 @@ class ControlPlaneView:
         self._cache: dict[str, tuple[float, Any]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
-    async def _read(self, key: str, func: Callable[[], Any]) -> Any:
+    async def read(self, key: str, func: Callable[[], Any]) -> Any:
+        """`func()` (a documented selector of the owning app) on the control thread, kept `ttl_s`
+        under `key`."""
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:  # concurrent readers share one query
             hit = self._cache.get(key)
@@ -49,4 +51,4 @@ class ControlPlaneView:
 
     async def policy(self) -> dict[str, Any]:
         """The active governance policy (apps.governance.selectors), as tenzro_policyGet shows it."""
-        return await self._read("policy", lambda: policy_to_dict(policy_active()))
+        return await self.read("policy", lambda: policy_to_dict(policy_active()))

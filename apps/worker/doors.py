@@ -59,6 +59,7 @@ METHOD_DOORS: dict[str, frozenset[Door]] = {
     "moe/expert_status": OPERATOR_ONLY,
     "moe/route": OPERATOR_ONLY,
     "moe/forward_local": OPERATOR_ONLY,
+    "moe/forward": OPERATOR_ONLY,  # dispatches to peers on this node's behalf: the operator door decides
 }
 
 
@@ -115,22 +116,35 @@ class DeadlineExceeded(Unavailable):
 Handler = Callable[[dict[str, Any], bytes | bytearray, CallContext], Awaitable[tuple[dict[str, Any], bytes]]]
 
 
-# Handlers that other parts contribute to the worker (e.g. gossip, from apps/providers), registered
-# from their AppConfig.ready(): the worker serves them without importing those parts. Each still
-# needs its door in METHOD_DOORS above.
-_CONTRIBUTED: list[Callable[[], Mapping[str, Handler]]] = []
+@dataclass(frozen=True)
+class WorkerParts:
+    """What the worker lends the handlers other parts contribute: its runtime (an
+    apps.experts.runtime.ExpertRuntime), its compute executor, this node's provider id, and its
+    view of the control plane (apps.worker.control_plane.ControlPlaneView)."""
+
+    runtime: Any
+    executor: Executor
+    provider_id: str
+    control_plane: Any
 
 
-def contribute_handlers(factory: Callable[[], Mapping[str, Handler]]) -> None:
-    """Register a factory of {method: handler}; the worker calls it when it starts."""
+# Handlers that other parts contribute to the worker (gossip from apps/providers, the distributed
+# forward from apps/forward), registered from their AppConfig.ready(): the worker serves them
+# without importing those parts. Each still needs its door in METHOD_DOORS above.
+HandlerFactory = Callable[[WorkerParts], Mapping[str, Handler]]
+_CONTRIBUTED: list[HandlerFactory] = []
+
+
+def contribute_handlers(factory: HandlerFactory) -> None:
+    """Register a factory of {method: handler}; the worker calls it with its parts when it starts."""
     if factory not in _CONTRIBUTED:
         _CONTRIBUTED.append(factory)
 
 
-def contributed_handlers() -> dict[str, Handler]:
+def contributed_handlers(parts: WorkerParts) -> dict[str, Handler]:
     handlers: dict[str, Handler] = {}
     for factory in _CONTRIBUTED:
-        handlers.update(factory())
+        handlers.update(factory(parts))
     return handlers
 
 
@@ -167,7 +181,7 @@ class MethodTable:
             return Reply.error(exc.reason, exc.message)
         except TenzroError as exc:
             self.counts[f"{door}.errors"] += 1
-            return Reply.error(exc.reason, exc.message)
+            return Reply.error(exc.reason, exc.message, exc.details)
         except Exception:
             self.counts[f"{door}.errors"] += 1
             logger.exception("worker method %s failed", method)

@@ -37,7 +37,7 @@ from apps.transport.quic import PeerRequest, QuicSettings, start_server
 from apps.worker import services
 from apps.worker.client import WORKER_CHANNEL
 from apps.worker.control_plane import ControlPlaneView
-from apps.worker.doors import CallContext, Door, MethodTable, contributed_handlers
+from apps.worker.doors import CallContext, Door, MethodTable, WorkerParts, contributed_handlers
 from apps.worker.publisher import StatePublisher
 from tenzro_site.settings.env import split_host_port
 
@@ -102,7 +102,8 @@ class WorkerServer:
         self.methods = MethodTable({
             **experts.table(),
             **BlobHandlers(store=store, executor=self.executor).table(),
-            **contributed_handlers(),
+            **contributed_handlers(WorkerParts(self.runtime, self.executor, self.identity.provider_id,
+                                               self.control_plane)),
             "moe/status": self.moe_status,
         })
 
@@ -137,7 +138,8 @@ class WorkerServer:
         if not isinstance(reply_to, str):
             return
         deadline = message.get("deadline")
-        ctx = CallContext(Door.OPERATOR, deadline=float(deadline) if isinstance(deadline, int | float) else None)
+        door = Door.PEER if message.get("door") == "peer" else Door.OPERATOR  # HTTP fallback of the peer door
+        ctx = CallContext(door, deadline=float(deadline) if isinstance(deadline, int | float) else None)
         params = message.get("params") if isinstance(message.get("params"), dict) else {}
         call = self.methods.call(str(message.get("method")), params, message.get("body") or b"", ctx)
         try:

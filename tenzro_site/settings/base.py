@@ -50,6 +50,17 @@ TENZRO_DIALBACK_ANY_HOST = env_bool("TENZRO_DIALBACK_ANY_HOST", False)
 TENZRO_PRICE_PER_INPUT_TOKEN = env_str("TENZRO_PRICE_PER_INPUT_TOKEN", "0.000001")
 # Re-sign the record when committed_tps moves by more than this fraction (and at least 10 rows/s).
 TENZRO_RECORD_TPS_STEP = env_float("TENZRO_RECORD_TPS_STEP", 0.25)
+# Activation codecs this node's moe/execute accepts and its forward sends, preferred first
+# (docs/protocol.md, "Activation codecs"); announced in its provider record.
+TENZRO_ACTIVATION_CODECS = env_list("TENZRO_ACTIVATION_CODECS", "q8_0,f32")
+# The distributed forward (docs/operations.md, "Distributed forward"): batches in flight at
+# once, replanning waves after every holder of a batch failed, one attempt's time limit, and
+# the hedge delay before a holder's own p95 is known (then floored at the floor).
+TENZRO_FORWARD_MAX_IN_FLIGHT = env_int("TENZRO_FORWARD_MAX_IN_FLIGHT", 16)
+TENZRO_FORWARD_MAX_REPLANS = env_int("TENZRO_FORWARD_MAX_REPLANS", 2)
+TENZRO_FORWARD_ATTEMPT_TIMEOUT_S = env_float("TENZRO_FORWARD_ATTEMPT_TIMEOUT_S", 20.0)
+TENZRO_FORWARD_HEDGE_DEFAULT_S = env_float("TENZRO_FORWARD_HEDGE_DEFAULT_S", 0.5)
+TENZRO_FORWARD_HEDGE_FLOOR_S = env_float("TENZRO_FORWARD_HEDGE_FLOOR_S", 0.005)
 # Largest JSON-RPC request body accepted, in bytes (base64 hidden rows make these big).
 TENZRO_RPC_MAX_BYTES = env_int("TENZRO_RPC_MAX_BYTES", 64 * 1024 * 1024)
 # Seconds the web process waits for the expert worker to answer over the Channels layer.
@@ -99,6 +110,7 @@ INSTALLED_APPS = [
     "apps.governance",
     "apps.worker",
     "apps.providers",
+    "apps.forward",
     "apps.blobs",
     "apps.catalog",
     "apps.dashboard",

@@ -12,6 +12,7 @@ import json
 import ssl
 import struct
 
+import httpx
 import numpy as np
 import pytest
 from aioquic.asyncio import QuicConnectionProtocol, connect
@@ -72,6 +73,23 @@ async def as_outsider(port: int, scenario):
         return await scenario(client)
 
 
+def q8_0_rows(x: np.ndarray) -> bytes:
+    """Q8_0 as docs/protocol.md describes it: per 32 values, f16 scale d = amax/127, then 32 int8
+    round(x/d); rows zero-padded to a multiple of 32."""
+    tokens, d = x.shape
+    padded = np.pad(x, ((0, 0), (0, -d % 32))).reshape(tokens, -1, 32)
+    scale = np.abs(padded).max(axis=2) / 127
+    q = np.round(np.divide(padded, scale[..., None], out=np.zeros_like(padded), where=scale[..., None] > 0))
+    blocks = np.zeros((tokens, padded.shape[1]), dtype=[("d", "<f2"), ("qs", "i1", 32)])
+    blocks["d"], blocks["qs"] = scale, q.astype(np.int8)
+    return blocks.tobytes()
+
+
+def q8_0_decode(data: bytes, tokens: int, d: int) -> np.ndarray:
+    blocks = np.frombuffer(data, dtype=[("d", "<f2"), ("qs", "i1", 32)]).reshape(tokens, -1)
+    return (blocks["d"].astype(np.float32)[..., None] * blocks["qs"]).reshape(tokens, -1)[:, :d]
+
+
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
@@ -100,6 +118,7 @@ def test_operator_methods_are_forbidden_to_peers_and_change_nothing(node, tmp_pa
         "moe/expert_status": ({}, b""),
         "moe/route": ({"model_id": MODEL, "layer": 0, "d_model": D_MODEL}, hidden),
         "moe/forward_local": ({"model_id": MODEL, "layer": 0, "d_model": D_MODEL}, hidden),
+        "moe/forward": ({"model_id": MODEL, "layer": 0, "d_model": D_MODEL}, hidden),
     }
 
     async def scenario(client):
@@ -134,17 +153,26 @@ def test_status_execute_and_blob_reads_work_for_any_peer(node) -> None:
         status = await client.ask("moe/status", {})
         key = {"model_id": MODEL, "layer": 1, "expert": 6, "d_model": D_MODEL}
         executed = await client.ask("moe/execute", key, hidden.tobytes())
+        q8 = await client.ask("moe/execute", {**key, "tokens": 5, "encoding": "q8_0"}, q8_0_rows(hidden))
+        bad_codec = await client.ask("moe/execute", {**key, "encoding": "bf16"}, hidden.tobytes())
         wrong = await client.ask("moe/execute", key, hidden.tobytes()[:-4])
         nan = await client.ask("moe/execute", key, np.full((1, D_MODEL), np.nan, "<f4").tobytes())
         blob = await client.ask("blob/get", {"hash": digest, "start": 100, "end": 300})
         missing_blob = await client.ask("blob/get", {"hash": "0" * 64})
-        return status, executed, wrong, nan, blob, missing_blob
+        return status, executed, wrong, nan, blob, missing_blob, q8, bad_codec
 
-    status, executed, wrong, nan, blob, missing_blob = asyncio.run(as_outsider(node.quic_port, scenario))
+    status, executed, wrong, nan, blob, missing_blob, q8, bad_codec = asyncio.run(
+        as_outsider(node.quic_port, scenario))
     assert status[0]["ok"] and status[0]["result"]["provider_id"] == node.result("tenzro_nodeInfo")["provider_id"]
     header, body = executed
-    assert header["ok"] and header["result"] == {"tokens": 5, "d_model": D_MODEL}
+    assert header["ok"] and header["result"] == {"tokens": 5, "d_model": D_MODEL, "encoding": "f32"}
     assert body == base64.b64decode(via_rpc["output"])
+    exact = np.frombuffer(body, "<f4").reshape(5, D_MODEL)
+    assert q8[0]["result"] == {"tokens": 5, "d_model": D_MODEL, "encoding": "q8_0"}
+    assert len(q8[1]) == 5 * 34  # one 34-byte block per row of 32
+    error = np.linalg.norm(q8_0_decode(q8[1], 5, D_MODEL) - exact) / np.linalg.norm(exact)
+    assert error < 0.05, error
+    assert bad_codec[0]["error"]["reason"] == "unsupported_encoding"
     assert wrong[0]["error"]["reason"] == "shape_mismatch"
     assert nan[0]["error"]["reason"] == "non_finite_input"
     assert blob[0]["result"] == {"hash": digest, "size": len(stored), "start": 100, "end": 300}
@@ -196,3 +224,32 @@ def test_malformed_frames_are_answered_and_the_node_stays_up(node) -> None:
     assert [a[0]["error"]["reason"] for a in answers] == [
         "bad_magic", "truncated_frame", "bad_frame", "payload_too_large", "method_not_found"]
     assert asyncio.run(as_outsider(node.quic_port, lambda c: c.ask("moe/status", {})))[0]["ok"]
+
+
+def test_execute_over_the_http_fallback_of_the_peer_door(node) -> None:
+    """POST /peer/moe/execute: the same frames as on QUIC, raw bytes both ways, no token."""
+    rng = np.random.default_rng(5)
+    weights = expert_weights(rng, D_MODEL, D_FF)
+    node.result("tenzro_moeExpertLoad", {"payload": b64(expert_payload(weights, expert=7, layer=2))}, token=TOKEN)
+    hidden = rng.standard_normal((4, D_MODEL)).astype("<f4")
+    key = {"model_id": MODEL, "layer": 2, "expert": 7, "d_model": D_MODEL}
+    via_rpc = node.result("tenzro_moeExecute", {**key, "hidden": b64(hidden.tobytes())})
+    url = f"{node.url}/peer/moe/execute"
+    kind = {"content-type": "application/x-tenzro-frame"}
+
+    answer = httpx.post(url, content=frame("moe/execute", key, hidden.tobytes()), headers=kind)
+    assert answer.status_code == 200 and answer.headers["content-type"] == "application/x-tenzro-frame"
+    header, body = parse(answer.content)
+    assert header["result"] == {"tokens": 4, "d_model": D_MODEL, "encoding": "f32"}
+    assert body == base64.b64decode(via_rpc["output"])
+
+    wrong = httpx.post(url, content=frame("moe/execute", key, hidden.tobytes()[:-4]), headers=kind)
+    assert wrong.status_code == 422 and parse(wrong.content)[0]["error"]["reason"] == "shape_mismatch"
+    other = httpx.post(url, content=frame("moe/expert_unload", key), headers=kind)
+    assert other.status_code == 422 and parse(other.content)[0]["error"]["reason"] == "bad_request"
+    as_json = httpx.post(url, json={"params": key})
+    assert as_json.status_code == 422 and parse(as_json.content)[0]["error"]["reason"] == "bad_request"
+    announced_huge = httpx.post(url, content=PREFIX.pack(b"TZ", 1, 1, 2, 1 << 40) + b"{}", headers=kind)
+    assert announced_huge.status_code == 413
+    assert parse(announced_huge.content)[0]["error"]["reason"] == "payload_too_large"
+    assert node.result("tenzro_workerStatus")["calls"]["peer.calls"] >= 2  # served through the peer door

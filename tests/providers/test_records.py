@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from apps.providers.records import RecordError, canonical_json, verify_heartbeat, verify_record
+from apps.providers.records import RECORD_DOMAIN, RecordError, canonical_json, verify_heartbeat, verify_record
 from testkit.records import heartbeat, new_key, signed_record
 
 MAX = 1 << 20
@@ -62,3 +62,22 @@ def test_heartbeats_verify_against_their_provider() -> None:
     with pytest.raises(RecordError) as info:
         verify_heartbeat({**hb.to_json(), "at_ms": 11})
     assert info.value.reason == "forged"
+
+
+def test_activation_codecs_are_signed_and_a_record_without_them_speaks_f32() -> None:
+    key = new_key(7)
+    signed = signed_record(key, activation_codecs=("q8_0", "f32"))
+    assert json.loads(signed.text)["activation_codecs"] == ["q8_0", "f32"]
+    assert verify_record(signed.envelope(), max_bytes=MAX).record.activation_codecs == ("q8_0", "f32")
+
+    def resigned(fields: dict) -> dict:
+        text = canonical_json(fields)
+        return {"record": text, "signature": key.sign(RECORD_DOMAIN + text.encode()).signature.hex()}
+
+    older = json.loads(signed.text)
+    del older["activation_codecs"]  # a record from a node before activation codecs
+    assert verify_record(resigned(older), max_bytes=MAX).record.activation_codecs == ("f32",)
+    for bad in ([], ["q8_0", "q8_0"], ["Q8 0"], "q8_0"):
+        with pytest.raises(RecordError, match="activation_codecs") as info:
+            verify_record(resigned({**older, "activation_codecs": bad}), max_bytes=MAX)
+        assert info.value.reason == "malformed"

@@ -1,0 +1,235 @@
+"""Dispatch of a planned layer forward: per-holder batches, failover, hedging, replanning.
+
+Pure module (no Django, no aioquic): the caller injects how a batch is executed on a holder
+(`BatchExecutor`: locally, over QUIC or over HTTP; apps/forward/callers.py) and how pairs are
+planned (`Planner`: apps.shardmap.planner over the gossiped view), so the whole failover
+logic runs in unit tests with holders that fail, hang or answer late on purpose.
+
+    run_forward(combine, hidden, plan, execute, book, limits) -> ForwardReport
+
+* Every batch of the plan runs concurrently, at most `limits.max_in_flight` at a time; each
+  result goes into the StreamingCombine the moment it arrives.
+* A batch walks its holders warm-first (the primary, then the plan's ordered backups). A
+  primary that stalls — slower than its own p95 for batches of that size (hedging.py) — is
+  raced by the next holder; the first answer wins and the other attempt is cancelled (its
+  QUIC stream is reset, so the holder stops). A holder that errs or times out is a failure:
+  the next holder is tried (a retry), and the holder is excluded for the rest of this forward.
+* When every holder of a batch failed, its pairs stay unserved; once the wave is over they
+  are replanned against the view without every provider that failed so far (results already
+  combined stay), at most `limits.max_replans` times.
+* Each failure (and each raced-out stall) is reported for a penalty; each winner's latency
+  feeds the LatencyBook (hedge delays) and the report (the planner's ranking).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from apps.errors import TenzroError
+from apps.forward.combine import StreamingCombine
+from apps.forward.hedging import LatencyBook
+from apps.shardmap.planner import Batch, DispatchPlan
+from apps.shardmap.views import ProviderView
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A holder's answer: rows f32 [n, d_model], and what crossed the wire (0 for local)."""
+
+    rows: np.ndarray
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    transport: str = "local"  # local | quic | http
+
+
+class BatchExecutor(Protocol):
+    async def __call__(self, holder: ProviderView, layer: int, expert: int, rows: np.ndarray) -> Answer:
+        """Run rows f32 [n, d_model] through (layer, expert) on `holder`; raise TenzroError on failure."""
+        ...
+
+
+# (tokens, layers, experts, exclude) -> plan; pairs as in apps.shardmap.planner.plan_pairs
+Planner = Callable[[np.ndarray, np.ndarray, np.ndarray, frozenset[str]], DispatchPlan]
+
+
+@dataclass(frozen=True)
+class ForwardLimits:
+    max_in_flight: int = 16
+    max_replans: int = 2
+    attempt_timeout_s: float = 30.0
+    max_hedges_per_batch: int = 1
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A holder that failed one batch: `reason` is the error's (timeout, connection_failed,
+    expert_not_loaded, …) or `stalled` for a primary raced out by its backup."""
+
+    provider: str
+    reason: str
+    message: str
+    layer: int
+    expert: int
+    rows: int
+
+
+@dataclass
+class HolderStats:
+    provider: str
+    transport: str = ""
+    batches: int = 0
+    rows: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    latencies_s: list[float] = field(default_factory=list)
+    failures: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        lat = np.asarray(self.latencies_s) * 1000.0
+        return {"provider": self.provider, "transport": self.transport, "batches": self.batches, "rows": self.rows,
+                "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received, "failures": self.failures,
+                "latency_ms_median": round(float(np.median(lat)), 3) if lat.size else None,
+                "latency_ms_max": round(float(lat.max()), 3) if lat.size else None}
+
+
+@dataclass
+class ForwardReport:
+    holders: dict[str, HolderStats] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+    hedges_fired: int = 0
+    hedges_won: int = 0
+    retries: int = 0
+    replans: int = 0
+    batches: int = 0
+    unroutable: list[tuple[int, int, int, str]] = field(default_factory=list)
+
+    def holder(self, provider: str) -> HolderStats:
+        return self.holders.setdefault(provider, HolderStats(provider))
+
+    @property
+    def failed_providers(self) -> frozenset[str]:
+        return frozenset(f.provider for f in self.failures if f.reason != "stalled")
+
+
+async def run_forward(
+    combine: StreamingCombine,
+    hidden: np.ndarray,
+    layers: np.ndarray,
+    plan: Planner,
+    execute: BatchExecutor,
+    book: LatencyBook,
+    limits: ForwardLimits,
+) -> ForwardReport:
+    """Serve every pair of `combine` that can be served; hidden f32 [tokens, d_model],
+    layers int64 [n_pairs] (the layer of each pair). Never raises for holder failures: the
+    pairs left unserved are the combine's to judge (fail closed or partial)."""
+    report = ForwardReport()
+    in_flight = asyncio.Semaphore(limits.max_in_flight)
+    for wave in range(limits.max_replans + 1):
+        todo = combine.unserved()
+        if not len(todo):
+            break
+        if wave:
+            report.replans += 1
+        planned = plan(combine.tokens[todo], layers[todo], combine.experts[todo], report.failed_providers)
+        if wave == 0:  # what no holder can serve at all; later waves only re-report it
+            report.unroutable = list(planned.unroutable)
+        routed = planned.pair_batch >= 0
+        if not routed.any():
+            break
+        order = np.argsort(planned.pair_batch, kind="stable")  # stable: tokens stay ascending per batch
+        order = order[routed[order]]
+        sorted_batch = planned.pair_batch[order]
+        starts = np.flatnonzero(np.r_[True, sorted_batch[1:] != sorted_batch[:-1]])
+        groups = np.split(todo[order], starts[1:])
+        failures_before = len(report.failures)
+        report.batches += len(groups)
+        await asyncio.gather(*(
+            _serve_batch(planned.batches[int(sorted_batch[s])], pairs, combine, hidden, execute, book, limits,
+                         report, in_flight)
+            for s, pairs in zip(starts.tolist(), groups, strict=True)))
+        if len(report.failures) == failures_before:
+            break  # nothing failed: what is left is unroutable, and replanning cannot change that
+    return report
+
+
+async def _serve_batch(batch: Batch, pairs: np.ndarray, combine: StreamingCombine, hidden: np.ndarray,
+                       execute: BatchExecutor, book: LatencyBook, limits: ForwardLimits, report: ForwardReport,
+                       in_flight: asyncio.Semaphore) -> None:
+    rows = np.ascontiguousarray(hidden[combine.tokens[pairs]])
+    async with in_flight:
+        won = await _race(batch, rows, execute, book, limits, report)
+    if won is not None:
+        combine.add(pairs, won.rows)
+
+
+async def _race(batch: Batch, rows: np.ndarray, execute: BatchExecutor, book: LatencyBook, limits: ForwardLimits,
+                report: ForwardReport) -> Answer | None:
+    """The batch's holders in order, the next one raced against a stalled one; the winner's answer."""
+    waiting = [h for h in (batch.provider, *batch.backups) if h.provider_id not in report.failed_providers]
+    n = len(rows)
+    running: dict[asyncio.Task[Answer], tuple[ProviderView, float]] = {}
+    hedges = failed_here = 0
+    stalled: ProviderView | None = None
+
+    async def attempt(holder: ProviderView) -> Answer:
+        async with asyncio.timeout(limits.attempt_timeout_s):
+            return await execute(holder, batch.layer, batch.expert, rows)
+
+    def start(holder: ProviderView) -> None:
+        running[asyncio.ensure_future(attempt(holder))] = (holder, time.monotonic())
+
+    try:
+        while running or waiting:
+            if not running:
+                report.retries += failed_here > 0  # a holder failed this batch: the next one is a retry
+                start(waiting.pop(0))
+            newest_holder, newest_start = list(running.values())[-1]
+            hedge_at = None
+            if waiting and hedges < limits.max_hedges_per_batch:
+                hedge_at = newest_start + book.hedge_after_s(newest_holder.provider_id, n)
+            timeout = None if hedge_at is None else max(0.0, hedge_at - time.monotonic())
+            done, _ = await asyncio.wait(running, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if not done:  # the newest attempt stalled past its p95: race the next holder
+                hedges += 1
+                report.hedges_fired += 1
+                stalled = newest_holder
+                start(waiting.pop(0))
+                continue
+            for task in done:
+                holder, started = running.pop(task)
+                stats = report.holder(holder.provider_id)
+                try:
+                    answer = task.result()
+                except (TenzroError, TimeoutError, OSError) as exc:
+                    stats.failures += 1
+                    failed_here += 1
+                    reason = "timeout" if isinstance(exc, TimeoutError) else getattr(exc, "reason", "connection_failed")
+                    report.failures.append(Failure(holder.provider_id, reason, str(exc) or reason, batch.layer,
+                                                   batch.expert, n))
+                    continue
+                elapsed = time.monotonic() - started
+                book.record(holder.provider_id, n, elapsed)
+                stats.transport = answer.transport
+                stats.batches += 1
+                stats.rows += n
+                stats.bytes_sent += answer.bytes_sent
+                stats.bytes_received += answer.bytes_received
+                stats.latencies_s.append(elapsed)
+                if stalled is not None and holder is not stalled:
+                    report.hedges_won += 1
+                    if any(h is stalled for h, _ in running.values()):
+                        report.failures.append(Failure(stalled.provider_id, "stalled",
+                                                       f"raced out after {elapsed:.3f} s by {holder.provider_id}",
+                                                       batch.layer, batch.expert, n))
+                return answer
+        return None
+    finally:
+        for task in running:
+            task.cancel()  # a raced-out attempt: its stream is reset, the holder stops

@@ -1,0 +1,193 @@
+"""The expert worker's `moe/forward`: gate locally, read ahead, plan, dispatch, combine.
+
+Runs in the expert worker (the data plane): hidden rows never pass through the database. The
+gossiped view of the model's holders comes from the control plane through the worker's
+ControlPlaneView (kept TENZRO_WORKER_CONTROL_TTL_S); this node's own holdings are taken live
+from its runtime instead of from its last announcement, so a node that holds experts but is
+not (yet) announced still serves them to itself. Failures become penalty rows and winners'
+latencies feed the providers' measured latency, written after the answer, off the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+from django.conf import settings
+from django.db import close_old_connections
+
+from apps.errors import InvalidInput
+from apps.experts.handlers import hidden_param, str_param
+from apps.experts.wire import WIRE_CODECS, rows_to_bytes
+from apps.forward import services
+from apps.forward.callers import HolderCaller
+from apps.forward.combine import StreamingCombine
+from apps.forward.engine import ForwardLimits, ForwardReport, run_forward
+from apps.forward.hedging import HedgePolicy, LatencyBook
+from apps.providers.selectors import holding_views, provider_views, replication_policy
+from apps.shardmap.index import ShardIndex
+from apps.shardmap.planner import plan_pairs
+from apps.shardmap.views import HoldingView, ProviderView
+from apps.transport.pool import QuicPool
+from apps.transport.quic import QuicSettings
+from apps.worker.doors import CallContext, WorkerParts
+
+logger = logging.getLogger("tenzro.forward")
+Result = tuple[dict[str, Any], bytes]
+
+
+def forward_handlers(parts: WorkerParts) -> dict[str, Any]:
+    return {"moe/forward": DistributedForward(parts).forward}
+
+
+def _flag(params: dict[str, Any], name: str) -> bool:
+    value = params.get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"param {name!r} must be true or false, got {value!r}")
+    return value
+
+
+def _fraction(params: dict[str, Any], name: str) -> float:
+    value = params.get(name, 0.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (0.0 <= value <= 1.0):
+        raise InvalidInput(f"param {name!r} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+class DistributedForward:
+    def __init__(self, parts: WorkerParts) -> None:
+        self.runtime = parts.runtime
+        self.executor = parts.executor
+        self.self_id = parts.provider_id
+        self.control_plane = parts.control_plane
+        self.book = LatencyBook(HedgePolicy(default_s=settings.TENZRO_FORWARD_HEDGE_DEFAULT_S,
+                                            floor_s=settings.TENZRO_FORWARD_HEDGE_FLOOR_S))
+        self.limits = ForwardLimits(max_in_flight=settings.TENZRO_FORWARD_MAX_IN_FLIGHT,
+                                    max_replans=settings.TENZRO_FORWARD_MAX_REPLANS,
+                                    attempt_timeout_s=settings.TENZRO_FORWARD_ATTEMPT_TIMEOUT_S)
+        self._codec_executor = ThreadPoolExecutor(2, thread_name_prefix="codec")
+        self._db = ThreadPoolExecutor(1, thread_name_prefix="forward-db")
+        self._pool: QuicPool | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._writes: set[asyncio.Future] = set()
+
+    def _transports(self) -> tuple[QuicPool, httpx.AsyncClient]:
+        if self._pool is None:  # created on the worker's loop, at the first forward
+            self._pool = QuicPool(QuicSettings(max_body=settings.TENZRO_PEER_MAX_BODY_BYTES))
+            self._http = httpx.AsyncClient(timeout=settings.TENZRO_FORWARD_ATTEMPT_TIMEOUT_S)
+        assert self._http is not None
+        return self._pool, self._http
+
+    async def _gossip_view(self, model_id: str) -> tuple[list[ProviderView], list[HoldingView], Any]:
+        def read() -> tuple[list[ProviderView], list[HoldingView], Any]:
+            return provider_views(), holding_views(model_id), replication_policy()
+
+        return await self.control_plane.read(f"forward.view:{model_id}", read)
+
+    def _shard(self, model_id: str, view: tuple[list[ProviderView], list[HoldingView], Any]) -> ShardIndex:
+        """The gossiped holders of other providers, and this node's live holdings (latency 0: no wire).
+
+        This node's own experts count as Warm even when they sit in its disk tier: readahead has
+        just promoted the ones the routing selected, and a local execute reads the disk tier itself
+        (allow_cold is about asking a remote holder to do that)."""
+        providers, holdings, policy = view
+        tps = self.runtime.committed_tps()
+        me = ProviderView(self.self_id, tuple(settings.TENZRO_ROLES), None, None, None, False, 0.0)
+        mine = [HoldingView(self.self_id, model_id, layer, expert, "Warm", tps, blob)
+                for layer, expert, _, blob in self.runtime.held(model_id)]
+        others = [p for p in providers if p.provider_id != self.self_id]
+        return ShardIndex.build(model_id, [*others, me],
+                                [*(h for h in holdings if h.provider_id != self.self_id), *mine], policy)
+
+    async def forward(self, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Result:
+        started = time.monotonic()
+        model_id, layer = str_param(params, "model_id"), params.get("layer", 0)
+        if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+            raise InvalidInput(f"param 'layer' must be a non-negative integer, got {layer!r}")
+        allow_partial, allow_cold = _flag(params, "allow_partial"), _flag(params, "allow_cold")
+        min_gate_mass = _fraction(params, "min_gate_mass")
+        wire = params.get("wire")
+        if wire is not None and wire not in WIRE_CODECS:
+            raise InvalidInput(f"param 'wire' must be one of {list(WIRE_CODECS)}, got {wire!r}",
+                               reason="unsupported_encoding")
+        codecs = (wire,) if wire else tuple(c for c in settings.TENZRO_ACTIVATION_CODECS if c in WIRE_CODECS)
+        hidden = hidden_param(params, body)
+        gate = self.runtime.gate_spec(model_id, layer)
+        routing = await ctx.run_blocking(self.executor, self.runtime.route, model_id=model_id, layer=layer,
+                                         hidden=hidden)
+        n_tokens, k = routing.experts.shape
+        experts = routing.experts.ravel()
+        await ctx.run_blocking(self.executor, self.runtime.readahead,
+                               [(model_id, layer, int(e)) for e in np.unique(experts)])
+        view = await self._gossip_view(model_id)
+        shard = await ctx.run_blocking(self.executor, self._shard, model_id, view)
+        planned_at = time.monotonic()
+
+        def plan(tokens: np.ndarray, layers: np.ndarray, exps: np.ndarray, exclude: frozenset[str]) -> Any:
+            return plan_pairs(tokens, layers, exps, shard, allow_cold=allow_cold, exclude=exclude)
+
+        async def run_local(layer_: int, expert: int, rows: np.ndarray) -> np.ndarray:
+            return await ctx.run_blocking(self.executor, self.runtime.execute, model_id=model_id, layer=layer_,
+                                          expert=expert, hidden=rows)
+
+        pool, http = self._transports()
+        caller = HolderCaller(self_id=self.self_id, model_id=model_id, d_model=gate.d_model, run_local=run_local,
+                              pool=pool, http=http, codecs=codecs, codec_executor=self._codec_executor,
+                              max_body=settings.TENZRO_PEER_MAX_BODY_BYTES,
+                              timeout_s=self.limits.attempt_timeout_s)
+        combine = StreamingCombine(n_tokens=n_tokens, d_model=gate.d_model, layer=layer,
+                                   tokens=np.repeat(np.arange(n_tokens), k), experts=experts,
+                                   weights=routing.weights.ravel(), n_routed=gate.n_routed)
+        report = await run_forward(combine, hidden, np.full(len(experts), layer, np.int64), plan, caller, self.book,
+                                   self.limits)
+        self._record(model_id, report)
+        result = combine.finish(allow_partial=allow_partial, min_gate_mass=min_gate_mass)
+        stats = _stats(report, result.lost_share, elapsed_s=time.monotonic() - started,
+                       dispatch_s=time.monotonic() - planned_at, codecs=codecs)
+        return {"tokens": n_tokens, "d_model": gate.d_model, "missing": result.missing,
+                "lost_gate_mass": [round(float(x), 6) for x in result.lost_share] if result.missing else [],
+                "stats": stats}, rows_to_bytes(result.out)
+
+    def _record(self, model_id: str, report: ForwardReport) -> None:
+        """Penalties and latencies go to the control plane after the answer, never delaying it."""
+        latencies = {pid: float(np.median(s.latencies_s)) * 1000.0 for pid, s in report.holders.items()
+                     if s.latencies_s}
+        if not report.failures and not any(pid != self.self_id for pid in latencies):
+            return
+
+        def write() -> None:
+            close_old_connections()
+            services.forward_outcome_record(model_id=model_id, failures=report.failures, latencies_ms=latencies,
+                                            self_id=self.self_id)
+
+        future = asyncio.get_running_loop().run_in_executor(self._db, write)
+        self._writes.add(future)
+        future.add_done_callback(self._written)
+
+    def _written(self, future: asyncio.Future) -> None:
+        self._writes.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            logger.error("could not record a forward's outcome: %s", future.exception())
+
+
+def _stats(report: ForwardReport, lost_share: np.ndarray, *, elapsed_s: float, dispatch_s: float,
+           codecs: tuple[str, ...]) -> dict[str, Any]:
+    holders = [s.to_dict() for s in sorted(report.holders.values(), key=lambda s: s.provider)]
+    lost = float(lost_share.sum()) if lost_share.size else 0.0
+    return {
+        "elapsed_ms": round(elapsed_s * 1000.0, 3), "dispatch_ms": round(dispatch_s * 1000.0, 3),
+        "batches": report.batches, "hedges_fired": report.hedges_fired, "hedges_won": report.hedges_won,
+        "retries": report.retries, "replans": report.replans,
+        "bytes_sent": sum(h["bytes_sent"] for h in holders),
+        "bytes_received": sum(h["bytes_received"] for h in holders),
+        "lost_gate_mass": round(lost, 6) if math.isfinite(lost) else None,
+        "codecs": list(codecs), "holders": holders,
+        "failures": [{"provider": f.provider, "reason": f.reason, "layer": f.layer, "expert": f.expert, "rows": f.rows}
+                     for f in report.failures],
+    }

@@ -1,0 +1,53 @@
+"""The HTTP fallback of the peer door for the data plane: `POST /peer/moe/execute`.
+
+For peers that cannot reach this node over QUIC. The body is exactly the request frame a
+QUIC stream would carry (docs/protocol.md, "Frames": a 16-byte prefix, a JSON header, raw
+rows), with content type application/x-tenzro-frame; the answer is the response frame, with
+the error's HTTP status when it is one. Rows stay raw bytes end to end: no base64, no JSON
+body (JSON clients use `tenzro_moeExecute`, which takes seed 000's base64 rows). The worker
+serves the call through its peer door, so only what any peer may ask gets through.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.views.decorators.csrf import csrf_exempt
+
+from apps.errors import REASONS, TenzroError
+from apps.transport.framing import FrameDecoder, FramingError, Reply
+from apps.worker.client import worker_call
+
+FRAME_CONTENT_TYPE = "application/x-tenzro-frame"
+
+
+def _answer(reply: Reply) -> HttpResponse:
+    error = reply.header.get("error")
+    status = 200 if error is None else REASONS.get(error["reason"], TenzroError)._http_status
+    return HttpResponse(reply.encode(), status=status, content_type=FRAME_CONTENT_TYPE)
+
+
+@csrf_exempt
+async def peer_frame(request: HttpRequest, method: str) -> HttpResponse:
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    if request.content_type != FRAME_CONTENT_TYPE:
+        return _answer(Reply.error("bad_request", f"send one request frame as {FRAME_CONTENT_TYPE}, "
+                                                  f"not {request.content_type or 'no content type'}"))
+    decoder = FrameDecoder(max_body=settings.TENZRO_PEER_MAX_BODY_BYTES)
+    try:
+        frames = decoder.feed(request.body)
+        decoder.finish()
+        if len(frames) != 1 or frames[0].kind != 1:
+            raise FramingError("the body must be exactly one request frame")
+    except FramingError as exc:
+        return _answer(Reply.error(exc.reason, str(exc)))
+    header = frames[0].header
+    if header.get("method") != method or not isinstance(header.get("params"), dict):
+        return _answer(Reply.error("bad_request", f"this route serves {method}; the frame's header must be "
+                                                  f'{{"method": "{method}", "params": {{...}}}}'))
+    try:
+        result, body = await worker_call(method, header["params"], body=bytes(frames[0].body), door="peer")
+    except TenzroError as exc:
+        return _answer(Reply.error(exc.reason, exc.message, exc.details))
+    return _answer(Reply.ok(result, body))

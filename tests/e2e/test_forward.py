@@ -1,0 +1,215 @@
+"""The distributed layer forward across four real nodes on loopback, at replication 2.
+
+Node a gates (it holds both layers' gates) and holds experts itself; b, c and d hold the rest.
+Expert e of each layer is held by nodes[e % 4] and nodes[(e + 1) % 4]. b advertises only HTTP
+(its QUIC endpoint is announced on a port nobody serves, so the dial-back refuses it). The
+reference is the single-node local forward: the same runtime code in this process holding
+every expert (ExpertRuntime.forward_local).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from apps.experts.runtime import ExpertRuntime
+from testkit.nodes import TOKEN, NodeProcess, free_port
+from tests.e2e.test_gossip import FAST, wait_for
+from tests.experts.factories import deepseek_gate, expert_payload, expert_weights, qwen_gate
+
+pytestmark = pytest.mark.e2e
+D_MODEL, D_FF, N_ROUTED, TOP_K = 64, 32, 8, 2
+QWEN, DEEPSEEK = "test/qwen3-moe-tiny", "test/deepseek-v3-tiny"
+ENV = {**FAST, "TENZRO_FORWARD_ATTEMPT_TIMEOUT_S": "3", "TENZRO_FORWARD_HEDGE_DEFAULT_S": "0.5"}
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+class Layers:
+    """Both tiny layers: payloads, and the in-process single-node reference runtime."""
+
+    def __init__(self, tmp_path) -> None:
+        rng = np.random.default_rng(42)
+        self.gates = {
+            QWEN: qwen_gate(rng, d_model=D_MODEL, n_routed=N_ROUTED, top_k=TOP_K, norm=True, model_id=QWEN)[0],
+            DEEPSEEK: deepseek_gate(rng, d_model=D_MODEL, n_routed=N_ROUTED, top_k=TOP_K, n_group=4, topk_group=2,
+                                    n_shared=1, model_id=DEEPSEEK)[0],
+        }
+        self.experts = {(model, e): expert_payload(expert_weights(rng, D_MODEL, D_FF), expert=e, model_id=model)
+                        for model, n in ((QWEN, N_ROUTED), (DEEPSEEK, N_ROUTED + 1)) for e in range(n)}
+        self.local = ExpertRuntime(data_dir=tmp_path)
+        for payload in self.gates.values():
+            self.local.gate_load(payload=payload)
+        for payload in self.experts.values():
+            self.local.expert_load(payload=payload)
+
+    def reference(self, model: str, hidden: np.ndarray, *, without: frozenset[int] = frozenset()) -> np.ndarray:
+        """forward_local; `without`: experts that answered nothing, renormalized as allow_partial does."""
+        if not without:
+            return self.local.forward_local(model_id=model, layer=0, hidden=hidden)
+        routing = self.local.route(model_id=model, layer=0, hidden=hidden)
+        n_routed = self.local.gate_spec(model, 0).n_routed
+        out = np.zeros_like(hidden, dtype=np.float64)
+        for t in range(len(hidden)):
+            slots = [(int(e), float(w)) for e, w in zip(routing.experts[t], routing.weights[t], strict=True)]
+            routed = [(e, w) for e, w in slots if e < n_routed]
+            kept = [(e, w) for e, w in routed if e not in without]
+            scale = sum(w for _, w in routed) / sum(w for _, w in kept)
+            for e, w in slots:
+                if e in without:
+                    continue
+                y = self.local.execute(model_id=model, layer=0, expert=e, hidden=hidden[t:t + 1])[0]
+                out[t] += (w * scale if e < n_routed else w) * y
+        return out
+
+
+@pytest.fixture(scope="module")
+def layers(tmp_path_factory) -> Layers:
+    return Layers(tmp_path_factory.mktemp("reference"))
+
+
+@pytest.fixture(scope="module")
+def network(start_module_node, layers) -> dict[str, NodeProcess]:
+    a = start_module_node(env=ENV)
+    b = start_module_node(env={**ENV, "TENZRO_PUBLIC_QUIC": f"127.0.0.1:{free_port(socket.SOCK_DGRAM)}"}, peers=[a.url])
+    c = start_module_node(env=ENV, peers=[a.url])
+    d = start_module_node(env=ENV, peers=[b.url])
+    nodes = [a, b, c, d]
+    for payload in layers.gates.values():
+        a.result("tenzro_moeGateLoad", {"payload": b64(payload)}, token=TOKEN)
+    for (_, e), payload in layers.experts.items():
+        for node in (nodes[e % 4], nodes[(e + 1) % 4]):
+            node.result("tenzro_moeExpertLoad", {"payload": b64(payload)}, token=TOKEN)
+
+    def holders_seen() -> bool:
+        for model, n in ((QWEN, N_ROUTED), (DEEPSEEK, N_ROUTED + 1)):
+            experts = a.result("tenzro_moeShardMap", {"model_id": model})["holders"]
+            if len(experts) != n or any(len(e["holders"]) != 2 for e in experts):
+                return False
+        return True
+
+    wait_for(holders_seen, 90, "a to see every expert at replication 2")
+    return dict(zip("abcd", nodes, strict=True))
+
+
+def forward(node: NodeProcess, model: str, hidden: np.ndarray, **options) -> dict:
+    answer = node.rpc("tenzro_moeForward", {"model_id": model, "d_model": D_MODEL, "hidden": b64(hidden.tobytes()),
+                                            **options}, timeout=60)
+    return answer
+
+
+def rows(result: dict) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(result["output"]), dtype="<f4").reshape(result["tokens"], D_MODEL)
+
+
+def rel_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def provider_of(node: NodeProcess) -> str:
+    return node.result("tenzro_nodeInfo")["provider_id"]
+
+
+def test_the_distributed_forward_equals_the_local_one(network, layers) -> None:
+    a, b = network["a"], network["b"]
+    pid_b = provider_of(b)
+    rng = np.random.default_rng(7)
+    transports: dict[str, set[str]] = {}
+    for model in (QWEN, DEEPSEEK):
+        hidden = rng.standard_normal((48, D_MODEL)).astype(np.float32)
+        answer = forward(a, model, hidden, wire="f32")
+        assert "result" in answer, answer
+        result = answer["result"]
+        assert rel_error(rows(result), layers.reference(model, hidden)) < 1e-5
+        assert result["missing"] == [] and result["lost_gate_mass"] == []
+        stats = result["stats"]
+        assert stats["failures"] == [] and stats["replans"] == 0 and stats["codecs"] == ["f32"]
+        for h in stats["holders"]:
+            transports.setdefault(h["provider"], set()).add(h["transport"])
+        assert sum(h["rows"] for h in stats["holders"]) == 48 * (TOP_K + (model == DEEPSEEK))
+
+        # Q8_0 on the wire both ways: each encode rounds a value by at most half a step of its
+        # 32-value block (amax/127), i.e. <= sqrt(32)/254 = 2.2% of a block's norm, so the output
+        # is within ~2.2% (the answer's encode) plus the input's 2.2% carried through one SwiGLU
+        # layer (gain ~1 at these weight scales): a 5% bound; typical errors are ~10x smaller.
+        quantized = forward(a, model, hidden, wire="q8_0")["result"]
+        error = rel_error(rows(quantized), layers.reference(model, hidden))
+        assert error < 0.05, error
+        remote_bytes = quantized["stats"]["bytes_sent"] + quantized["stats"]["bytes_received"]
+        f32_bytes = stats["bytes_sent"] + stats["bytes_received"]
+        assert remote_bytes and f32_bytes / remote_bytes > 3.5  # 32 bits against 8.5 per value
+    assert transports[provider_of(a)] == {"local"}  # a's own experts never cross the wire
+    assert transports[pid_b] == {"http"}  # the HTTP-only holder is used over HTTP
+    assert set().union(*(t for pid, t in transports.items() if pid not in (pid_b, provider_of(a)))) == {"quic"}
+
+
+def test_a_hanging_holder_is_raced_out_by_its_backup(network, layers) -> None:
+    a, c = network["a"], network["c"]
+    pid_c = provider_of(c)
+    rng = np.random.default_rng(8)
+    hidden = rng.standard_normal((64, D_MODEL)).astype(np.float32)
+    for _ in range(3):  # learn c's latency (its p95 becomes the hedge delay)
+        warm = forward(a, QWEN, hidden, wire="f32")["result"]
+    assert any(h["provider"] == pid_c and h["batches"] for h in warm["stats"]["holders"]), "c serves no batch"
+    worker = c.result("tenzro_workerStatus")["pid"]
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        result = forward(a, QWEN, hidden, wire="f32")["result"]
+        took = time.monotonic() - started
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    assert rel_error(rows(result), layers.reference(QWEN, hidden)) < 1e-5
+    stats = result["stats"]
+    assert stats["hedges_fired"] >= 1 and stats["hedges_won"] >= 1, stats
+    assert {f["reason"] for f in stats["failures"] if f["provider"] == pid_c} == {"stalled"}
+    assert all(h["batches"] == 0 for h in stats["holders"] if h["provider"] == pid_c)
+    assert took < 3, f"the hedge should win long before the 3 s attempt timeout, took {took:.2f} s"
+
+
+def test_killed_holders_fail_over_then_fail_closed_or_partial(network, layers) -> None:
+    a, c, d = network["a"], network["c"], network["d"]
+    pid_c, pid_d = provider_of(c), provider_of(d)
+    rng = np.random.default_rng(9)
+    hidden = rng.standard_normal((32, D_MODEL)).astype(np.float32)
+    os.killpg(d.process.pid, signal.SIGKILL)  # one holder dies in the middle of a stream of forwards
+    d.process.wait()
+    for model in (QWEN, DEEPSEEK) * 3:
+        answer = forward(a, model, hidden)
+        assert "result" in answer, answer
+        assert rel_error(rows(answer["result"]), layers.reference(model, hidden)) < 0.05  # Q8_0 wire (default)
+    penalties = a.result("tenzro_moeHolderPenalties")["by_provider"]
+    assert sum(penalties.get(pid_d, {}).values()) >= 1, penalties
+
+    os.killpg(c.process.pid, signal.SIGKILL)  # now experts 2 and 6 (held by c and d) have no holder left
+    c.process.wait()
+    lost = frozenset({2, 6})
+    routed = layers.local.route(model_id=QWEN, layer=0, hidden=hidden).experts
+    assert np.isin(routed, list(lost)).any(), "the input must route to a lost expert"
+    closed = forward(a, QWEN, hidden)
+    assert closed["error"]["data"]["reason"] == "forward_incomplete", closed
+    missing = closed["error"]["data"]["missing"]
+    assert {m["expert"] for m in missing} == set(np.unique(routed[np.isin(routed, list(lost))]).tolist())
+    nothing_left = np.isin(routed, list(lost)).all(axis=1)  # tokens whose every expert is lost
+    assert nothing_left.any()
+    empty = forward(a, QWEN, hidden, allow_partial=True)  # no result is better than a zero row
+    assert empty["error"]["data"]["reason"] == "gate_mass_lost" and "nothing answered" in empty["error"]["message"]
+
+    kept = hidden[~nothing_left]
+    routed = routed[~nothing_left]
+    partial = forward(a, QWEN, kept, allow_partial=True, wire="f32")["result"]
+    assert {m["expert"] for m in partial["missing"]} <= lost and partial["missing"]
+    assert rel_error(rows(partial), layers.reference(QWEN, kept, without=lost)) < 1e-5
+    lost_share = np.array(partial["lost_gate_mass"])
+    assert ((lost_share > 0) == np.isin(routed, list(lost)).any(axis=1)).all()
+    too_lossy = forward(a, QWEN, kept, allow_partial=True, min_gate_mass=1.0)
+    assert too_lossy["error"]["data"]["reason"] == "gate_mass_lost"
+    assert sum(a.result("tenzro_moeHolderPenalties")["by_provider"].get(pid_c, {}).values()) >= 1

@@ -1,0 +1,130 @@
+"""Failover, hedging and replanning of the dispatch, with holders that fail or hang on purpose."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from apps.errors import Unavailable
+from apps.forward.combine import ForwardIncomplete, StreamingCombine
+from apps.forward.engine import Answer, ForwardLimits, run_forward
+from apps.forward.hedging import HedgePolicy, LatencyBook
+from apps.shardmap.index import ShardIndex
+from apps.shardmap.planner import plan_pairs
+from testkit.shard_views import MODEL, POLICY, holding, provider, provider_id
+
+D = 4
+N_EXPERTS = 4
+
+
+class Holders:
+    """Holder n answers expert e with rows * (e + 1), unless told to fail or hang."""
+
+    def __init__(self, behaviour: dict[int, str] | None = None, delay_s: float = 0.0) -> None:
+        self.behaviour = {provider_id(n): b for n, b in (behaviour or {}).items()}
+        self.delay_s = delay_s
+        self.calls: list[tuple[str, int]] = []
+        self.cancelled: list[str] = []
+
+    async def __call__(self, holder, layer, expert, rows):
+        pid = holder.provider_id
+        self.calls.append((pid, expert))
+        what = self.behaviour.get(pid, "ok")
+        if what == "fail":
+            raise Unavailable(f"{pid[-2:]} is down", reason="connection_failed")
+        try:
+            if what == "hang":
+                await asyncio.sleep(3600)
+            await asyncio.sleep(self.delay_s)
+        except asyncio.CancelledError:
+            self.cancelled.append(pid)
+            raise
+        return Answer(rows * np.float32(expert + 1), bytes_sent=rows.nbytes, bytes_received=rows.nbytes,
+                      transport="quic")
+
+
+def _shard(holders_of: dict[int, list[int]]) -> ShardIndex:
+    ns = sorted({n for ns in holders_of.values() for n in ns})
+    holdings = [holding(n, 0, e, tps=1000 - n) for e, ns in holders_of.items() for n in ns]
+    return ShardIndex.build(MODEL, [provider(n) for n in ns], holdings, POLICY)
+
+
+def _forward(shard, holders, *, tokens=40, k=2, book=None, limits=None, allow_partial=False):
+    rng = np.random.default_rng(0)
+    hidden = rng.standard_normal((tokens, D)).astype(np.float32)
+    experts = np.stack([rng.permutation(N_EXPERTS)[:k] for _ in range(tokens)])
+    weights = np.full((tokens, k), 1.0 / k, np.float32)
+    tok = np.repeat(np.arange(tokens), k)
+    combine = StreamingCombine(n_tokens=tokens, d_model=D, layer=0, tokens=tok, experts=experts.ravel(),
+                               weights=weights.ravel(), n_routed=N_EXPERTS)
+    layers = np.zeros(len(tok), np.int64)
+
+    def plan(t, layer, e, exclude):
+        return plan_pairs(t, layer, e, shard, exclude=exclude, min_batch_rows=1 << 20)
+
+    report = asyncio.run(run_forward(combine, hidden, layers, plan, holders, book or LatencyBook(),
+                                     limits or ForwardLimits(attempt_timeout_s=5)))
+    expected = (hidden[:, None, :] * (experts[:, :, None] + 1) * weights[:, :, None]).sum(axis=1)
+    return combine, report, expected, experts
+
+
+def test_every_batch_served_once_and_combined():
+    holders = Holders()
+    combine, report, expected, _ = _forward(_shard({e: [1, 2] for e in range(N_EXPERTS)}), holders)
+    np.testing.assert_allclose(combine.finish(allow_partial=False).out, expected, rtol=1e-6)
+    assert report.failures == [] and report.hedges_fired == 0 and report.replans == 0
+    assert len(holders.calls) == report.batches == N_EXPERTS
+
+
+def test_a_failed_primary_falls_over_to_its_backup_and_is_excluded_afterwards():
+    holders = Holders({1: "fail"})
+    combine, report, expected, _ = _forward(_shard({e: [1, 2] for e in range(N_EXPERTS)}), holders)
+    np.testing.assert_allclose(combine.finish(allow_partial=False).out, expected, rtol=1e-6)
+    assert {f.provider for f in report.failures} == {provider_id(1)}
+    assert all(f.reason == "connection_failed" for f in report.failures)
+    assert report.retries == len(report.failures) >= 1
+    assert report.holders[provider_id(2)].batches == N_EXPERTS
+
+
+def test_a_batch_walks_every_listed_holder_before_giving_up():
+    holders = Holders({1: "fail", 2: "fail"})
+    shard = _shard({0: [1, 2, 3], 1: [3], 2: [3], 3: [3]})
+    combine, report, expected, _ = _forward(shard, holders)
+    np.testing.assert_allclose(combine.finish(allow_partial=False).out, expected, rtol=1e-6)
+    assert {f.provider for f in report.failures} == {provider_id(1), provider_id(2)}
+    assert report.replans == 0  # expert 0's backups (2, then 3) were enough
+
+
+def test_bounded_replanning_then_fail_closed_or_partial():
+    holders = Holders({1: "fail", 2: "fail"})
+    shard = _shard({0: [1, 2], 1: [3], 2: [3], 3: [3]})
+    combine, report, _, experts = _forward(shard, holders, limits=ForwardLimits(max_replans=2))
+    assert report.replans == 1  # the replan found no holder left for expert 0, so no third wave
+    with pytest.raises(ForwardIncomplete) as caught:
+        combine.finish(allow_partial=False)
+    assert {m["expert"] for m in caught.value.details["missing"]} == {0}
+    partial = combine.finish(allow_partial=True)
+    assert len(partial.missing) == int((experts == 0).sum())
+
+
+def test_a_hanging_primary_is_raced_out_by_its_backup_and_cancelled():
+    holders = Holders({1: "hang"})
+    book = LatencyBook(HedgePolicy(default_s=0.05, floor_s=0.001))
+    combine, report, expected, _ = _forward(_shard({e: [1, 2] for e in range(N_EXPERTS)}), holders, book=book)
+    np.testing.assert_allclose(combine.finish(allow_partial=False).out, expected, rtol=1e-6)
+    primaries = sum(1 for pid, _ in holders.calls if pid == provider_id(1))
+    assert report.hedges_fired == report.hedges_won == primaries >= 1
+    assert holders.cancelled == [provider_id(1)] * primaries  # the losers' attempts were cancelled
+    assert {f.reason for f in report.failures} == {"stalled"}
+    assert report.failed_providers == frozenset()  # slow is not dead: not excluded
+
+
+def test_a_fast_primary_is_not_hedged_once_its_p95_is_known():
+    holders = Holders(delay_s=0.01)
+    book = LatencyBook(HedgePolicy(default_s=0.001, floor_s=0.0001, min_samples=2))
+    shard = _shard({e: [1, 2] for e in range(N_EXPERTS)})
+    _, first, _, _ = _forward(shard, holders, book=book)
+    assert first.hedges_fired > 0  # the default delay (1 ms) is shorter than these 10 ms batches
+    for _ in range(3):
+        _, later, _, _ = _forward(shard, holders, book=book)
+    assert later.hedges_fired <= 1  # now the p95 of ~10 ms is known
