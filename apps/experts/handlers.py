@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -67,6 +68,11 @@ def hidden_param(params: dict[str, Any], body: bytes | bytearray) -> np.ndarray:
         return rows_from_bytes(body, d_model=d_model, tokens=tokens)
     except ValueError as exc:
         raise ShapeMismatch(str(exc)) from exc
+
+
+def _timed(func: Callable[..., np.ndarray], /, **kwargs: Any) -> tuple[np.ndarray, float]:
+    started = time.perf_counter()
+    return func(**kwargs), time.perf_counter() - started
 
 
 def _decoded(params: dict[str, Any], body: bytes | bytearray, encoding: str) -> np.ndarray:
@@ -212,12 +218,15 @@ class ExpertHandlers:
             hidden = hidden_param(params, body)
         else:
             hidden = await ctx.run_blocking(self._executor, _decoded, params, body, encoding)
-        out = await ctx.run_blocking(self._executor, self.runtime.execute, model_id=str_param(params, "model_id"),
-                                     layer=int_param(params, "layer"), expert=int_param(params, "expert"),
-                                     hidden=hidden)
+        timed = await ctx.run_blocking(self._executor, _timed, self.runtime.execute,
+                                       model_id=str_param(params, "model_id"), layer=int_param(params, "layer"),
+                                       expert=int_param(params, "expert"), hidden=hidden)
+        out, compute_s = timed
         data = rows_to_bytes(out) if encoding == "f32" else await ctx.run_blocking(self._executor, encode_rows,
                                                                                      out, encoding)
-        return {"tokens": int(out.shape[0]), "d_model": int(out.shape[1]), "encoding": encoding}, data
+        # compute_ms lets a router tell the wire's share of a call's latency from the holder's own
+        return {"tokens": int(out.shape[0]), "d_model": int(out.shape[1]), "encoding": encoding,
+                "compute_ms": round(compute_s * 1000.0, 3)}, data
 
     async def forward_local(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
         out = await ctx.run_blocking(self._executor, self.runtime.forward_local,

@@ -73,7 +73,10 @@ class HolderCaller:
         else:
             raise Unavailable(f"provider {holder.provider_id[:16]}… advertises no endpoint", reason="unreachable")
         out = await loop.run_in_executor(self._codec_executor, self._decode, result, answer, codec, len(rows))
-        return Answer(out, bytes_sent=len(body), bytes_received=len(answer), transport=transport)
+        compute_ms = result.get("compute_ms")
+        compute_s = compute_ms / 1000.0 if isinstance(compute_ms, int | float) and compute_ms >= 0 else None
+        return Answer(out, bytes_sent=len(body), bytes_received=len(answer), transport=transport,
+                      compute_s=compute_s)
 
     def _decode(self, result: dict[str, Any], answer: bytes | bytearray, codec: str, tokens: int) -> np.ndarray:
         if result.get("encoding", "f32") != codec or result.get("tokens") != tokens:

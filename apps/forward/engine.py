@@ -46,6 +46,7 @@ class Answer:
     bytes_sent: int = 0
     bytes_received: int = 0
     transport: str = "local"  # local | quic | http
+    compute_s: float | None = None  # the holder's own time on the batch, when it says
 
 
 class BatchExecutor(Protocol):
@@ -88,6 +89,7 @@ class HolderStats:
     bytes_sent: int = 0
     bytes_received: int = 0
     latencies_s: list[float] = field(default_factory=list)
+    overheads_s: list[float] = field(default_factory=list)  # latency minus the holder's compute: the wire's share
     failures: int = 0
 
     def to_dict(self) -> dict[str, object]:
@@ -95,7 +97,9 @@ class HolderStats:
         return {"provider": self.provider, "transport": self.transport, "batches": self.batches, "rows": self.rows,
                 "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received, "failures": self.failures,
                 "latency_ms_median": round(float(np.median(lat)), 3) if lat.size else None,
-                "latency_ms_max": round(float(lat.max()), 3) if lat.size else None}
+                "latency_ms_max": round(float(lat.max()), 3) if lat.size else None,
+                "overhead_ms_median": round(float(np.median(self.overheads_s)) * 1000.0, 3)
+                if self.overheads_s else None}
 
 
 @dataclass
@@ -125,10 +129,15 @@ async def run_forward(
     execute: BatchExecutor,
     book: LatencyBook,
     limits: ForwardLimits,
+    *,
+    fail_fast: bool = False,
 ) -> ForwardReport:
     """Serve every pair of `combine` that can be served; hidden f32 [tokens, d_model],
     layers int64 [n_pairs] (the layer of each pair). Never raises for holder failures: the
-    pairs left unserved are the combine's to judge (fail closed or partial)."""
+    pairs left unserved are the combine's to judge (fail closed or partial).
+
+    `fail_fast`: when the first plan already leaves pairs without any holder (the forward will
+    fail closed whatever happens), dispatch nothing."""
     report = ForwardReport()
     in_flight = asyncio.Semaphore(limits.max_in_flight)
     for wave in range(limits.max_replans + 1):
@@ -140,6 +149,8 @@ async def run_forward(
         planned = plan(combine.tokens[todo], layers[todo], combine.experts[todo], report.failed_providers)
         if wave == 0:  # what no holder can serve at all; later waves only re-report it
             report.unroutable = list(planned.unroutable)
+            if fail_fast and report.unroutable:
+                break
         routed = planned.pair_batch >= 0
         if not routed.any():
             break
@@ -222,6 +233,8 @@ async def _race(batch: Batch, rows: np.ndarray, execute: BatchExecutor, book: La
                 stats.bytes_sent += answer.bytes_sent
                 stats.bytes_received += answer.bytes_received
                 stats.latencies_s.append(elapsed)
+                if answer.compute_s is not None:
+                    stats.overheads_s.append(max(0.0, elapsed - answer.compute_s))
                 if stalled is not None and holder is not stalled:
                     report.hedges_won += 1
                     if any(h is stalled for h, _ in running.values()):

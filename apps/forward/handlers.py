@@ -27,7 +27,7 @@ from apps.experts.handlers import hidden_param, str_param
 from apps.experts.wire import WIRE_CODECS, rows_to_bytes
 from apps.forward import services
 from apps.forward.callers import HolderCaller
-from apps.forward.combine import StreamingCombine
+from apps.forward.combine import ForwardIncomplete, StreamingCombine
 from apps.forward.engine import ForwardLimits, ForwardReport, run_forward
 from apps.forward.hedging import HedgePolicy, LatencyBook
 from apps.providers.selectors import holding_views, provider_views, replication_policy
@@ -145,9 +145,17 @@ class DistributedForward:
                                    tokens=np.repeat(np.arange(n_tokens), k), experts=experts,
                                    weights=routing.weights.ravel(), n_routed=gate.n_routed)
         report = await run_forward(combine, hidden, np.full(len(experts), layer, np.int64), plan, caller, self.book,
-                                   self.limits)
+                                   self.limits, fail_fast=not allow_partial)
         self._record(model_id, report)
-        result = combine.finish(allow_partial=allow_partial, min_gate_mass=min_gate_mass)
+        try:
+            result = combine.finish(allow_partial=allow_partial, min_gate_mass=min_gate_mass)
+        except ForwardIncomplete as exc:
+            if not report.unroutable:
+                raise
+            why = sorted({(layer_, e, reason) for _, layer_, e, reason in report.unroutable})
+            named = "; ".join(f"layer {ly} expert {e}: {r}" for ly, e, r in why[:8])
+            raise ForwardIncomplete(f"{exc.message} (no holder to plan on: {named}{' …' if len(why) > 8 else ''})",
+                                    missing=exc.details["missing"], reason=exc.reason) from None
         stats = _stats(report, result.lost_share, elapsed_s=time.monotonic() - started,
                        dispatch_s=time.monotonic() - planned_at, codecs=codecs)
         return {"tokens": n_tokens, "d_model": gate.d_model, "missing": result.missing,
@@ -156,8 +164,10 @@ class DistributedForward:
 
     def _record(self, model_id: str, report: ForwardReport) -> None:
         """Penalties and latencies go to the control plane after the answer, never delaying it."""
-        latencies = {pid: float(np.median(s.latencies_s)) * 1000.0 for pid, s in report.holders.items()
-                     if s.latencies_s}
+        # The planner's latency is a holder's round trip beside its compute (which committed_tps
+        # accounts for), so the wire's share is fed back where the holder reported its compute.
+        latencies = {pid: float(np.median(s.overheads_s or s.latencies_s)) * 1000.0
+                     for pid, s in report.holders.items() if s.latencies_s}
         if not report.failures and not any(pid != self.self_id for pid in latencies):
             return
 

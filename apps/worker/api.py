@@ -167,6 +167,7 @@ class HolderForwardStats(Out):
     failures: int
     latency_ms_median: float | None
     latency_ms_max: float | None
+    overhead_ms_median: float | None = Field(description="Latency minus the holder's reported compute.")
 
 
 class ForwardFailure(Out):

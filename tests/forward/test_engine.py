@@ -128,3 +128,25 @@ def test_a_fast_primary_is_not_hedged_once_its_p95_is_known():
     for _ in range(3):
         _, later, _, _ = _forward(shard, holders, book=book)
     assert later.hedges_fired <= 1  # now the p95 of ~10 ms is known
+
+
+def test_fail_fast_dispatches_nothing_when_a_pair_has_no_holder_at_all():
+    holders = Holders()
+    shard = _shard({0: [1], 1: [1], 2: [2]})  # nobody holds expert 3
+
+    def run(fail_fast):
+        rng = np.random.default_rng(0)
+        hidden = rng.standard_normal((8, D)).astype(np.float32)
+        tok = np.repeat(np.arange(8), 2)
+        experts = np.tile([0, 3], 8)
+        combine = StreamingCombine(n_tokens=8, d_model=D, layer=0, tokens=tok, experts=experts,
+                                   weights=np.full(16, 0.5, np.float32), n_routed=N_EXPERTS)
+        plan = lambda t, layer, e, exclude: plan_pairs(t, layer, e, shard, exclude=exclude)  # noqa: E731
+        return asyncio.run(run_forward(combine, hidden, np.zeros(16, np.int64), plan, holders, LatencyBook(),
+                                       ForwardLimits(), fail_fast=fail_fast)), combine
+
+    report, combine = run(True)
+    assert holders.calls == [] and {u[3] for u in report.unroutable} == {"no_holder"}
+    assert len(combine.unserved()) == 16
+    report, combine = run(False)
+    assert holders.calls == [(provider_id(1), 0)] and len(combine.unserved()) == 8
