@@ -24,6 +24,7 @@ better than a silently degraded one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -35,8 +36,9 @@ class ForwardIncomplete(Unavailable):
 
     reason = "forward_incomplete"
 
-    def __init__(self, message: str, *, missing: list[dict[str, int]], reason: str | None = None) -> None:
-        super().__init__(message, reason=reason or self.reason, missing=missing)
+    def __init__(self, message: str, *, missing: list[dict[str, int]], reason: str | None = None,
+                 **details: Any) -> None:
+        super().__init__(message, reason=reason or self.reason, missing=missing, **details)
 
 
 @dataclass(frozen=True)

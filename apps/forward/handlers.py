@@ -11,6 +11,7 @@ latencies feed the providers' measured latency, written after the answer, off th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -39,6 +40,7 @@ from apps.transport.quic import QuicSettings
 from apps.worker.doors import CallContext, WorkerParts
 
 logger = logging.getLogger("tenzro.forward")
+COOLING_LATENCY_MS = 3_600_000.0  # ranks a cooling holder after every other (the planner adds latency)
 Result = tuple[dict[str, Any], bytes]
 
 
@@ -76,6 +78,7 @@ class DistributedForward:
         self._pool: QuicPool | None = None
         self._http: httpx.AsyncClient | None = None
         self._writes: set[asyncio.Future] = set()
+        self._cooling: dict[str, float] = {}  # provider -> monotonic time its failure cooldown ends
 
     def _transports(self) -> tuple[QuicPool, httpx.AsyncClient]:
         if self._pool is None:  # created on the worker's loop, at the first forward
@@ -101,7 +104,12 @@ class DistributedForward:
         me = ProviderView(self.self_id, tuple(settings.TENZRO_ROLES), None, None, None, False, 0.0)
         mine = [HoldingView(self.self_id, model_id, layer, expert, "Warm", tps, blob)
                 for layer, expert, _, blob in self.runtime.held(model_id)]
-        others = [p for p in providers if p.provider_id != self.self_id]
+        now = time.monotonic()
+        cooling = {pid for pid, until in self._cooling.items() if until > now}
+        # A holder that failed or stalled lately is planned last (primary only when nobody else
+        # holds the expert) until its cooldown ends: every forward need not pay its timeout again.
+        others = [dataclasses.replace(p, latency_ms=COOLING_LATENCY_MS) if p.provider_id in cooling else p
+                  for p in providers if p.provider_id != self.self_id]
         return ShardIndex.build(model_id, [*others, me],
                                 [*(h for h in holdings if h.provider_id != self.self_id), *mine], policy)
 
@@ -149,13 +157,14 @@ class DistributedForward:
         self._record(model_id, report)
         try:
             result = combine.finish(allow_partial=allow_partial, min_gate_mass=min_gate_mass)
-        except ForwardIncomplete as exc:
-            if not report.unroutable:
-                raise
-            why = sorted({(layer_, e, reason) for _, layer_, e, reason in report.unroutable})
-            named = "; ".join(f"layer {ly} expert {e}: {r}" for ly, e, r in why[:8])
-            raise ForwardIncomplete(f"{exc.message} (no holder to plan on: {named}{' …' if len(why) > 8 else ''})",
-                                    missing=exc.details["missing"], reason=exc.reason) from None
+        except ForwardIncomplete as exc:  # say why: which experts had no holder, which holders failed
+            message = exc.message
+            if report.unroutable:
+                why = sorted({(layer_, e, reason) for _, layer_, e, reason in report.unroutable})
+                named = "; ".join(f"layer {ly} expert {e}: {r}" for ly, e, r in why[:8])
+                message += f" (no holder to plan on: {named}{' …' if len(why) > 8 else ''})"
+            raise ForwardIncomplete(message, missing=exc.details["missing"], reason=exc.reason,
+                                    failures=_failures(report)) from None
         stats = _stats(report, result.lost_share, elapsed_s=time.monotonic() - started,
                        dispatch_s=time.monotonic() - planned_at, codecs=codecs)
         return {"tokens": n_tokens, "d_model": gate.d_model, "missing": result.missing,
@@ -164,6 +173,12 @@ class DistributedForward:
 
     def _record(self, model_id: str, report: ForwardReport) -> None:
         """Penalties and latencies go to the control plane after the answer, never delaying it."""
+        until = time.monotonic() + settings.TENZRO_FORWARD_FAILURE_COOLDOWN_S
+        for failure in report.failures:
+            self._cooling[failure.provider] = until
+        for pid, stats in report.holders.items():
+            if stats.batches and not stats.failures:
+                self._cooling.pop(pid, None)  # it answered this time
         # The planner's latency is a holder's round trip beside its compute (which committed_tps
         # accounts for), so the wire's share is fed back where the holder reported its compute.
         latencies = {pid: float(np.median(s.overheads_s or s.latencies_s)) * 1000.0
@@ -198,6 +213,10 @@ def _stats(report: ForwardReport, lost_share: np.ndarray, *, elapsed_s: float, d
         "bytes_received": sum(h["bytes_received"] for h in holders),
         "lost_gate_mass": round(lost, 6) if math.isfinite(lost) else None,
         "codecs": list(codecs), "holders": holders,
-        "failures": [{"provider": f.provider, "reason": f.reason, "layer": f.layer, "expert": f.expert, "rows": f.rows}
-                     for f in report.failures],
+        "failures": _failures(report),
     }
+
+
+def _failures(report: ForwardReport) -> list[dict[str, Any]]:
+    return [{"provider": f.provider, "reason": f.reason, "layer": f.layer, "expert": f.expert, "rows": f.rows,
+             "message": f.message[:300]} for f in report.failures]

@@ -176,6 +176,7 @@ class ForwardFailure(Out):
     layer: int
     expert: int
     rows: int
+    message: str
 
 
 class ForwardStats(Out):

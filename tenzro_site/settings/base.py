@@ -61,6 +61,8 @@ TENZRO_FORWARD_MAX_REPLANS = env_int("TENZRO_FORWARD_MAX_REPLANS", 2)
 TENZRO_FORWARD_ATTEMPT_TIMEOUT_S = env_float("TENZRO_FORWARD_ATTEMPT_TIMEOUT_S", 20.0)
 TENZRO_FORWARD_HEDGE_DEFAULT_S = env_float("TENZRO_FORWARD_HEDGE_DEFAULT_S", 0.5)
 TENZRO_FORWARD_HEDGE_FLOOR_S = env_float("TENZRO_FORWARD_HEDGE_FLOOR_S", 0.005)
+# A holder that failed or stalled in a forward is planned last for this long.
+TENZRO_FORWARD_FAILURE_COOLDOWN_S = env_float("TENZRO_FORWARD_FAILURE_COOLDOWN_S", 30.0)
 # Largest JSON-RPC request body accepted, in bytes (base64 hidden rows make these big).
 TENZRO_RPC_MAX_BYTES = env_int("TENZRO_RPC_MAX_BYTES", 64 * 1024 * 1024)
 # Seconds the web process waits for the expert worker to answer over the Channels layer.

@@ -10,10 +10,10 @@ every expert (ExpertRuntime.forward_local).
 from __future__ import annotations
 
 import base64
+import json
 import os
 import signal
 import socket
-import time
 
 import numpy as np
 import pytest
@@ -26,7 +26,9 @@ from tests.experts.factories import deepseek_gate, expert_payload, expert_weight
 pytestmark = pytest.mark.e2e
 D_MODEL, D_FF, N_ROUTED, TOP_K = 64, 32, 8, 2
 QWEN, DEEPSEEK = "test/qwen3-moe-tiny", "test/deepseek-v3-tiny"
-ENV = {**FAST, "TENZRO_FORWARD_ATTEMPT_TIMEOUT_S": "3", "TENZRO_FORWARD_HEDGE_DEFAULT_S": "0.5"}
+# Killed holders stay in the view (TTL 60 s): the forward itself must route around them.
+ENV = {**FAST, "TENZRO_GOSSIP_TTL_S": "60", "TENZRO_FORWARD_ATTEMPT_TIMEOUT_S": "10",
+       "TENZRO_FORWARD_HEDGE_DEFAULT_S": "0.5", "TENZRO_FORWARD_FAILURE_COOLDOWN_S": "15"}
 
 
 def b64(data: bytes) -> str:
@@ -106,6 +108,13 @@ def forward(node: NodeProcess, model: str, hidden: np.ndarray, **options) -> dic
     return answer
 
 
+def ok(answer: dict) -> dict:
+    if "result" not in answer:
+        print("FORWARD ERROR", json.dumps(answer))
+    assert "result" in answer, answer
+    return answer["result"]
+
+
 def rows(result: dict) -> np.ndarray:
     return np.frombuffer(base64.b64decode(result["output"]), dtype="<f4").reshape(result["tokens"], D_MODEL)
 
@@ -120,35 +129,47 @@ def provider_of(node: NodeProcess) -> str:
 
 def test_the_distributed_forward_equals_the_local_one(network, layers) -> None:
     a, b = network["a"], network["b"]
-    pid_b = provider_of(b)
+    pid_a, pid_b = provider_of(a), provider_of(b)
     rng = np.random.default_rng(7)
     transports: dict[str, set[str]] = {}
-    for model in (QWEN, DEEPSEEK):
-        hidden = rng.standard_normal((48, D_MODEL)).astype(np.float32)
-        answer = forward(a, model, hidden, wire="f32")
-        assert "result" in answer, answer
-        result = answer["result"]
-        assert rel_error(rows(result), layers.reference(model, hidden)) < 1e-5
-        assert result["missing"] == [] and result["lost_gate_mass"] == []
-        stats = result["stats"]
-        assert stats["failures"] == [] and stats["replans"] == 0 and stats["codecs"] == ["f32"]
-        for h in stats["holders"]:
-            transports.setdefault(h["provider"], set()).add(h["transport"])
-        assert sum(h["rows"] for h in stats["holders"]) == 48 * (TOP_K + (model == DEEPSEEK))
+    wire = {"f32": [0, 0], "q8_0": [0, 0]}  # bytes and rows that crossed the wire
 
+    def run(model: str, codec: str) -> dict:
+        hidden = rng.standard_normal((48, D_MODEL)).astype(np.float32)
+        result = ok(forward(a, model, hidden, wire=codec))
+        error = rel_error(rows(result), layers.reference(model, hidden))
         # Q8_0 on the wire both ways: each encode rounds a value by at most half a step of its
         # 32-value block (amax/127), i.e. <= sqrt(32)/254 = 2.2% of a block's norm, so the output
         # is within ~2.2% (the answer's encode) plus the input's 2.2% carried through one SwiGLU
         # layer (gain ~1 at these weight scales): a 5% bound; typical errors are ~10x smaller.
-        quantized = forward(a, model, hidden, wire="q8_0")["result"]
-        error = rel_error(rows(quantized), layers.reference(model, hidden))
-        assert error < 0.05, error
-        remote_bytes = quantized["stats"]["bytes_sent"] + quantized["stats"]["bytes_received"]
-        f32_bytes = stats["bytes_sent"] + stats["bytes_received"]
-        assert remote_bytes and f32_bytes / remote_bytes > 3.5  # 32 bits against 8.5 per value
-    assert transports[provider_of(a)] == {"local"}  # a's own experts never cross the wire
-    assert transports[pid_b] == {"http"}  # the HTTP-only holder is used over HTTP
-    assert set().union(*(t for pid, t in transports.items() if pid not in (pid_b, provider_of(a)))) == {"quic"}
+        assert error < (1e-5 if codec == "f32" else 0.05), (codec, error)
+        assert result["missing"] == [] and result["lost_gate_mass"] == []
+        stats = result["stats"]
+        # a loaded machine may make a holder slower than its p95 (a hedge races it: "stalled"), never fail it
+        assert {f["reason"] for f in stats["failures"]} <= {"stalled"} and stats["replans"] == 0
+        assert stats["codecs"] == [codec]
+        assert sum(h["rows"] for h in stats["holders"]) == 48 * (TOP_K + (model == DEEPSEEK))
+        for h in stats["holders"]:
+            transports.setdefault(h["provider"], set()).add(h["transport"])
+            if h["provider"] != pid_a:
+                wire[codec][0] += h["bytes_sent"] + h["bytes_received"]
+                wire[codec][1] += h["rows"]
+        return stats
+
+    for model in (QWEN, DEEPSEEK):
+        for codec in ("f32", "q8_0"):
+            run(model, codec)
+    def b_served() -> bool:  # the planner spreads load, so b gets batches, if not in the first forwards
+        if pid_b not in transports:
+            run(QWEN, "f32")
+        return pid_b in transports
+
+    wait_for(b_served, 60, "the HTTP-only holder to serve a batch")
+    assert transports[pid_a] == {"local"}  # a's own experts never cross the wire
+    assert transports[pid_b] == {"http"}
+    assert set().union(*(t for pid, t in transports.items() if pid not in (pid_a, pid_b))) == {"quic"}
+    per_row = {codec: total / rows_ for codec, (total, rows_) in wire.items()}
+    assert per_row["f32"] / per_row["q8_0"] > 3.5, per_row  # 32 bits against 8.5 per value, both ways
 
 
 def test_a_hanging_holder_is_raced_out_by_its_backup(network, layers) -> None:
@@ -156,15 +177,18 @@ def test_a_hanging_holder_is_raced_out_by_its_backup(network, layers) -> None:
     pid_c = provider_of(c)
     rng = np.random.default_rng(8)
     hidden = rng.standard_normal((64, D_MODEL)).astype(np.float32)
-    for _ in range(3):  # learn c's latency (its p95 becomes the hedge delay)
-        warm = forward(a, QWEN, hidden, wire="f32")["result"]
-    assert any(h["provider"] == pid_c and h["batches"] for h in warm["stats"]["holders"]), "c serves no batch"
+    def c_serves() -> bool:  # and the forwards learn c's latency (its p95 becomes the hedge delay)
+        stats = ok(forward(a, QWEN, hidden, wire="f32"))["stats"]
+        return any(h["provider"] == pid_c and h["batches"] for h in stats["holders"])
+
+    for _ in range(3):
+        c_serves()
+    wait_for(c_serves, 60, "c to serve batches (not cooling down from an earlier stall)")
     worker = c.result("tenzro_workerStatus")["pid"]
     os.kill(worker, signal.SIGSTOP)
     try:
-        started = time.monotonic()
-        result = forward(a, QWEN, hidden, wire="f32")["result"]
-        took = time.monotonic() - started
+        result = ok(forward(a, QWEN, hidden, wire="f32"))  # raced, not timed out: c's failure is "stalled"
+        again = ok(forward(a, QWEN, hidden, wire="f32"))  # c is still stopped, and now cooling
     finally:
         os.kill(worker, signal.SIGCONT)
     assert rel_error(rows(result), layers.reference(QWEN, hidden)) < 1e-5
@@ -172,7 +196,9 @@ def test_a_hanging_holder_is_raced_out_by_its_backup(network, layers) -> None:
     assert stats["hedges_fired"] >= 1 and stats["hedges_won"] >= 1, stats
     assert {f["reason"] for f in stats["failures"] if f["provider"] == pid_c} == {"stalled"}
     assert all(h["batches"] == 0 for h in stats["holders"] if h["provider"] == pid_c)
-    assert took < 3, f"the hedge should win long before the 3 s attempt timeout, took {took:.2f} s"
+    # planned last while it cools down: no batch waits on it
+    assert all(h["batches"] == 0 for h in again["stats"]["holders"] if h["provider"] == pid_c)
+    assert rel_error(rows(again), layers.reference(QWEN, hidden)) < 1e-5
 
 
 def test_killed_holders_fail_over_then_fail_closed_or_partial(network, layers) -> None:
@@ -205,7 +231,7 @@ def test_killed_holders_fail_over_then_fail_closed_or_partial(network, layers) -
 
     kept = hidden[~nothing_left]
     routed = routed[~nothing_left]
-    partial = forward(a, QWEN, kept, allow_partial=True, wire="f32")["result"]
+    partial = ok(forward(a, QWEN, kept, allow_partial=True, wire="f32"))
     assert {m["expert"] for m in partial["missing"]} <= lost and partial["missing"]
     assert rel_error(rows(partial), layers.reference(QWEN, kept, without=lost)) < 1e-5
     lost_share = np.array(partial["lost_gate_mass"])
