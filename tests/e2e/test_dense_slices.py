@@ -71,3 +71,12 @@ def test_dense_layer_in_three_slices_forwards_like_the_layer(start_node, tmp_pat
     assert sorted(g["router"] for g in status["gates"]) == ["dense", "dense"] and len(status["experts"]) == 6
     assert refused["state"] == "failed" and refused["error"]["reason"] == "layer_is_moe"
     assert refused["gate"] is None
+
+
+def test_cli_needs_experts_or_dense_slices() -> None:
+    cli = [sys.executable, "-m", "apps.cli.main", "--node", "http://127.0.0.1:9", "moe", "prepare-experts",
+           "--model-id", "m", "--layer", "0"]
+    neither = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert neither.returncode == 2 and "--dense-slices" in neither.stderr
+    zero = subprocess.run([*cli, "--dense-slices", "0"], capture_output=True, text=True, timeout=60)
+    assert zero.returncode == 2 and "1<=x<=1024" in zero.stderr
