@@ -1,7 +1,10 @@
-"""A dense layer prepared into d_ff slices, loaded by blob URI and run through tenzro_moeForward on a real node."""
+"""A dense layer prepared into d_ff slices, loaded by blob URI and run through tenzro_moeForward: on one
+real node, then with its slices on three holders (the distributed forward's own pipeline)."""
 
 import base64
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -10,6 +13,8 @@ import pytest
 
 from testkit.checkpoints import FileServer, deepseek_v3
 from testkit.nodes import TOKEN
+from tests.e2e.test_forward import ENV
+from tests.e2e.test_gossip import wait_for
 from tests.e2e.test_prepare_blobs import prepare
 from tests.experts.factories import swiglu_reference
 
@@ -17,10 +22,14 @@ pytestmark = pytest.mark.e2e
 D_MODEL = 160
 
 
-def forward(node, model_id: str, hidden: np.ndarray) -> np.ndarray:
+def forward(node, model_id: str, hidden: np.ndarray, **options) -> np.ndarray:
     answer = node.result("tenzro_moeForward", {"model_id": model_id, "layer": 0, "d_model": D_MODEL,
-                                               "hidden": base64.b64encode(hidden.tobytes()).decode()})
+                                               "hidden": base64.b64encode(hidden.tobytes()).decode(), **options})
     return np.frombuffer(base64.b64decode(answer["output"]), dtype="<f4").reshape(answer["tokens"], D_MODEL)
+
+
+def rel_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
 def load_by_uri(node, job: dict) -> None:
@@ -80,3 +89,45 @@ def test_cli_needs_experts_or_dense_slices() -> None:
     assert neither.returncode == 2 and "--dense-slices" in neither.stderr
     zero = subprocess.run([*cli, "--dense-slices", "0"], capture_output=True, text=True, timeout=60)
     assert zero.returncode == 2 and "1<=x<=1024" in zero.stderr
+
+
+def test_slices_on_three_holders_sum_to_the_layer_through_the_distributed_forward(start_node, tmp_path) -> None:
+    model = deepseek_v3(tmp_path / "ckpt")
+    dense = {p: model.dense[f"model.layers.0.mlp.{p}_proj.weight"] for p in ("gate", "up", "down")}
+    hidden = np.random.default_rng(13).standard_normal((16, D_MODEL)).astype(np.float32)
+    reference = swiglu_reference(dense, hidden)
+    a = start_node(env=ENV)
+    b = start_node(env=ENV, peers=[a.url])
+    c = start_node(env=ENV, peers=[a.url])
+    job = prepare(a, model_id="tiny-dsv3", dense_slices=3, checkpoint=str(model.root))
+    assert job["state"] == "done", job
+    # a gates and holds slice 0; b and c fetch slices 1 and 2 from a by their blob URIs
+    a.result("tenzro_moeGateLoad", {"blob_uri": job["gate"]["blob_uri"]}, token=TOKEN)
+    for node, entry in zip((a, b, c), job["experts"], strict=True):
+        node.result("tenzro_moeExpertLoad", {"blob_uri": entry["blob_uri"]}, token=TOKEN)
+
+    def every_slice_seen() -> bool:
+        holders = a.result("tenzro_moeShardMap", {"model_id": "tiny-dsv3"})["holders"]
+        return sorted((h["expert"], len(h["holders"])) for h in holders) == [(0, 1), (1, 1), (2, 1)]
+
+    wait_for(every_slice_seen, 90, "a to see each slice on its holder")
+    answer = a.result("tenzro_moeForward", {"model_id": "tiny-dsv3", "layer": 0, "d_model": D_MODEL, "wire": "f32",
+                                            "hidden": base64.b64encode(hidden.tobytes()).decode()})
+    out = np.frombuffer(base64.b64decode(answer["output"]), dtype="<f4").reshape(16, D_MODEL)
+    assert rel_error(out, reference) < 1e-5  # exact cuts, f32 on the wire: only f32 rounding remains
+    stats = answer["stats"]
+    assert answer["missing"] == [] and stats["failures"] == []
+    by_provider = {h["provider"]: h for h in stats["holders"]}
+    providers = [n.result("tenzro_nodeInfo")["provider_id"] for n in (a, b, c)]
+    assert set(by_provider) == set(providers) and all(by_provider[p]["rows"] == 16 for p in providers)
+    assert by_provider[providers[0]]["transport"] == "local"
+    # Q8_0 rows on the wire (the default): tests/e2e/test_forward.py derives its 5% bound
+    assert rel_error(forward(a, "tiny-dsv3", hidden), reference) < 0.05
+
+    # A slice is a summand, not an alternative: with its only holder gone the forward fails closed
+    os.killpg(c.process.pid, signal.SIGKILL)
+    c.process.wait()
+    closed = a.rpc("tenzro_moeForward", {"model_id": "tiny-dsv3", "layer": 0, "d_model": D_MODEL,
+                                         "hidden": base64.b64encode(hidden.tobytes()).decode()}, timeout=60)
+    assert closed["error"]["data"]["reason"] == "forward_incomplete", closed
+    assert {(m["expert"], m["token_index"]) for m in closed["error"]["data"]["missing"]} == {(2, t) for t in range(16)}
