@@ -153,17 +153,22 @@ def qwen3_moe(root: Path, *, seed: int = 0, d_model: int = 64, d_ff: int = 32, n
 
 
 def deepseek_v3(root: Path, *, seed: int = 1, d_model: int = 160, d_ff: int = 136, n_routed: int = 8,
-                n_shared: int = 1, n_layers: int = 2, first_k_dense: int = 1, shards: int = 1) -> TinyModel:
+                n_shared: int = 1, n_layers: int = 2, first_k_dense: int = 1, dense_d_ff: int = 408,
+                shards: int = 1) -> TinyModel:
     """DeepSeek-V3: sigmoid router with bias, fused shared experts, FP8 block-scaled experts, BF16 router.
 
-    d_model 160 and d_ff 136 are not multiples of 128, so every weight has partial edge blocks.
+    The first `first_k_dense` layers are dense SwiGLU MLPs (``mlp.{gate,up,down}_proj``, FP8 like
+    the experts) of width `dense_d_ff` (config ``intermediate_size``), as in first_k_dense_replace.
+    d_model 160, d_ff 136 and dense_d_ff 408 are not multiples of 128, so every weight has partial
+    edge blocks; 408 is not a multiple of 32 either, so a Q8_0 cut of it ends in a short block.
     """
     rng = np.random.default_rng(seed)
     config = {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": d_model,
-              "moe_intermediate_size": d_ff, "n_routed_experts": n_routed, "n_shared_experts": n_shared,
-              "num_experts_per_tok": 2, "num_hidden_layers": n_layers, "first_k_dense_replace": first_k_dense,
-              "moe_layer_freq": 1, "n_group": 2, "topk_group": 1, "norm_topk_prob": True,
-              "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+              "moe_intermediate_size": d_ff, "intermediate_size": dense_d_ff, "n_routed_experts": n_routed,
+              "n_shared_experts": n_shared, "num_experts_per_tok": 2, "num_hidden_layers": n_layers,
+              "first_k_dense_replace": first_k_dense, "moe_layer_freq": 1, "n_group": 2, "topk_group": 1,
+              "norm_topk_prob": True, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+              "topk_method": "noaux_tc",
               "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                       "weight_block_size": [128, 128]}}
     tensors, dense = {}, {}
@@ -190,9 +195,38 @@ def deepseek_v3(root: Path, *, seed: int = 1, d_model: int = 160, d_ff: int = 13
         fp8(f"model.layers.{layer}.mlp.shared_experts.gate_proj.weight", (n_shared * d_ff, d_model))
         fp8(f"model.layers.{layer}.mlp.shared_experts.up_proj.weight", (n_shared * d_ff, d_model))
         fp8(f"model.layers.{layer}.mlp.shared_experts.down_proj.weight", (d_model, n_shared * d_ff))
-    for layer in range(first_k_dense):
-        w = (rng.standard_normal((d_model, d_model)) * 0.1).astype(np.float32)
-        tensors[f"model.layers.{layer}.mlp.down_proj.weight"] = ("BF16", f32_to_bf16_bits(w))
+    for layer in range(first_k_dense):  # after the MoE layers: their values do not depend on these
+        fp8(f"model.layers.{layer}.mlp.gate_proj.weight", (dense_d_ff, d_model))
+        fp8(f"model.layers.{layer}.mlp.up_proj.weight", (dense_d_ff, d_model))
+        fp8(f"model.layers.{layer}.mlp.down_proj.weight", (d_model, dense_d_ff))
+    write_checkpoint(root, config, tensors, shards=shards)
+    return TinyModel(root=root, config=config, dense=dense, tensors=tensors)
+
+
+def llama_dense(root: Path, *, seed: int = 2, d_model: int = 96, d_ff: int = 352, n_layers: int = 2,
+                shards: int = 2, dtype: str = "BF16") -> TinyModel:
+    """A Llama-style dense model: every layer a SwiGLU ``mlp.{gate,up,down}_proj`` of width d_ff
+    (config ``intermediate_size``), no experts, no router; BF16 weights by default, as on the hub."""
+    rng = np.random.default_rng(seed)
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": d_model,
+              "intermediate_size": d_ff, "num_hidden_layers": n_layers, "hidden_act": "silu",
+              "torch_dtype": {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}[dtype]}
+    tensors, dense = {}, {}
+
+    def add(name: str, shape: tuple[int, int]) -> None:
+        w = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+        if dtype == "BF16":
+            bits = f32_to_bf16_bits(w)
+            tensors[name], dense[name] = ("BF16", bits), bf16_bits_to_f32(bits)
+        else:
+            stored = w.astype(np.float16) if dtype == "F16" else w
+            tensors[name], dense[name] = (dtype, stored), stored.astype(np.float32)
+
+    for layer in range(n_layers):
+        add(f"model.layers.{layer}.mlp.gate_proj.weight", (d_ff, d_model))
+        add(f"model.layers.{layer}.mlp.up_proj.weight", (d_ff, d_model))
+        add(f"model.layers.{layer}.mlp.down_proj.weight", (d_model, d_ff))
+        add(f"model.layers.{layer}.self_attn.o_proj.weight", (d_model, d_model))  # bytes nobody should read
     write_checkpoint(root, config, tensors, shards=shards)
     return TinyModel(root=root, config=config, dense=dense, tensors=tensors)
 

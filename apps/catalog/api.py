@@ -4,10 +4,12 @@ import uuid
 from typing import Any, Literal
 
 from ninja import Field
+from pydantic import ConfigDict, model_validator
 
 from apps.api.registry import rpc_method
 from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams, absent_or, bounded_int
 from apps.catalog import selectors, services
+from apps.experts.gate_payload import MAX_DENSE_SLICES
 from apps.quantization.presets import PRESETS
 from apps.quantization.types import GGMLType
 
@@ -29,13 +31,29 @@ class CatalogShapeParams(QueryParams):
 
 
 class PrepareParams(Params):
+    # experts, dense_slices or both: an MoE layer's experts by id, or a dense layer's d_ff slices
+    model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["experts"]},
+                                                           {"required": ["dense_slices"]}]})
+
     model_id: str = Field(min_length=1, max_length=200)
     layer: Int = Field(ge=0, le=DB_INT_MAX)
-    experts: list[bounded_int(0, DB_INT_MAX)] = Field(min_length=1, max_length=4096)  # type: ignore[valid-type]
+    experts: list[bounded_int(0, DB_INT_MAX)] = absent_or(  # type: ignore[valid-type]
+        min_length=1, max_length=4096,
+        description="Expert ids of an MoE layer; with dense_slices, the slice ids to publish (default all).")
+    dense_slices: Int = absent_or(
+        ge=1, le=MAX_DENSE_SLICES,
+        description="Cut a dense (non-MoE) layer into this many d_ff slices, published as experts 0..n-1 "
+                    "under a dense gate (docs/protocol.md 'Gate payloads').")
     quant: Preset | PerProjectionQuant | None = Field(
         None, description='Preset ("q4_k_m", "q8_0", …), one type per projection, or null for dense f32.')
     checkpoint: str = absent_or(min_length=1, max_length=4096,
                                 description="Checkpoint folder or http(s) URL (default: the catalog's).")
+
+    @model_validator(mode="after")
+    def _experts_or_dense_slices(self) -> "PrepareParams":
+        if self.experts is None and self.dense_slices is None:
+            raise ValueError("give experts (an MoE layer's expert ids), dense_slices (a dense layer), or both")
+        return self
 
 
 class PrepareStatusParams(QueryParams):
@@ -75,6 +93,13 @@ class JobExpertOut(Out):
     blob_uri: str | None = None
     size: int | None = None
     formats: dict[str, str] | None = None
+    rows: list[int] | None = Field(None, description="A dense slice's d_ff rows [start, end).")
+
+
+class DenseOut(Out):
+    d_model: int
+    d_ff: int
+    slice_align: int = Field(description="Rows per block of the cut (the down projection's quant block).")
 
 
 class Progress(Out):
@@ -94,6 +119,8 @@ class PrepareJobOut(Out):
     layer: int
     quant: str | dict[str, str] | None
     checkpoint: str
+    dense_slices: int | None
+    dense: DenseOut | None = Field(description="A dense job's layer, once the job has read the checkpoint.")
     progress: Progress
     gate: BlobOut | None
     experts: list[JobExpertOut]
@@ -116,10 +143,11 @@ def catalog_shape(params: CatalogShapeParams) -> dict[str, Any]:
             links={"status": {"operationId": "tenzro_moePrepareStatus",
                               "parameters": {"job_id": "$response.body#/job_id"}}})
 def prepare_experts(params: PrepareParams) -> dict[str, Any]:
-    """Queue a job that slices a layer's experts (and gate) from a checkpoint, quantizes and publishes them."""
+    """Queue a job that slices a layer's experts (or a dense layer's d_ff slices) and gate from a checkpoint,
+    quantizes and publishes them."""
     quant = params.quant.model_dump() if isinstance(params.quant, PerProjectionQuant) else params.quant
     job = services.prepare_job_create(model_id=params.model_id, layer=params.layer, experts=params.experts,
-                                      quant=quant, checkpoint=params.checkpoint)
+                                      quant=quant, checkpoint=params.checkpoint, dense_slices=params.dense_slices)
     return selectors.prepare_job_to_dict(job)
 
 

@@ -16,13 +16,16 @@ class PrepareJob(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     model_id = models.CharField(max_length=200)
     layer = models.PositiveIntegerField()
-    experts = models.JSONField(help_text="Expert ids, ascending.")
+    experts = models.JSONField(help_text="Expert ids, ascending (for a dense job: slice ids).")
+    dense_slices = models.PositiveIntegerField(
+        null=True, blank=True, help_text="A dense layer cut into this many d_ff slices (experts 0..n-1); null: MoE.")
     quant = models.JSONField(null=True, blank=True, help_text="Preset name, per-projection object, or null (f32).")
     checkpoint = models.CharField(max_length=1000, help_text="Checkpoint folder or http(s) URL.")
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED)
     error_reason = models.CharField(max_length=64, blank=True, default="")
     error = models.TextField(blank=True, default="")
-    # {"gate": {hash, size} | null, "experts": {"<id>": {hash, size, formats}}}: filled as work completes.
+    # {"gate": {hash, size} | null, "experts": {"<id>": {hash, size, formats}}, and for a dense job
+    # "dense": {d_model, d_ff, slice_align, bounds}}: filled as work completes.
     results = models.JSONField(default=dict)
     attempts = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -33,4 +36,5 @@ class PrepareJob(models.Model):
         ordering = ("-created_at",)
 
     def __str__(self) -> str:
-        return f"prepare {self.model_id} layer {self.layer} experts {self.experts} ({self.state})"
+        what = f"{self.dense_slices} dense slices" if self.dense_slices else "experts"
+        return f"prepare {self.model_id} layer {self.layer} {what} {self.experts} ({self.state})"

@@ -61,9 +61,10 @@ def _blob(entry: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def prepare_job_to_dict(job: PrepareJob) -> dict[str, Any]:
     done = job.results.get("experts", {})
+    dense = job.results.get("dense")  # known once a dense job has read the checkpoint
     experts = [
         {"expert": e, "state": "done" if str(e) in done else ("failed" if job.state == "failed" else "pending"),
-         **(_blob(done.get(str(e))) or {})}
+         **(_blob(done.get(str(e))) or {}), **({"rows": dense["bounds"][e]} if dense else {})}
         for e in job.experts
     ]
     return {
@@ -73,6 +74,8 @@ def prepare_job_to_dict(job: PrepareJob) -> dict[str, Any]:
         "layer": job.layer,
         "quant": job.quant,
         "checkpoint": job.checkpoint,
+        "dense_slices": job.dense_slices,
+        "dense": None if dense is None else {k: dense[k] for k in ("d_model", "d_ff", "slice_align")},
         "progress": {"done": len(done), "total": len(job.experts)},
         "gate": _blob(job.results.get("gate")),
         "experts": experts,

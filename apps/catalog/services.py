@@ -3,6 +3,9 @@
 A job is idempotent: slicing and quantization are deterministic, so running it again (after a
 crash, or as a new job with the same arguments) publishes byte-identical blobs and hashes.
 Progress is saved after every expert, and a re-run skips experts whose blobs are stored.
+
+A job either slices an MoE layer's experts by id, or (``dense_slices`` N) cuts a dense layer
+into N d_ff slices published as experts 0 … N-1 under a dense gate (apps/catalog/dense.py).
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ from django.utils import timezone
 
 from apps.blobs.selectors import blob_store
 from apps.catalog.checkpoint import CheckpointError, CheckpointReader
+from apps.catalog.dense import dense_gate_payload, dense_layer, prepare_dense_slice
 from apps.catalog.models import JobState, PrepareJob
 from apps.catalog.selectors import default_checkpoint
 from apps.catalog.shapes import CatalogError, ModelShape, catalog_shape, shape_from_config
 from apps.catalog.slicing import SlicingError, gate_payload_for_layer, prepare_expert
 from apps.errors import InvalidInput
+from apps.experts.gate_payload import MAX_DENSE_SLICES
 from apps.node.selectors import redis_client
 from apps.quantization.payload import PayloadError
 from apps.quantization.presets import resolve_quant
@@ -37,22 +42,37 @@ class JobBusy(Exception):
 
 
 def prepare_job_create(
-    *, model_id: str, layer: int, experts: list[int], quant: str | Mapping[str, str] | None,
-    checkpoint: str | None,
+    *, model_id: str, layer: int, experts: list[int] | None, quant: str | Mapping[str, str] | None,
+    checkpoint: str | None, dense_slices: int | None = None,
 ) -> PrepareJob:
-    """Validate and queue a prepare job (the task is sent after the row commits)."""
+    """Validate and queue a prepare job (the task is sent after the row commits).
+
+    With `dense_slices` N the layer must be dense (checked when the job reads the checkpoint)
+    and `experts` names the slice ids to publish, default all of 0 … N-1; the dense gate is
+    always published."""
     try:
         resolve_quant(quant)
     except ValueError as exc:
         raise InvalidInput(f"invalid quant: {exc}", reason="invalid_quant") from exc
-    wanted = sorted(set(experts))
+    if dense_slices is not None:
+        if isinstance(dense_slices, bool) or not 1 <= dense_slices <= MAX_DENSE_SLICES:
+            raise InvalidInput(f"dense_slices must be in 1..{MAX_DENSE_SLICES}, got {dense_slices!r}",
+                               reason="dense_slices_out_of_range")
+        if experts is None:
+            experts = list(range(dense_slices))
+        outside = sorted({e for e in experts if not 0 <= e < dense_slices})
+        if outside:
+            raise InvalidInput(f"a layer cut into {dense_slices} dense slices has slice ids 0..{dense_slices - 1}; "
+                               f"asked for {outside}", reason="expert_out_of_range")
+    wanted = sorted(set(experts or ()))
     if not wanted or wanted[0] < 0:
         raise InvalidInput(f"experts must be non-empty, non-negative ids, got {experts}")
     source = checkpoint or default_checkpoint(model_id)
     if source is None:
         raise InvalidInput(f"no checkpoint given and the catalog has no default source for {model_id!r}",
                            reason="checkpoint_required")
-    job = PrepareJob.objects.create(model_id=model_id, layer=layer, experts=wanted, quant=quant, checkpoint=source)
+    job = PrepareJob.objects.create(model_id=model_id, layer=layer, experts=wanted, quant=quant, checkpoint=source,
+                                    dense_slices=dense_slices)
     transaction.on_commit(lambda: _enqueue(str(job.pk)))
     return job
 
@@ -69,6 +89,14 @@ def _shape(model_id: str, config: dict[str, Any]) -> ModelShape:
         return shape_from_config(model_id, config)
     except CatalogError:
         return catalog_shape(model_id)
+
+
+def _dense_shape(model_id: str, config: dict[str, Any]) -> ModelShape | None:
+    """As `_shape`, but a model with no MoE shape at all (a Llama) is fine: its tensors decide."""
+    try:
+        return _shape(model_id, config)
+    except CatalogError:
+        return None
 
 
 def prepare_job_run(*, job_id: str) -> None:
@@ -103,6 +131,9 @@ def _run(job: PrepareJob, lock: Any) -> None:
     results = job.results or {}
     done = results.setdefault("experts", {})
     with CheckpointReader.open(job.checkpoint) as reader:
+        if job.dense_slices:
+            _run_dense(job, lock, reader, store, results)
+            return
         shape = _shape(job.model_id, reader.config)
         total = shape.n_experts_total
         outside = [e for e in job.experts if total is not None and e >= total]
@@ -121,6 +152,27 @@ def _run(job: PrepareJob, lock: Any) -> None:
                                               quant=job.quant)
             done[str(expert)] = {"hash": store.put(payload), "size": len(payload), "formats": formats}
             _save_progress(job, results, lock)
+
+
+def _run_dense(job: PrepareJob, lock: Any, reader: CheckpointReader, store: Any, results: dict[str, Any]) -> None:
+    """A dense layer: its layout checked before anything is published, then the gate, then each slice."""
+    dense = dense_layer(reader, _dense_shape(job.model_id, reader.config), job.layer, n_slices=job.dense_slices,
+                        quant=job.quant)
+    results["dense"] = {"d_model": dense.d_model, "d_ff": dense.d_ff, "slice_align": dense.slice_align,
+                        "bounds": [list(b) for b in dense.bounds]}
+    done = results["experts"]
+    if not (results.get("gate") and store.has(results["gate"]["hash"])):
+        gate = dense_gate_payload(dense, model_id=job.model_id)
+        results["gate"] = {"hash": store.put(gate), "size": len(gate)}
+        _save_progress(job, results, lock)
+    for slice_id in job.experts:
+        entry = done.get(str(slice_id))
+        if entry and store.has(entry["hash"]):
+            continue  # finished before a restart; the bytes would be identical anyway
+        payload, formats = prepare_dense_slice(reader, dense, model_id=job.model_id, slice_id=slice_id,
+                                               quant=job.quant)
+        done[str(slice_id)] = {"hash": store.put(payload), "size": len(payload), "formats": formats}
+        _save_progress(job, results, lock)
 
 
 def _save_progress(job: PrepareJob, results: dict[str, Any], lock: Any) -> None:

@@ -31,7 +31,8 @@ from apps.quantization.presets import PROJECTIONS, TENSOR_NAMES
 
 class SlicingError(TenzroError, ValueError):
     """A slice the shape or checkpoint cannot give. ``reason``: layer_not_moe, expert_out_of_range,
-    unsupported_layout, shape_incomplete, shape_mismatch, non_finite."""
+    unsupported_layout, shape_incomplete, shape_mismatch, non_finite; for dense layers
+    (apps.catalog.dense) also layer_is_moe, layer_not_dense, dense_slices_out_of_range, invalid_quant."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message, reason=reason)
@@ -78,7 +79,8 @@ def _check_layer(shape: ModelShape, layer: int) -> None:
     _require(shape, "n_routed_experts", "n_active", "moe_layers", "router")
     if isinstance(layer, bool) or not isinstance(layer, int | np.integer) or not shape.is_moe_layer(int(layer)):
         raise SlicingError("layer_not_moe", f"{shape.model_id}: layer {layer!r} is not an MoE layer "
-                                            f"({shape.moe_layer_rule}, {shape.n_layers} layers)")
+                                            f"({shape.moe_layer_rule}, {shape.n_layers} layers); a dense layer "
+                                            "is prepared as d_ff slices (dense_slices)")
 
 
 def _check_dims(shape: ModelShape, name: str, w: np.ndarray, want: tuple[int | None, int | None]) -> None:

@@ -60,30 +60,40 @@ def _finish(job: dict[str, Any]) -> None:
 @moe.command("prepare-experts")
 @click.option("--model-id", required=True)
 @click.option("--layer", required=True, type=click.IntRange(min=0))
-@click.option("--experts", required=True, help="Comma-separated expert ids, e.g. 1,2,5.")
+@click.option("--experts", default=None,
+              help="Comma-separated expert ids, e.g. 1,2,5 (with --dense-slices: slice ids, default all).")
+@click.option("--dense-slices", type=click.IntRange(1, 1024), default=None,
+              help="Cut a dense (non-MoE) layer into N d_ff slices, published as experts 0..N-1 with a dense gate.")
 @click.option("--quant", default=None, help="Preset: q4_k_m, q8_0, q4_k, q6_k (omit both for dense f32).")
 @click.option("--quant-json", default=None, help='Per projection, e.g. {"gate":"q4_k","up":"q4_k","down":"q6_k"}.')
 @click.option("--checkpoint", default=None, help="Checkpoint folder or http(s) URL (default: the catalog's).")
 @click.option("--wait", is_flag=True, help="Wait for the job, with a progress bar on a terminal.")
 @click.pass_obj
-def prepare_experts(obj: CliContext, model_id: str, layer: int, experts: str, quant: str | None,
-                    quant_json: str | None, checkpoint: str | None, wait: bool) -> None:
-    """Slice a layer's experts out of a checkpoint, block-quantize and publish them as blobs."""
+def prepare_experts(obj: CliContext, model_id: str, layer: int, experts: str | None, dense_slices: int | None,
+                    quant: str | None, quant_json: str | None, checkpoint: str | None, wait: bool) -> None:
+    """Slice a layer's experts (or a dense layer's d_ff slices) out of a checkpoint, block-quantize and publish
+    them as blobs."""
     if quant and quant_json:
         raise click.UsageError("give --quant or --quant-json, not both")
-    try:
-        expert_ids = [int(e) for e in experts.split(",") if e.strip()]
-    except ValueError as exc:
-        raise click.BadParameter(f"not a comma-separated list of integers: {experts!r}",
-                                 param_hint="--experts") from exc
+    if experts is None and dense_slices is None:
+        raise click.UsageError("give --experts (an MoE layer), --dense-slices (a dense layer), or both")
+    expert_ids = None
+    if experts is not None:
+        try:
+            expert_ids = [int(e) for e in experts.split(",") if e.strip()]
+        except ValueError as exc:
+            raise click.BadParameter(f"not a comma-separated list of integers: {experts!r}",
+                                     param_hint="--experts") from exc
     quant_value: Any = quant
     if quant_json:
         try:
             quant_value = json.loads(quant_json)
         except json.JSONDecodeError as exc:
             raise click.BadParameter(f"not JSON: {exc}", param_hint="--quant-json") from exc
+    # options left unset (None) are not sent (apps/cli/client.py)
     job = obj.call("tenzro_moePrepareExperts", {"model_id": model_id, "layer": layer, "experts": expert_ids,
-                                                "quant": quant_value, "checkpoint": checkpoint})
+                                                "dense_slices": dense_slices, "quant": quant_value,
+                                                "checkpoint": checkpoint})
     _finish(_wait_for_job(obj, job) if wait else job)
 
 

@@ -13,6 +13,10 @@ by (sum + 1e-20) when norm_topk_prob, times routed_scaling_factor.
 Shared experts follow as ids n_routed .. n_routed+n_shared-1 with weight 1.0 (DeepseekV3MoE
 adds the shared MLP unscaled).
 
+dense (a non-MoE SwiGLU layer split along d_ff, apps/experts/gate_payload.py): no routed
+experts and no logits; the slices 0 .. n_slices-1 are the shared experts, so every token goes
+to every slice with weight 1.0 and the combine sums the slices back into the layer's output.
+
 Ties: the reference uses torch.topk, whose order among equal values is unspecified; we break
 ties by the lower expert id (stable sort), so a routing is deterministic.
 """
@@ -61,6 +65,20 @@ def route(gate: GateSpec, hidden: np.ndarray) -> Routing:
     """Route hidden f32 [t, d_model] through `gate`; raises ShapeMismatch / NonFiniteInput."""
     x = check_hidden(hidden, gate.d_model)
     t = x.shape[0]
+    if gate.is_dense:  # nothing to choose: only the always-on slices below
+        idx, weights = np.empty((t, 0), dtype=np.int64), np.empty((t, 0), dtype=np.float32)
+    else:
+        idx, weights = _routed(gate, x)
+    if gate.n_shared_experts:
+        shared = np.arange(gate.n_routed, gate.n_routed + gate.n_shared_experts, dtype=np.int64)
+        idx = np.concatenate([idx, np.broadcast_to(shared, (t, shared.size))], axis=1)
+        weights = np.concatenate([weights, np.ones((t, shared.size), dtype=np.float32)], axis=1)
+    return Routing(experts=np.ascontiguousarray(idx), weights=np.ascontiguousarray(weights, dtype=np.float32))
+
+
+def _routed(gate: GateSpec, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The routed slots of checked rows x f32 [t, d_model]: (ids int64 [t, top_k], weights f32 [t, top_k])."""
+    t = x.shape[0]
     logits = x @ gate.weight.T  # f32 [t, n_routed]; both references compute the router in f32
     if not np.isfinite(logits).all():
         raise NonFiniteInput("gate logits overflowed f32 (hidden states too large); expected finite logits")
@@ -89,9 +107,4 @@ def route(gate: GateSpec, hidden: np.ndarray) -> Routing:
         weights = np.take_along_axis(scores, idx, axis=1)
         if gate.norm_topk_prob:
             weights = weights / (weights.sum(axis=1, keepdims=True) + np.float32(1e-20))
-    weights = weights * np.float32(gate.routed_scaling_factor)
-    if gate.n_shared_experts:
-        shared = np.arange(gate.n_routed, gate.n_routed + gate.n_shared_experts, dtype=np.int64)
-        idx = np.concatenate([idx, np.broadcast_to(shared, (t, shared.size))], axis=1)
-        weights = np.concatenate([weights, np.ones((t, shared.size), dtype=np.float32)], axis=1)
-    return Routing(experts=np.ascontiguousarray(idx), weights=np.ascontiguousarray(weights, dtype=np.float32))
+    return idx, weights * np.float32(gate.routed_scaling_factor)

@@ -304,7 +304,8 @@ class ExpertRuntime:
 
 
 def _check_pair(gate: GateSpec, header: ExpertHeader) -> None:
-    """A gate and an expert of the same (model_id, layer) must agree on width and id range."""
+    """A gate and an expert of the same (model_id, layer) must agree on width and id range (and,
+    for a dense gate, on the slice's d_ff width)."""
     if gate.d_model != header.d_model:
         raise ModelMismatch(
             f"{header.model_id!r} layer {header.layer}: gate has d_model {gate.d_model}, "
@@ -316,6 +317,14 @@ def _check_pair(gate: GateSpec, header: ExpertHeader) -> None:
             f"{header.model_id!r} layer {header.layer}: expert {header.expert} is out of range for a gate "
             f"with {gate.n_routed} routed + {gate.n_shared_experts} shared experts (ids 0..{n_total - 1})"
         )
+    if gate.is_dense:  # a slice cut for another slice count or alignment would sum to the wrong layer
+        start, end = gate.slice_bounds(header.expert)
+        if header.d_ff != end - start:
+            raise ModelMismatch(
+                f"{header.model_id!r} layer {header.layer}: slice {header.expert} has d_ff {header.d_ff}, but the "
+                f"dense gate ({gate.n_shared_experts} slices of d_ff {gate.dense_d_ff}, slice_align "
+                f"{gate.slice_align}) gives it rows [{start}, {end}) ({end - start} wide)"
+            )
 
 
 def _check_expected(what: str, found: dict[str, Any], expect: dict[str, Any] | None) -> None:

@@ -88,7 +88,7 @@ class ExpertRow(Out):
 class GateRow(Out):
     model_id: str
     layer: int
-    router: Literal["softmax", "sigmoid"]
+    router: Literal["softmax", "sigmoid", "dense"]
     n_routed: int
     n_shared_experts: int
     top_k: int

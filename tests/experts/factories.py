@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 from gguf import GGMLQuantizationType, quants
 
-from apps.experts.gate_payload import encode_gate_payload
+from apps.experts.gate_payload import dense_slice_bounds, encode_dense_gate_payload, encode_gate_payload
 from apps.quantization.payload import encode_expert_payload
 
 MODEL = "test/moe-tiny"
@@ -65,6 +65,21 @@ def deepseek_gate(rng: np.random.Generator, *, d_model: int, n_routed: int, top_
                                   topk_group=topk_group, n_shared_experts=n_shared,
                                   e_score_correction_bias=bias)
     return payload, weight, bias
+
+
+def dense_gate(*, d_model: int, d_ff: int, n_slices: int, slice_align: int = 1, layer: int = 0,
+               model_id: str = MODEL) -> bytes:
+    return encode_dense_gate_payload(model_id=model_id, layer=layer, d_model=d_model, d_ff=d_ff, n_slices=n_slices,
+                                     slice_align=slice_align)
+
+
+def dense_slices(weights: dict[str, np.ndarray], n_slices: int, align: int = 1) -> dict[int, dict[str, np.ndarray]]:
+    """A dense layer's {gate, up, down} cut into the slices of the protocol's rule: slice s holds
+    d_ff rows [a, b) of gate/up and the same columns of down."""
+    d_ff = weights["gate"].shape[0]
+    return {s: {"gate": weights["gate"][a:b], "up": weights["up"][a:b],
+                "down": np.ascontiguousarray(weights["down"][:, a:b])}
+            for s, (a, b) in enumerate(dense_slice_bounds(d_ff, n_slices, align))}
 
 
 # --- numpy translations of the transformers reference blocks -----------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 
@@ -9,12 +10,20 @@ import numpy as np
 import pytest
 
 from apps.experts.errors import InvalidPayload, NonFiniteInput, ShapeMismatch
-from apps.experts.gate_payload import encode_gate_payload, read_gate_payload
+from apps.experts.gate_payload import (
+    dense_slice_bounds,
+    encode_dense_gate_payload,
+    encode_gate_payload,
+    max_dense_slices,
+    read_gate_payload,
+)
 from apps.experts.gating import route
+from apps.quantization.payload import serialize_safetensors
 from tests.experts.factories import (
     MODEL,
     deepseek_gate,
     deepseek_v3_router_reference,
+    dense_gate,
     qwen3_router_reference,
     qwen_gate,
 )
@@ -158,3 +167,116 @@ def test_invalid_gate_payloads(kwargs, match):
 def test_corrupt_gate_payload(blob):
     with pytest.raises(InvalidPayload):
         read_gate_payload(blob)
+
+
+# --- dense layers: a gate with no routed experts, every token to every d_ff slice ---------------
+
+
+def test_dense_gate_routes_every_token_to_every_slice_with_weight_one():
+    gate = read_gate_payload(dense_gate(d_model=16, d_ff=96, n_slices=3, layer=2))
+    assert (gate.router, gate.n_routed, gate.top_k, gate.n_shared_experts, gate.k_total, gate.d_model) == \
+        ("dense", 0, 0, 3, 3, 16)
+    assert (gate.layer, gate.dense_d_ff, gate.slice_align, gate.bias) == (2, 96, 1, None)
+    hidden = np.random.default_rng(7).standard_normal((5, 16)).astype(np.float32)
+    routing = route(gate, hidden)
+    assert routing.experts.dtype == np.int64 and routing.weights.dtype == np.float32
+    np.testing.assert_array_equal(routing.experts, np.broadcast_to([0, 1, 2], (5, 3)))
+    np.testing.assert_array_equal(routing.weights, 1.0)
+    groups = routing.tokens_by_expert()
+    assert sorted(groups) == [0, 1, 2]
+    for tokens, weights in groups.values():
+        np.testing.assert_array_equal(tokens, np.arange(5))
+        np.testing.assert_array_equal(weights, 1.0)
+    assert route(gate, np.zeros((0, 16), np.float32)).experts.shape == (0, 3)
+    with pytest.raises(ShapeMismatch, match="d_model 8, expected 16"):
+        route(gate, np.zeros((2, 8), np.float32))
+    bad = hidden.copy()
+    bad[1, 1] = np.nan
+    with pytest.raises(NonFiniteInput):
+        route(gate, bad)
+
+
+@pytest.mark.parametrize(
+    ("d_ff", "n", "align", "bounds"),
+    [
+        (96, 3, 1, [(0, 32), (32, 64), (64, 96)]),
+        (10, 4, 1, [(0, 3), (3, 6), (6, 8), (8, 10)]),  # widths differ by at most one block
+        (136, 3, 32, [(0, 64), (64, 128), (128, 136)]),  # the short last block goes to the last slice
+        (9 * 256, 4, 256, [(0, 768), (768, 1280), (1280, 1792), (1792, 2304)]),
+        (18432, 5, 256, [(0, 3840), (3840, 7680), (7680, 11264), (11264, 14848), (14848, 18432)]),
+        (64, 1, 256, [(0, 64)]),
+    ],
+)
+def test_dense_slice_bounds(d_ff, n, align, bounds):
+    assert dense_slice_bounds(d_ff, n, align) == bounds
+    widths = [b - a for a, b in bounds]
+    assert bounds[0][0] == 0 and bounds[-1][1] == d_ff and all(w > 0 for w in widths)
+    assert all(a == b for (_, a), (b, _) in itertools.pairwise(bounds))
+    assert all(a % align == 0 for a, _ in bounds) and widths == sorted(widths, reverse=True)
+
+
+def test_dense_slice_bounds_cover_every_count_up_to_the_limit():
+    for d_ff in (1, 7, 136, 300, 512, 1000):
+        for align in (1, 32, 256):
+            limit = max_dense_slices(d_ff, align)
+            for n in range(1, limit + 1):
+                bounds = dense_slice_bounds(d_ff, n, align)
+                assert len(bounds) == n and bounds[-1][1] == d_ff and all(b > a for a, b in bounds)
+            with pytest.raises(ValueError, match=f"at most {limit} non-empty slices"):
+                dense_slice_bounds(d_ff, limit + 1, align)
+    with pytest.raises(ValueError, match="positive"):
+        dense_slice_bounds(96, 0)
+
+
+def _dense_meta(**changes):
+    meta = {"model_id": MODEL, "layer": "0", "router": "dense", "top_k": "0", "n_shared_experts": "3", "d_ff": "96"}
+    meta.update(changes)
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+def _raw_gate(meta, rows=0, d_model=16, bias=None):
+    entries = {"weight": ("F32", [rows, d_model], np.ones((rows, d_model), np.float32).tobytes())}
+    if bias is not None:
+        entries["e_score_correction_bias"] = ("F32", [len(bias)], np.asarray(bias, np.float32).tobytes())
+    return serialize_safetensors(entries, meta)
+
+
+def test_minimal_dense_gate_metadata_reads_with_defaults():
+    spec = read_gate_payload(_raw_gate(_dense_meta()))
+    assert (spec.router, spec.n_shared_experts, spec.dense_d_ff, spec.slice_align) == ("dense", 3, 96, 1)
+    assert [spec.slice_bounds(s) for s in range(3)] == [(0, 32), (32, 64), (64, 96)]
+
+
+@pytest.mark.parametrize(
+    ("meta", "rows", "bias", "match"),
+    [
+        (_dense_meta(), 2, None, r"must be \[0, d_model\] \(a dense layer has no routed experts\)"),
+        (_dense_meta(router="softmax", top_k="1"), 0, None, r"must be \[n_routed, d_model\]"),
+        (_dense_meta(top_k="2"), 0, None, "'top_k' must be 0 for router 'dense'"),
+        (_dense_meta(routed_scaling_factor="2.5"), 0, None, "'routed_scaling_factor' must be 1.0"),
+        (_dense_meta(norm_topk_prob="true"), 0, None, "'norm_topk_prob' must be False"),
+        (_dense_meta(n_group="2"), 0, None, "'n_group' must be 1"),
+        (_dense_meta(n_shared_experts="0"), 0, None, "needs 1..1024 slices"),
+        (_dense_meta(n_shared_experts="1025", d_ff="4096"), 0, None, "needs 1..1024 slices"),
+        (_dense_meta(n_shared_experts=None), 0, None, "needs 1..1024 slices"),
+        (_dense_meta(d_ff=None), 0, None, "'d_ff' is required"),
+        (_dense_meta(d_ff="0"), 0, None, "'d_ff' must be >= 1"),
+        (_dense_meta(d_ff="x"), 0, None, "'d_ff' must be an integer"),
+        (_dense_meta(slice_align="0"), 0, None, "'slice_align' must be >= 1"),
+        (_dense_meta(d_ff="64", slice_align="32"), 0, None, "at most 2 non-empty slices"),
+        (_dense_meta(), 0, [], "no e_score_correction_bias"),
+        ({"router": "softmax", "top_k": "1", "model_id": MODEL, "layer": "0", "d_ff": "8"}, 2, None,
+         "'d_ff' only applies to router 'dense'"),
+        ({"router": "softmax", "top_k": "0", "model_id": MODEL, "layer": "0"}, 2, None, "'top_k' must be >= 1"),
+    ],
+)
+def test_invalid_dense_gate_payloads(meta, rows, bias, match):
+    with pytest.raises(InvalidPayload, match=match):
+        read_gate_payload(_raw_gate(meta, rows=rows, bias=bias))
+
+
+def test_dense_gate_encoder_refuses_what_the_reader_would():
+    with pytest.raises(InvalidPayload, match="at most 3 non-empty slices"):
+        encode_dense_gate_payload(model_id=MODEL, layer=0, d_model=16, d_ff=3, n_slices=4)
+    with pytest.raises(InvalidPayload, match=r"must be \[0, d_model\]"):
+        encode_dense_gate_payload(model_id=MODEL, layer=0, d_model=0, d_ff=8, n_slices=2)

@@ -20,11 +20,14 @@ from tests.experts.factories import (
     MODEL,
     deepseek_gate,
     deepseek_v3_router_reference,
+    dense_gate,
+    dense_slices,
     expert_payload,
     expert_weights,
     moe_block_reference,
     qwen3_router_reference,
     qwen_gate,
+    swiglu_reference,
 )
 
 D_MODEL, D_FF = 64, 256
@@ -231,3 +234,39 @@ def test_every_change_of_holdings_is_reported(tmp_path):
     assert not changes
     rt.expert_unload(model_id=MODEL, layer=0, expert=0)
     assert changes == [1]
+
+
+@pytest.mark.parametrize(("quant", "bound"), [(None, 1e-5), ("q8_0", 0.02)])
+def test_forward_local_of_a_dense_layer_held_as_slices(rt, quant, bound):
+    """A dense SwiGLU layer cut into 3 d_ff slices (ids 0..2) under a dense gate: forward_local
+    runs unchanged and sums the slices back into the layer's output."""
+    rng = np.random.default_rng(51)
+    d_ff = 3 * 96 + 40  # 328: not a multiple of 32, so the last slice is the narrow one
+    layer = expert_weights(rng, D_MODEL, d_ff)
+    slices = dense_slices(layer, 3, align=32)
+    assert [s["gate"].shape[0] for s in slices.values()] == [128, 128, 72]
+    rt.gate_load(payload=dense_gate(d_model=D_MODEL, d_ff=d_ff, n_slices=3, slice_align=32, layer=4))
+    for s, w in slices.items():
+        rt.expert_load(payload=expert_payload(w, expert=s, layer=4, quant=quant))
+    x = rng.standard_normal((9, D_MODEL)).astype(np.float32)
+    routing = rt.route(model_id=MODEL, layer=4, hidden=x)
+    np.testing.assert_array_equal(routing.experts, np.broadcast_to([0, 1, 2], (9, 3)))
+    y = rt.forward_local(model_id=MODEL, layer=4, hidden=x)
+    assert y.dtype == np.float32 and _rel(y, swiglu_reference(layer, x)) < bound
+    gate_row = rt.status()["gates"][0]
+    assert (gate_row["router"], gate_row["n_routed"], gate_row["n_shared_experts"], gate_row["top_k"]) == \
+        ("dense", 0, 3, 0)
+
+
+def test_dense_gate_refuses_slices_of_another_cut(rt):
+    rng = np.random.default_rng(52)
+    layer = expert_weights(rng, D_MODEL, 96)
+    rt.gate_load(payload=dense_gate(d_model=D_MODEL, d_ff=96, n_slices=3))  # slices of 32 rows
+    with pytest.raises(ModelMismatch, match=r"slice 1 has d_ff 48, .* gives it rows \[32, 64\) \(32 wide\)"):
+        rt.expert_load(payload=expert_payload(dense_slices(layer, 2)[1], expert=1))
+    with pytest.raises(ModelMismatch, match=r"expert 3 is out of range .* 0 routed \+ 3 shared"):
+        rt.expert_load(payload=expert_payload(dense_slices(layer, 4)[3], expert=3))
+    rt.expert_load(payload=expert_payload(dense_slices(layer, 3)[1], expert=1))
+    # and the other way round: a gate cut differently from the slices already held
+    with pytest.raises(ModelMismatch, match="slice 1 has d_ff 32"):
+        rt.gate_load(payload=dense_gate(d_model=D_MODEL, d_ff=96, n_slices=2))
