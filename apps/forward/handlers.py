@@ -153,10 +153,13 @@ class DistributedForward:
                                    tokens=np.repeat(np.arange(n_tokens), k), experts=experts,
                                    weights=routing.weights.ravel(), n_routed=gate.n_routed)
         report = await run_forward(combine, hidden, np.full(len(experts), layer, np.int64), plan, caller, self.book,
-                                   self.limits, fail_fast=not allow_partial)
+                                   self.limits, fail_fast=not allow_partial or gate.n_routed == 0)
         self._record(model_id, report)
+        # A dense layer's slices are summands of one output, not alternatives: without one of them
+        # the row is wrong, not degraded, so a dense layer always fails closed.
+        partial_ok = allow_partial and gate.n_routed > 0
         try:
-            result = combine.finish(allow_partial=allow_partial, min_gate_mass=min_gate_mass)
+            result = combine.finish(allow_partial=partial_ok, min_gate_mass=min_gate_mass)
         except ForwardIncomplete as exc:  # say why: which experts had no holder, which holders failed
             message = exc.message
             if report.unroutable:

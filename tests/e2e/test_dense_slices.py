@@ -131,3 +131,7 @@ def test_slices_on_three_holders_sum_to_the_layer_through_the_distributed_forwar
                                          "hidden": base64.b64encode(hidden.tobytes()).decode()}, timeout=60)
     assert closed["error"]["data"]["reason"] == "forward_incomplete", closed
     assert {(m["expert"], m["token_index"]) for m in closed["error"]["data"]["missing"]} == {(2, t) for t in range(16)}
+    partial = a.rpc("tenzro_moeForward", {"model_id": "tiny-dsv3", "layer": 0, "d_model": D_MODEL,
+                                          "hidden": base64.b64encode(hidden.tobytes()).decode(),
+                                          "allow_partial": True}, timeout=60)
+    assert partial["error"]["data"]["reason"] == "forward_incomplete", partial  # no partial dense rows
