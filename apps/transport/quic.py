@@ -4,8 +4,9 @@
   socket buffers, library; defaults from TENZRO_QUIC_*), `TransportError`, `ALPN`;
 * quic_lib.py — the one seam that imports a QUIC library (qh3 by default, or aioquic);
 * quic_server.py — `start_server`: one request frame per stream, admitted per peer, one
-  async handler;
-* quic_client.py — pinned connections (`quic_connection`, `quic_call`);
+  async handler; a stream the client resets cancels its handler;
+* quic_client.py — pinned connections (`quic_connection`, `quic_call`); pool.py keeps one
+  connection per peer for many calls;
 * framing.py — the frames on a stream; udp.py — path MTU and socket buffers.
 
 docs/protocol.md ("QUIC") is the normative description.

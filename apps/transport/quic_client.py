@@ -2,7 +2,8 @@
 
 The client pins the server's certificate by its SHA-256 fingerprint (the one in the
 server's signed provider record) instead of trusting a CA, and checks it before it sends
-anything.
+anything. A call whose awaiting task is cancelled (or times out) resets its stream both
+ways, so the server stops working on it (quic_server.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from apps.transport.framing import KIND_RESPONSE, Body, Frame, FrameDecoder, Fra
 from apps.transport.pinning import certificate_sha256
 from apps.transport.quic_config import QuicSettings, TransportError
 from apps.transport.udp import tune_socket
+
+# QUIC application error code of a stream the client gave up (RESET_STREAM and STOP_SENDING).
+CANCELLED_STREAM = 0x11
 
 
 class _ClientConnection:
@@ -60,7 +64,10 @@ class _ClientConnection:
         return None if der is None else certificate_sha256(der)
 
     async def call(self, method: str, params: dict[str, Any], body: Body) -> Frame:
-        """Send one request on a new stream and wait for its response frame."""
+        """Send one request on a new stream and wait for its response frame.
+
+        Cancelling the awaiting task resets the stream (see `_abandon`).
+        """
         if self.terminated is not None:
             raise TransportError("connection_closed", f"connection closed: {self.terminated}")
         stream_id = self._quic.get_next_available_stream_id()
@@ -74,8 +81,25 @@ class _ClientConnection:
                 self._quic.send_stream_data(stream_id, payload, end_stream=True)
             self.transmit()
             return await future
+        except asyncio.CancelledError:
+            self._abandon(stream_id)
+            raise
         finally:
             self._waiters.pop(stream_id, None)
+
+    def _abandon(self, stream_id: int) -> None:
+        """Give a stream up: RESET_STREAM stops our request, STOP_SENDING the server's answer.
+
+        RESET_STREAM alone is not enough: once the request was sent whole, the server may
+        already hold all of it and ignore the reset; STOP_SENDING reaches its send side,
+        which is what tells its handler that nobody is waiting.
+        """
+        if self.terminated is not None:
+            return
+        for stop in (self._quic.reset_stream, self._quic.stop_stream):
+            with contextlib.suppress(Exception):  # the stream's side may already be finished
+                stop(stream_id, CANCELLED_STREAM)
+        self.transmit()
 
     def quic_event_received(self, event: Any) -> None:
         events = self._lib.events

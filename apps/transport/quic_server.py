@@ -5,6 +5,10 @@ limits (admission.py), and hands it to one async handler that returns a Reply; t
 handler's compute runs off the event loop (the handler's job), so this adapter only moves
 bytes. It knows nothing of the methods it carries: which method a peer may call is the
 worker's decision (apps/worker/doors.py).
+
+A client that gives a request up (a hedge lost, a deadline passed) resets the stream
+(RESET_STREAM + STOP_SENDING); the server then cancels that stream's handler task, so work
+still queued for a compute thread is withdrawn rather than computed for nobody.
 """
 
 from __future__ import annotations
@@ -70,8 +74,10 @@ class _ServerConnection:
         events = self._lib.events
         if isinstance(event, events.StreamDataReceived):
             self._stream_data(event)
-        elif isinstance(event, events.StreamReset):
-            self._forget(event.stream_id)
+        elif isinstance(event, events.StreamReset | events.StopSendingReceived):
+            # RESET_STREAM: the client stopped sending the request; STOP_SENDING: it no longer
+            # wants the answer. Either way nobody will read what the handler computes.
+            self._abandon(event.stream_id)
         elif isinstance(event, events.HandshakeCompleted):
             self._count_host()
         elif isinstance(event, events.ConnectionTerminated):
@@ -135,6 +141,14 @@ class _ServerConnection:
             except Exception:  # the stream's send side may already be finished
                 logger.debug("stop_stream(%s) failed", stream_id, exc_info=True)
         self._send(stream_id, reply)
+
+    def _abandon(self, stream_id: int) -> None:
+        """The client gave the stream up: cancel its handler (withdrawing queued compute), free its slot."""
+        self._dropping.discard(stream_id)
+        task = self._tasks.pop(stream_id, None)
+        if task is not None:
+            task.cancel()
+        self._forget(stream_id)
 
     def _start_answer(self, stream_id: int, frame: Frame) -> None:
         task = asyncio.ensure_future(self._answer(stream_id, frame))
