@@ -183,7 +183,7 @@ async def open_connection(*, host: str, port: int, pin_sha256: str, settings: Qu
             protocol = await opening.__aenter__()
     except TimeoutError as exc:
         raise TransportError("timeout", f"no QUIC handshake with {where} within {timeout_s} s") from exc
-    except ConnectionError as exc:
+    except OSError as exc:  # ConnectionError (the handshake was refused or aborted), unreachable networks
         raise TransportError("connection_failed", f"could not reach {where}: {exc}") from exc
     connection = OpenConnection(protocol, opening, where)
     seen = protocol.peer_certificate_sha256()
