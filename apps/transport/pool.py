@@ -4,7 +4,7 @@ The distributed forward calls many peers, many times a second; a handshake per c
 cost a round trip and a certificate check each. The pool opens one connection per peer
 lazily (concurrent first calls share its one handshake), multiplexes every call on its own
 stream, and notices a connection that died — closed by the peer, idle-timed out, or silent
-through a whole call — so the next call reconnects. Cancelling a call's task resets its
+through a whole call or deaf to a PING after one — so the next call reconnects. Cancelling a call's task resets its
 stream (quic_client.py), which makes the server cancel the work.
 
 The pool belongs to one event loop (the one its first call ran on). It knows nothing of
@@ -27,6 +27,9 @@ from apps.transport.quic_config import QuicSettings, TransportError
 
 logger = logging.getLogger(__name__)
 Key = tuple[str, int, str]  # host, port, certificate pin (lowercase hex)
+# After a call timed out: how long the peer has to acknowledge a PING before its connection is
+# dropped. Any live peer acknowledges within a few round trips, whatever its handler is doing.
+PING_TIMEOUT_S = 1.0
 
 
 @dataclass
@@ -36,6 +39,7 @@ class _Pooled:
     # TENZRO_PEER_MAX_STREAMS, 32), so a burst waits here instead of being refused there.
     slots: asyncio.Semaphore
     last_used: float = field(default_factory=time.monotonic)
+    checking: asyncio.Task[None] | None = None  # the liveness check after a timed-out call
 
     @property
     def alive(self) -> bool:
@@ -98,10 +102,8 @@ class QuicPool:
             return result_of(frame)
         except TimeoutError as exc:
             self._counts["failures"] += 1
-            if pooled is not None and sent_at and pooled.connection.protocol.last_received < sent_at:
-                # Not one datagram (not even an ACK) came back during the whole call: the peer is
-                # gone (crashed, restarted, unreachable) even if nothing told us. Reconnect next time.
-                self._drop(key, pooled, why="silent through a whole call")
+            if pooled is not None and sent_at:
+                self._suspect(key, pooled, sent_at)
             raise TransportError("timeout", f"no answer from {host}:{port} within {timeout_s} s") from exc
         except TransportError as exc:
             self._counts["failures"] += 1
@@ -109,8 +111,31 @@ class QuicPool:
                 self._drop(key, pooled, why=str(exc))
             raise
 
+    def _suspect(self, key: Key, pooled: _Pooled, sent_at: float) -> None:
+        """A call timed out: is the peer gone (crashed, restarted, unreachable) without a word?"""
+        if pooled.connection.protocol.last_received < sent_at:
+            # Not one datagram (not even an ACK) came back during the whole call.
+            self._drop(key, pooled, why="silent through a whole call")
+        elif pooled.checking is None or pooled.checking.done():
+            # Something came back, but perhaps only the tail of an earlier exchange: ask.
+            pooled.checking = asyncio.ensure_future(self._check_alive(key, pooled))
+
+    async def _check_alive(self, key: Key, pooled: _Pooled) -> None:
+        try:
+            async with asyncio.timeout(PING_TIMEOUT_S):
+                await pooled.connection.protocol.ping()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # no acknowledgement in time, or the connection ended meanwhile
+            self._drop(key, pooled, why=f"no acknowledgement of a PING within {PING_TIMEOUT_S:g} s "
+                                        "after a timed-out call")
+
     async def _connection(self, key: Key) -> _Pooled:
         pooled = self._pooled.get(key)
+        if pooled is not None and pooled.checking is not None and not pooled.checking.done():
+            # Calls after a timeout wait for the verdict rather than queue on a dead connection.
+            await asyncio.shield(pooled.checking)
+            pooled = self._pooled.get(key)
         if pooled is not None:
             if pooled.alive:
                 return pooled
@@ -180,6 +205,9 @@ class QuicPool:
                 await self._reaper
         for task in list(self._opening.values()):
             task.cancel()
+        for pooled in self._pooled.values():
+            if pooled.checking is not None:
+                pooled.checking.cancel()
         for key, pooled in list(self._pooled.items()):
             self._drop(key, pooled, why="pool closed")
         if self._closing:

@@ -116,7 +116,7 @@ def test_a_server_restart_on_the_same_port_is_followed_by_a_reconnect(identity, 
     assert stats["handshakes"] == 2 and stats["reconnects"] == 1 and stats["open_connections"] == 1
 
 
-def test_a_peer_silent_through_a_whole_call_is_reconnected_to_next_time(identity, library) -> None:
+def test_a_peer_that_vanished_without_a_word_is_reconnected_to_after_a_timeout(identity, library) -> None:
     async def scenario():
         server = await Server(identity, library).start()
         pool = _pool(library)
