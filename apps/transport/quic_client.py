@@ -210,7 +210,9 @@ def result_of(frame: Frame) -> tuple[dict[str, Any], bytes | bytearray]:
     header = frame.header
     if not header.get("ok"):
         error = header.get("error") or {}
-        raise TransportError(error.get("reason", "remote_error"), error.get("message", "remote error"))
+        details = error.get("details")
+        raise TransportError(error.get("reason", "remote_error"), error.get("message", "remote error"),
+                             details if isinstance(details, dict) else None)
     return header.get("result", {}), frame.body
 
 

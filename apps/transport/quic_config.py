@@ -20,11 +20,16 @@ MIB = 1024 * 1024
 
 
 class TransportError(Exception):
-    """A QUIC call failed; `reason` says why (pin mismatch, timeout, remote error, …)."""
+    """A QUIC call failed; `reason` says why (pin mismatch, timeout, remote error, …).
 
-    def __init__(self, reason: str, message: str) -> None:
+    `details` are the machine-readable fields a remote error frame carried beside its reason
+    (e.g. `missing`); empty for the transport's own errors.
+    """
+
+    def __init__(self, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.reason = reason
+        self.details = details or {}
 
 
 def _env_int(name: str, default: int) -> int:

@@ -45,7 +45,7 @@ class Server:
         self.handler_started.set()
         try:
             if request.method == "fail":
-                return Reply.error("expert_not_loaded", "expert 7 is not loaded here")
+                return Reply.error("expert_not_loaded", "expert 7 is not loaded here", {"expert": 7})
             if request.method == "slow":
                 await asyncio.sleep(float(request.params["s"]))
             return Reply.ok({"n": request.params.get("n")}, bytes(request.body)[::-1])
@@ -166,6 +166,7 @@ def test_remote_errors_keep_their_reason_and_the_connection(identity, library) -
         try:
             with pytest.raises(TransportError) as info:
                 await _call(pool, server, "fail", params={})
+            assert info.value.details == {"expert": 7}
             await _call(pool, server, params={"n": 1})
             return info.value.reason, pool.stats()
         finally:
