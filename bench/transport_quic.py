@@ -13,9 +13,9 @@ Run: .venv/bin/python -m bench.transport_quic [--quick] [--no-node]
    all rounds' samples is reported. ms = median round trip; MB/s = body bytes / round trip.
 2. Through a real node (testkit.nodes.NodeProcess) holding one f32 expert (d_model 2048):
    moe/execute of the same 64 KB / 1 MB / 4 MB of rows over the QUIC peer door (each library
-   on the node and the client), over HTTP (`POST /peer/moe/execute`, a TZ frame, when the
-   node has that route; else JSON-RPC `tenzro_moeExecute` with base64 rows, as
-   bench/transport.py), and the expert's compute alone, so each door's own cost shows.
+   on the node and the client) and over HTTP (`POST /peer/moe/execute`, the same TZ frames,
+   when the node has that route; else JSON-RPC `tenzro_moeExecute` with base64 rows, as
+   bench/transport.py); each door's cost is the round trip less the holder's own compute_ms.
 """
 
 from __future__ import annotations
@@ -213,6 +213,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one round, fewer repeats")
     parser.add_argument("--no-node", action="store_true", help="skip the rows through a real node")
+    parser.add_argument("--no-echo", action="store_true", help="skip the echo tables")
     parser.add_argument("--libraries", default=",".join(LIBRARIES), help="comma-separated: qh3,aioquic")
     args = parser.parse_args()
     libraries = tuple(name for name in args.libraries.split(",") if name)
@@ -222,12 +223,12 @@ def main() -> None:
     try:
         buffers = granted_buffers()
         print(f"UDP socket buffers granted (asked -> SO_RCVBUF/SO_SNDBUF as reported, Linux doubles): {buffers}")
-        rows = run_echo(libraries, rounds, repeats, work)
+        rows = [] if args.no_echo else run_echo(libraries, rounds, repeats, work)
         columns = ["variant"]
         for name in SIZES:
             columns += [f"{name} ms", "MB/s", "/tcp", "cpu ms"]
         columns.append(f"{CONCURRENT_STREAMS}x1MB MB/s")
-        for mode in ("in-process", "cross-process"):
+        for mode in () if args.no_echo else ("in-process", "cross-process"):
             print_table(f"QUIC echo, {mode}: median round trip, body MB/s, ratio to the TCP echo, CPU ms of both "
                         f"ends per round trip ({rounds} interleaved rounds)", columns, echo_table(rows, mode))
         node_rows: list[dict[str, Any]] = []
