@@ -47,16 +47,43 @@ class Frame:
     body: bytes | bytearray = field(default=b"", repr=False)
 
 
-def encode_frame(kind: int, header: dict[str, Any], body: bytes | bytearray | memoryview = b"") -> bytes:
+Body = bytes | bytearray | memoryview
+
+
+def byte_view(body: Body) -> bytes | bytearray | memoryview:
+    """`body` as something whose len() is its size in bytes (a typed memoryview, e.g. of a
+    float32 array, counts elements), without copying it."""
+    if isinstance(body, bytes | bytearray):
+        return body
+    view = memoryview(body)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def encode_frame_parts(kind: int, header: dict[str, Any], body: Body = b"") -> tuple[bytes, Body]:
+    """The frame as (prefix + header, body), the body not copied.
+
+    A transport writes the two parts one after the other: joining them would copy a
+    multi-megabyte body once more only to put 16 bytes and a small header in front of it.
+    """
     if kind not in (KIND_REQUEST, KIND_RESPONSE):
         raise ValueError(f"unknown frame kind {kind}")
     header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
-    body_len = memoryview(body).nbytes
-    return b"".join((PREFIX.pack(MAGIC, VERSION, kind, len(header_bytes), body_len), header_bytes, body))
+    body = byte_view(body)
+    return PREFIX.pack(MAGIC, VERSION, kind, len(header_bytes), len(body)) + header_bytes, body
 
 
-def request_frame(method: str, params: dict[str, Any], body: bytes | memoryview = b"") -> bytes:
+def encode_frame(kind: int, header: dict[str, Any], body: Body = b"") -> bytes:
+    """The whole frame in one buffer (one copy of the body; transports use encode_frame_parts)."""
+    head, body = encode_frame_parts(kind, header, body)
+    return b"".join((head, body))
+
+
+def request_frame(method: str, params: dict[str, Any], body: Body = b"") -> bytes:
     return encode_frame(KIND_REQUEST, {"method": method, "params": params}, body)
+
+
+def request_frame_parts(method: str, params: dict[str, Any], body: Body = b"") -> tuple[bytes, Body]:
+    return encode_frame_parts(KIND_REQUEST, {"method": method, "params": params}, body)
 
 
 @dataclass(frozen=True)
@@ -80,6 +107,9 @@ class Reply:
 
     def encode(self) -> bytes:
         return encode_frame(KIND_RESPONSE, self.header, self.body)
+
+    def encode_parts(self) -> tuple[bytes, Body]:
+        return encode_frame_parts(KIND_RESPONSE, self.header, self.body)
 
 
 def response_frame(result: dict[str, Any], body: bytes | memoryview = b"") -> bytes:

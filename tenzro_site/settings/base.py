@@ -205,5 +205,5 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("TENZRO_LOG_LEVEL", "INFO")},
-    "loggers": {"django": {"level": "WARNING"}, "aioquic": {"level": "WARNING"}},
+    "loggers": {"django": {"level": "WARNING"}, "aioquic": {"level": "WARNING"}, "qh3": {"level": "WARNING"}},
 }

@@ -4,6 +4,7 @@ import json
 import random
 import struct
 
+import numpy as np
 import pytest
 
 from apps.transport.framing import (
@@ -12,7 +13,9 @@ from apps.transport.framing import (
     PREFIX,
     FrameDecoder,
     FramingError,
+    Reply,
     encode_frame,
+    encode_frame_parts,
     error_frame,
     request_frame,
     response_frame,
@@ -99,3 +102,17 @@ def test_header_that_is_not_a_json_object() -> None:
 def test_encoder_refuses_nan_in_header() -> None:
     with pytest.raises(ValueError):
         encode_frame(KIND_RESPONSE, {"ok": True, "result": {"x": float("nan")}})
+
+
+def test_parts_are_the_frame_and_keep_the_body_uncopied() -> None:
+    rows = np.arange(3 * 5, dtype="<f4").reshape(3, 5)
+    view = memoryview(rows)  # a typed view: len() counts rows, not bytes
+    head, body = encode_frame_parts(KIND_RESPONSE, {"ok": True, "result": {}}, view)
+    assert len(body) == rows.nbytes
+    assert np.shares_memory(np.frombuffer(body, dtype="<f4"), rows)
+    assert head + bytes(body) == encode_frame(KIND_RESPONSE, {"ok": True, "result": {}}, rows.tobytes())
+    decoder = FrameDecoder(max_body=1 << 20)
+    frames = decoder.feed(head) + decoder.feed(bytes(body))
+    assert np.array_equal(np.frombuffer(frames[0].body, dtype="<f4").reshape(3, 5), rows)
+    reply_head, reply_body = Reply.ok({}, rows.tobytes()).encode_parts()
+    assert reply_head + reply_body == Reply.ok({}, rows.tobytes()).encode()

@@ -1,4 +1,4 @@
-"""Real aioquic endpoints on loopback: framing over QUIC, certificate pinning, peer limits."""
+"""Real QUIC endpoints on loopback, with each library: framing over QUIC, certificate pinning, peer limits."""
 
 import asyncio
 import socket
@@ -10,7 +10,18 @@ from apps.transport.admission import PeerLimits
 from apps.transport.framing import Reply
 from apps.transport.quic import PeerRequest, QuicSettings, TransportError, quic_call, start_server
 
-SETTINGS = QuicSettings(max_body=8 * 1024 * 1024)
+MAX_BODY = 8 * 1024 * 1024
+
+
+@pytest.fixture(autouse=True, params=["qh3", "aioquic"])
+def library(request, monkeypatch):
+    """Every test runs with each library, chosen as a node chooses it: TENZRO_QUIC_LIB."""
+    monkeypatch.setenv("TENZRO_QUIC_LIB", request.param)
+    return request.param
+
+
+def _settings() -> QuicSettings:
+    return QuicSettings(max_body=MAX_BODY)
 
 
 def _free_udp_port() -> int:
@@ -33,10 +44,11 @@ def server_identity(tmp_path):
     return load_or_create_identity(tmp_path / "server")
 
 
-async def _with_server(identity, scenario, *, handler=_echo, server_settings=SETTINGS, limits=None):
+async def _with_server(identity, scenario, *, handler=_echo, server_settings=None, limits=None):
     port = _free_udp_port()
     server = await start_server(host="127.0.0.1", port=port, cert_path=str(identity.cert_path),
-                                key_path=str(identity.cert_key_path), handler=handler, settings=server_settings,
+                                key_path=str(identity.cert_key_path), handler=handler,
+                                settings=server_settings or _settings(),
                                 limits=limits)
     try:
         return await scenario(port)
@@ -44,12 +56,12 @@ async def _with_server(identity, scenario, *, handler=_echo, server_settings=SET
         server.close()
 
 
-def _serve_and_call(identity, *, handler=_echo, server_settings=SETTINGS, pin=None, limits=None, **call):
+def _serve_and_call(identity, *, handler=_echo, server_settings=None, pin=None, limits=None, **call):
     """Start a real server on a free port, make one call, stop the server; returns the call's result."""
 
     async def scenario(port):
         return await quic_call(host="127.0.0.1", port=port, pin_sha256=pin or identity.cert_sha256,
-                               settings=SETTINGS, **call)
+                               settings=_settings(), **call)
 
     return asyncio.run(_with_server(identity, scenario, handler=handler, server_settings=server_settings,
                                     limits=limits))
@@ -89,7 +101,7 @@ def test_a_handler_that_raises_answers_internal_error_and_the_server_keeps_servi
         return Reply.ok({"fine": True})
 
     async def scenario(port):
-        call = {"host": "127.0.0.1", "port": port, "pin_sha256": server_identity.cert_sha256, "settings": SETTINGS}
+        call = {"host": "127.0.0.1", "port": port, "pin_sha256": server_identity.cert_sha256, "settings": _settings()}
         with pytest.raises(TransportError) as info:
             await quic_call(method="boom", params={}, **call)
         assert info.value.reason == "internal_error"
@@ -109,5 +121,5 @@ def test_nobody_listening_times_out_cleanly(server_identity) -> None:
     port = _free_udp_port()
     with pytest.raises(TransportError) as info:
         asyncio.run(quic_call(host="127.0.0.1", port=port, pin_sha256=server_identity.cert_sha256,
-                              method="moe/status", params={}, settings=SETTINGS, timeout_s=1.5))
+                              method="moe/status", params={}, settings=_settings(), timeout_s=1.5))
     assert info.value.reason in {"timeout", "connection_failed"}

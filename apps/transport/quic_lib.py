@@ -1,0 +1,147 @@
+"""The one place that imports a QUIC library: qh3 (default) or aioquic, behind the same seam.
+
+Both expose the same sans-I/O connection and asyncio adapter (qh3 began as a fork of
+aioquic; 2.x moved the packet core to Rust). What differs, and is hidden here: where the
+peer's certificate and address live, how large a datagram each library carries correctly,
+which congestion controllers can be chosen, and qh3's client understating the datagrams it
+can receive (corrected below).
+
+Why qh3 is the default (`python -m bench.transport_quic`, docs/protocol.md "QUIC transport
+parameters"): on the same echo it spends 2–5x less CPU per byte than aioquic at 1–4 MB
+bodies and carries 64 KB datagrams, where aioquic cannot go past 16 KiB. Both beat the
+node's JSON-RPC door at every size measured. `TENZRO_QUIC_LIB=aioquic` switches a node back
+(docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+LIBRARIES = ("qh3", "aioquic")
+DEFAULT_LIBRARY = "qh3"
+
+# The largest datagram each library is trusted with, whatever the path carries. aioquic 1.7
+# writes every STREAM and CRYPTO frame's length as a two-byte varint (at most 16,383), so a
+# frame filling a larger datagram goes out corrupt and the peer closes the connection
+# ("Unknown frame type": nothing is delivered at 24 KiB and above; aioquic's issues #421 and
+# #519 report large datagrams breaking); 16 KiB datagrams keep every frame below that. qh3 batches with UDP GSO,
+# whose kernel limit is 64 KiB of payload per send, and caps one datagram at 65,000 bytes.
+_MAX_DATAGRAM = {"aioquic": 16_384, "qh3": 65_000}
+# Congestion controllers selectable through the configuration; qh3's native core has one
+# controller that is not configurable from Python.
+_CONGESTION = {"aioquic": ("reno", "cubic"), "qh3": ()}
+
+
+def default_library() -> str:
+    """The library named by `TENZRO_QUIC_LIB`, else the default (qh3)."""
+    return os.environ.get("TENZRO_QUIC_LIB", "").strip() or DEFAULT_LIBRARY
+
+
+@dataclass(frozen=True)
+class QuicLibrary:
+    """One QUIC library's entry points, as used by the transport."""
+
+    name: str
+    version: str
+    configuration_class: type
+    protocol_class: type  # asyncio QuicConnectionProtocol
+    connect: Any  # asynccontextmanager: connect(host, port, configuration=, create_protocol=)
+    serve: Any  # coroutine: serve(host, port, configuration=, create_protocol=) -> server
+    events: ModuleType
+    max_datagram_size: int
+    congestion_controls: tuple[str, ...]
+
+    def peer_certificate_der(self, quic: Any) -> bytes | None:
+        """DER of the certificate the peer presented, once the handshake has run."""
+        if self.name == "qh3":
+            certificate = quic.get_peercert()
+            return None if certificate is None else bytes(certificate.public_bytes())
+        # aioquic keeps the peer certificate on its TLS context and has no public accessor.
+        from cryptography.hazmat.primitives.serialization import Encoding
+
+        certificate = getattr(quic.tls, "_peer_certificate", None)
+        return None if certificate is None else certificate.public_bytes(Encoding.DER)
+
+    def peer_address(self, quic: Any) -> tuple[str, int] | None:
+        """(host, port) of the connection's peer; IPv4-mapped IPv6 addresses are unwrapped."""
+        if self.name == "qh3":
+            address = getattr(quic, "_remote_addr", None)
+        else:
+            paths = getattr(quic, "_network_paths", None)
+            address = paths[0].addr if paths else None
+        if not address:
+            return None
+        host = str(address[0])
+        return (host.removeprefix("::ffff:"), int(address[1]))
+
+    def configuration(self, *, congestion_control: str | None, **kwargs: Any) -> Any:
+        """A QuicConfiguration; `congestion_control` only where the library offers a choice."""
+        if congestion_control and self.congestion_controls:
+            if congestion_control not in self.congestion_controls:
+                raise ValueError(f"{self.name} offers congestion control {self.congestion_controls}, "
+                                 f"not {congestion_control!r}")
+            kwargs["congestion_control_algorithm"] = congestion_control
+        return self.configuration_class(**kwargs)
+
+
+# Attribute our client configurations carry: the largest UDP payload this client receives.
+RECEIVE_DATAGRAM_ATTRIBUTE = "tenzro_max_udp_payload_size"
+
+
+def _advertise_receive_size(tls_bridge: ModuleType) -> None:
+    """Make qh3's client advertise the datagram size it really receives.
+
+    qh3 2.1's client always sends the transport parameter max_udp_payload_size = 1472 (what a
+    browser on Ethernet would say), and its server obeys the peer's value: with qh3 at both
+    ends every answer came back in 1,443-byte datagrams whatever the path carried, three
+    times slower than the requests (bench/transport_quic.py). The parameter is the largest
+    UDP payload the endpoint is willing to receive (RFC 9000, 18.2); our client reads whole
+    64 KiB datagrams, so it advertises the datagram size it chose for the path. Only
+    configurations built by quic_config.py carry the attribute; any other qh3 user in the
+    process is left as it was.
+    """
+    bridge = tls_bridge.QuicTlsBridge
+    if getattr(bridge, "_tenzro_wrapped", False):
+        return
+    original = bridge.serialize_transport_parameters
+    buffer_class, pull, push = tls_bridge.Buffer, tls_bridge.pull_quic_transport_parameters, \
+        tls_bridge.push_quic_transport_parameters
+
+    def serialize_transport_parameters(self: Any) -> bytes:
+        data = original(self)
+        size = getattr(self.configuration, RECEIVE_DATAGRAM_ATTRIBUTE, None)
+        if not size or not self.configuration.is_client:
+            return data
+        parameters = pull(buffer_class(data=data))
+        parameters.max_udp_payload_size = int(size)
+        out = buffer_class(capacity=len(data) + 16)  # the new value's varint is at most 4 bytes longer
+        push(out, parameters)
+        return out.data
+
+    bridge.serialize_transport_parameters = serialize_transport_parameters
+    bridge._tenzro_wrapped = True
+
+
+@functools.cache
+def load(name: str | None = None) -> QuicLibrary:
+    """The library `name` (default: `default_library()`); ValueError for an unknown one."""
+    name = name or default_library()
+    if name not in LIBRARIES:
+        raise ValueError(f"unknown QUIC library {name!r}; choose one of {', '.join(LIBRARIES)}")
+    package = importlib.import_module(name)
+    asyncio_api = importlib.import_module(f"{name}.asyncio")
+    configuration = importlib.import_module(f"{name}.quic.configuration")
+    events = importlib.import_module(f"{name}.quic.events")
+    if name == "qh3":
+        _advertise_receive_size(importlib.import_module("qh3.quic.tls_bridge"))
+    return QuicLibrary(
+        name=name, version=str(getattr(package, "__version__", "?")),
+        configuration_class=configuration.QuicConfiguration, protocol_class=asyncio_api.QuicConnectionProtocol,
+        connect=asyncio_api.connect, serve=asyncio_api.serve, events=events,
+        max_datagram_size=_MAX_DATAGRAM[name], congestion_controls=_CONGESTION[name],
+    )

@@ -1,0 +1,299 @@
+"""QuicPool against real QUIC servers on loopback, with each library: reuse, reconnects, pins,
+timeouts, idle close, and cancellation reaching the server's handler."""
+
+import asyncio
+import concurrent.futures
+import socket
+import threading
+import time
+
+import pytest
+
+from apps.node.identity import load_or_create_identity
+from apps.transport.framing import Reply
+from apps.transport.pool import QuicPool
+from apps.transport.quic import PeerRequest, QuicSettings, TransportError, start_server
+
+pytestmark = pytest.mark.parametrize("library", ["qh3", "aioquic"])
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def identity(tmp_path):
+    return load_or_create_identity(tmp_path / "server")
+
+
+class Server:
+    """A real QUIC server in this event loop with a handler that records what it saw."""
+
+    def __init__(self, identity, library: str, port: int | None = None) -> None:
+        self.identity, self.library = identity, library
+        self.port = port or _free_udp_port()
+        self.started: list[str] = []
+        self.cancelled: list[str] = []
+        self.handler_started = asyncio.Event()
+        self.handler_cancelled = asyncio.Event()
+        self._server = None
+
+    async def handle(self, request: PeerRequest) -> Reply:
+        self.started.append(request.method)
+        self.handler_started.set()
+        try:
+            if request.method == "fail":
+                return Reply.error("expert_not_loaded", "expert 7 is not loaded here", {"expert": 7})
+            if request.method == "slow":
+                await asyncio.sleep(float(request.params["s"]))
+            return Reply.ok({"n": request.params.get("n")}, bytes(request.body)[::-1])
+        except asyncio.CancelledError:
+            self.cancelled.append(request.method)
+            self.handler_cancelled.set()
+            raise
+
+    async def start(self) -> "Server":
+        self._server = await start_server(
+            host="127.0.0.1", port=self.port, cert_path=str(self.identity.cert_path),
+            key_path=str(self.identity.cert_key_path), handler=self.handle,
+            settings=QuicSettings(max_body=1 << 24, library=self.library))
+        return self
+
+    def stop(self) -> None:
+        self._server.close()
+
+
+def _pool(library: str, **kwargs) -> QuicPool:
+    return QuicPool(QuicSettings(max_body=1 << 24, library=library), **kwargs)
+
+
+def _call(pool: QuicPool, server: Server, method: str = "echo", *, pin: str | None = None, timeout_s: float = 10,
+          **kwargs):
+    return pool.call(host="127.0.0.1", port=server.port, pin_sha256=pin or server.identity.cert_sha256,
+                     method=method, timeout_s=timeout_s, **kwargs)
+
+
+def test_concurrent_calls_share_one_connection_and_one_handshake(identity, library) -> None:
+    async def scenario():
+        server = await Server(identity, library).start()
+        pool = _pool(library)
+        try:
+            bodies = [bytes([i]) * (1000 * (i + 1)) for i in range(16)]
+            answers = await asyncio.gather(*(_call(pool, server, params={"n": i}, body=body)
+                                             for i, body in enumerate(bodies)))
+            for i, (result, reply) in enumerate(answers):
+                assert result == {"n": i}
+                assert bytes(reply) == bodies[i][::-1]
+            return pool.stats()
+        finally:
+            await pool.close()
+            server.stop()
+
+    stats = asyncio.run(scenario())
+    assert stats["handshakes"] == 1 and stats["open_connections"] == 1 and stats["reconnects"] == 0
+    assert stats["calls"] == 16 and stats["failures"] == 0 and stats["in_flight"] == 0
+
+
+def test_a_server_restart_on_the_same_port_is_followed_by_a_reconnect(identity, library) -> None:
+    async def scenario():
+        server = await Server(identity, library).start()
+        pool = _pool(library)
+        try:
+            await _call(pool, server, params={"n": 1})
+            server.stop()  # a clean stop: CONNECTION_CLOSE reaches the pooled connection
+            await asyncio.sleep(0.2)
+            server = await Server(identity, library, port=server.port).start()
+            result, _ = await _call(pool, server, params={"n": 2})
+            assert result == {"n": 2}
+            return pool.stats()
+        finally:
+            await pool.close()
+            server.stop()
+
+    stats = asyncio.run(scenario())
+    assert stats["handshakes"] == 2 and stats["reconnects"] == 1 and stats["open_connections"] == 1
+
+
+def test_a_peer_that_vanished_without_a_word_is_reconnected_to_after_a_timeout(identity, library) -> None:
+    async def scenario():
+        server = await Server(identity, library).start()
+        pool = _pool(library)
+        try:
+            await _call(pool, server, params={"n": 1})
+            # A crash: the socket goes away without a CONNECTION_CLOSE, so the client is not told.
+            server._server._transport.close()
+            with pytest.raises(TransportError) as info:
+                await _call(pool, server, timeout_s=1.0, params={"n": 2})
+            assert info.value.reason == "timeout"
+            server = await Server(identity, library, port=server.port).start()
+            result, _ = await _call(pool, server, params={"n": 3})
+            assert result == {"n": 3}
+            return pool.stats()
+        finally:
+            await pool.close()
+            server.stop()
+
+    stats = asyncio.run(scenario())
+    assert stats["reconnects"] == 1 and stats["failures"] == 1
+
+
+def test_a_wrong_pin_is_refused_before_any_request(identity, library, tmp_path) -> None:
+    other = load_or_create_identity(tmp_path / "other")
+
+    async def scenario():
+        server = await Server(identity, library).start()
+        pool = _pool(library)
+        try:
+            with pytest.raises(TransportError) as info:
+                await _call(pool, server, pin=other.cert_sha256, params={})
+            return info.value.reason, server.started, pool.stats()
+        finally:
+            await pool.close()
+            server.stop()
+
+    reason, started, stats = asyncio.run(scenario())
+    assert reason == "certificate_pin_mismatch"
+    assert started == []
+    assert stats["open_connections"] == 0 and stats["failures"] == 1
+
+
+def test_remote_errors_keep_their_reason_and_the_connection(identity, library) -> None:
+    async def scenario():
+        server = await Server(identity, library).start()
+        pool = _pool(library)
+        try:
+            with pytest.raises(TransportError) as info:
+                await _call(pool, server, "fail", params={})
+            assert info.value.details == {"expert": 7}
+            await _call(pool, server, params={"n": 1})
+            return info.value.reason, pool.stats()
+        finally:
+            await pool.close()
+            server.stop()
+
+    reason, stats = asyncio.run(scenario())
+    assert reason == "expert_not_loaded"
+    assert stats["handshakes"] == 1 and stats["failures"] == 1
+
+
+def test_a_timeout_resets_the_stream_and_the_server_stops_working_on_it(identity, library) -> None:
+    async def scenario():
+        server = await Server(identity, library).start()
+        pool = _pool(library)
+        try:
+            with pytest.raises(TransportError) as info:
+                await _call(pool, server, "slow", params={"s": 30}, timeout_s=0.5)
+            await asyncio.wait_for(server.handler_cancelled.wait(), 5)
+            result, _ = await _call(pool, server, params={"n": 2})  # the connection is still good
+            return info.value.reason, result, pool.stats()
+        finally:
+            await pool.close()
+            server.stop()
+
+    reason, result, stats = asyncio.run(scenario())
+    assert reason == "timeout" and result == {"n": 2}
+    assert stats["cancelled_streams"] == 1 and stats["handshakes"] == 1
+
+
+def test_cancelling_a_call_cancels_the_servers_handler(identity, library) -> None:
+    async def scenario():
+        server = await Server(identity, library).start()
+        pool = _pool(library)
+        try:
+            call = asyncio.ensure_future(_call(pool, server, "slow", params={"s": 30}))
+            await asyncio.wait_for(server.handler_started.wait(), 5)
+            call.cancel()  # e.g. the hedge that lost
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            await asyncio.wait_for(server.handler_cancelled.wait(), 5)
+            return server.cancelled, pool.stats()
+        finally:
+            await pool.close()
+            server.stop()
+
+    cancelled, stats = asyncio.run(scenario())
+    assert cancelled == ["slow"]
+    assert stats["cancelled_streams"] == 1 and stats["failures"] == 0
+
+
+def test_a_cancelled_call_withdraws_compute_still_queued_on_the_server(identity, library) -> None:
+    """The server's handler queues compute on a one-thread executor, as the worker does; a
+    call cancelled while its job waits in the queue must never run that job."""
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    ran: list[str] = []
+    release = threading.Event()
+
+    def compute(name: str) -> str:
+        if name == "first":
+            release.wait(10)
+        ran.append(name)
+        return name
+
+    async def scenario():
+        server = Server(identity, library)
+
+        async def handle(request: PeerRequest) -> Reply:
+            name = await asyncio.get_running_loop().run_in_executor(executor, compute, request.params["name"])
+            return Reply.ok({"name": name})
+
+        server.handle = handle
+        await server.start()
+        pool = _pool(library)
+        try:
+            first = asyncio.ensure_future(_call(pool, server, "compute", params={"name": "first"}))
+            second = asyncio.ensure_future(_call(pool, server, "compute", params={"name": "second"}))
+            await asyncio.sleep(0.5)  # both requests reached the server; "second" waits for the thread
+            second.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await second
+            await asyncio.sleep(0.3)  # the STOP_SENDING reaches the server
+            release.set()
+            assert (await first)[0] == {"name": "first"}
+            await asyncio.sleep(0.2)
+        finally:
+            await pool.close()
+            server.stop()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        executor.shutdown(wait=True)
+    assert ran == ["first"]
+
+
+def test_idle_connections_are_closed_and_reopened_on_demand(identity, library) -> None:
+    async def scenario():
+        server = await Server(identity, library).start()
+        pool = _pool(library, idle_close_s=0.3)
+        try:
+            await _call(pool, server, params={"n": 1})
+            deadline = time.monotonic() + 5
+            while pool.stats()["open_connections"] and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            idle = pool.stats()
+            await _call(pool, server, params={"n": 2})
+            return idle, pool.stats()
+        finally:
+            await pool.close()
+            server.stop()
+
+    idle, after = asyncio.run(scenario())
+    assert idle["open_connections"] == 0
+    assert after["open_connections"] == 1 and after["reconnects"] == 1
+
+
+def test_nobody_listening_fails_cleanly(identity, library) -> None:
+    async def scenario():
+        pool = QuicPool(QuicSettings(max_body=1 << 20, library=library), connect_timeout_s=1.0)
+        try:
+            with pytest.raises(TransportError) as info:
+                await pool.call(host="127.0.0.1", port=_free_udp_port(), pin_sha256=identity.cert_sha256,
+                                method="echo", params={}, timeout_s=3)
+            return info.value.reason
+        finally:
+            await pool.close()
+
+    assert asyncio.run(scenario()) in {"timeout", "connection_failed"}
