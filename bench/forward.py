@@ -250,9 +250,27 @@ class ForwardRuns:
             "failures": sum(len(s["failures"]) for s in self.stats),
             "batches": last["batches"],
             "transports": sorted({h["transport"] for s in self.stats for h in s["holders"]}),
+            # per batch: a holder's latency and its wire share (latency - reported compute), medians
+            "batch_latency_ms": _median_of(h.get("latency_ms_median") for s in self.stats for h in s["holders"]),
+            "batch_overhead_ms": _median_of(h.get("overhead_ms_median") for s in self.stats for h in s["holders"]),
+            "rows_by_holder": _rows_by_holder(self.stats),
             "rel_error": self.error,
             "runs": len(self.client_s),
         }
+
+
+def _median_of(values: Any) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _rows_by_holder(stats: list[dict[str, Any]]) -> dict[str, int]:
+    """Rows each holder served over the runs (provider ids shortened), most first."""
+    rows: dict[str, int] = {}
+    for s in stats:
+        for h in s["holders"]:
+            rows[h["provider"][:12]] = rows.get(h["provider"][:12], 0) + h["rows"]
+    return dict(sorted(rows.items(), key=lambda kv: -kv[1]))
 
 
 def time_forwards(forward: Forwarder, runtime: ExpertRuntime, layer: Layer, tokens: int, wires: tuple[str, ...],
@@ -341,15 +359,16 @@ class ExecuteProbe:
             list(self.threads.map(run, range(concurrency)))
         return (time.perf_counter() - start) / concurrency
 
-    async def quic(self, layer: Layer, body: bytes, rows: int, concurrency: int = 1) -> tuple[float, int]:
-        """(seconds per call, request + response body bytes of one call)."""
+    async def quic(self, layer: Layer, body: bytes, rows: int, concurrency: int = 1) -> tuple[float, int, float]:
+        """(seconds per call, request + response body bytes of one call, the holder's summed compute
+        seconds as its answers report them)."""
         call = {"host": "127.0.0.1", "port": self.holder.quic_port, "pin_sha256": self.pin, "method": "moe/execute",
                 "params": execute_params(layer, 0, rows), "body": body, "timeout_s": 60.0}
         start = time.perf_counter()
         answers = await asyncio.gather(*(self.pool.call(**call) for _ in range(concurrency)))
         elapsed = (time.perf_counter() - start) / concurrency
         assert all(len(out) == len(body) for _, out in answers)
-        return elapsed, len(body) + len(answers[0][1])
+        return elapsed, len(body) + len(answers[0][1]), sum(holder_compute_s(result) for result, _ in answers)
 
     async def http_call(self, layer: Layer, body: bytes, rows: int) -> tuple[float, int]:
         """(seconds, request + response bytes), the frames included."""
@@ -372,20 +391,27 @@ class ExecuteProbe:
         return elapsed
 
 
+def holder_compute_s(result: dict[str, Any]) -> float:
+    """The compute time a holder's moe/execute answer reports (`compute_ms`; 0 from a node without it)."""
+    value = result.get("compute_ms")
+    return float(value) / 1e3 if isinstance(value, int | float) else 0.0
+
+
 async def probe_execute(probe: ExecuteProbe, rows: int, repeats: int, rng: np.random.Generator) -> dict[str, Any]:
-    """Table 3's row for `rows` through expert 0 of the Qwen3 layer: medians of compute, QUIC, HTTP
-    and both echoes, taking turns."""
+    """Table 3's row for `rows` through expert 0 of the Qwen3 layer: medians of compute (in this
+    process, and as the holder reports it over QUIC), QUIC, HTTP and both echoes, taking turns."""
     hidden = rng.standard_normal((rows, QWEN.d_model), dtype=np.float32)
     body = hidden.tobytes()
-    samples: dict[str, list[float]] = {k: [] for k in ("compute", "quic", "http", "echo_node", "echo_tuned")}
+    samples: dict[str, list[float]] = {k: [] for k in ("compute", "holder_compute", "quic", "http", "echo_node",
+                                                      "echo_tuned")}
     for i in range(repeats + 1):  # the first round warms everything
         compute = probe.compute(QWEN, hidden)
-        quic, quic_bytes = await probe.quic(QWEN, body, rows)
+        quic, quic_bytes, holder_compute = await probe.quic(QWEN, body, rows)
         http, http_bytes = await probe.http_call(QWEN, body, rows)
         echo_node = await probe.echo_call(body, NODE_DATAGRAM)
         echo_tuned = await probe.echo_call(body, TUNED_DATAGRAM)
         if i:
-            for key, value in zip(samples, (compute, quic, http, echo_node, echo_tuned), strict=True):
+            for key, value in zip(samples, (compute, holder_compute, quic, http, echo_node, echo_tuned), strict=True):
                 samples[key].append(value)
     med = {f"{k}_ms": statistics.median(v) * 1e3 for k, v in samples.items()}
     return {"rows": rows, "request_bytes": len(body), **med, "quic_bytes": quic_bytes, "http_bytes": http_bytes,
@@ -393,24 +419,27 @@ async def probe_execute(probe: ExecuteProbe, rows: int, repeats: int, rng: np.ra
 
 
 async def probe_call_overhead(probe: ExecuteProbe, rounds: int, rng: np.random.Generator) -> list[dict[str, Any]]:
-    """Table 4: 1-row calls alone and 64 at once on one connection, each beside its compute, taking
-    turns; through a Qwen3 expert, and through PROBE, whose compute is too small to blur the difference."""
+    """Table 4: 1-row calls alone and 64 at once on one connection, taking turns with the same calls
+    in this process; through a Qwen3 expert, and through PROBE, whose compute is too small to blur
+    the difference. The holder's share of a call is the compute its answers report, spread over its
+    2 compute threads when 64 calls are in flight."""
     out = []
     for layer in (QWEN, PROBE):
         hidden = rng.standard_normal((1, layer.d_model), dtype=np.float32)
         body = hidden.tobytes()
         for concurrency in (1, 64):
-            calls, computes = [], []
+            calls, holder, local = [], [], []
             for i in range(rounds + 1):
                 compute = probe.compute(layer, hidden, concurrency)
-                call, _ = await probe.quic(layer, body, 1, concurrency)
+                call, _, reported = await probe.quic(layer, body, 1, concurrency)
                 if i:
                     calls.append(call)
-                    computes.append(compute)
-            per_call, compute = statistics.median(calls), statistics.median(computes)
+                    holder.append(reported / concurrency / min(concurrency, 2))
+                    local.append(compute)
+            per_call, compute = statistics.median(calls), statistics.median(holder)
             out.append({"expert": f"{layer.model_id} (d_ff {layer.d_ff})", "concurrency": concurrency,
-                        "per_call_ms": per_call * 1e3, "compute_ms": compute * 1e3,
-                        "overhead_ms": (per_call - compute) * 1e3})
+                        "per_call_ms": per_call * 1e3, "holder_compute_ms": compute * 1e3,
+                        "local_compute_ms": statistics.median(local) * 1e3, "overhead_ms": (per_call - compute) * 1e3})
     return out
 
 
@@ -419,6 +448,10 @@ async def probe_call_overhead(probe: ExecuteProbe, rounds: int, rng: np.random.G
 
 def met(ok: bool) -> str:
     return "met" if ok else "not met"
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
 
 
 def variants(runtime: ExpertRuntime, router: NodeProcess, nodes_from: Path | None) -> dict[str, Any]:
@@ -468,10 +501,14 @@ def table_forward(forward: Forwarder, runtime: ExpertRuntime, plan: Plan, rng: n
             s = run.summary()
             ratio, ratio_worker = s["client_ms"] / local_ms, s["elapsed_ms"] / local_ms
             err_ok = f" ({met(s['rel_error'] < 1e-5)} <1e-5)" if wire == "f32" else ""
+            shares = list(s["rows_by_holder"].values())
+            balance = f"{max(shares) / max(1, min(shares)):.1f}" if len(shares) == N_HOLDERS else f"{len(shares)} used"
             rows1.append([tokens, wire, local_ms, s["client_ms"], s["elapsed_ms"], s["gate_plan_ms"], s["dispatch_ms"],
                           f"{ratio:.2f}x", f"{ratio_worker:.2f}x", "≤1.5x" if tokens == 512 else "-",
                           met(ratio <= 1.5) if tokens == 512 else "-", f"{s['rel_error']:.2e}{err_ok}",
                           f"{s['hedges_fired']}/{s['hedges_won']}", s["retries"], s["batches"],
+                          _fmt(s["batch_latency_ms"]), _fmt(s["batch_overhead_ms"]),
+                          balance,
                           "+".join(s["transports"])])
             record.append({"tokens": tokens, "wire": wire, "local_ms": local_ms,
                            "local_samples_ms": [x * 1e3 for x in local], **s})
@@ -482,9 +519,11 @@ def table_forward(forward: Forwarder, runtime: ExpertRuntime, plan: Plan, rng: n
         f"1. Distributed vs local forward, Qwen3-30B-A3B layer ({QWEN.n_routed} experts, top-{QWEN.top_k} softmax, "
         f"d_model {QWEN.d_model}, d_ff {QWEN.d_ff}, f32 experts): router holds only the gate, {N_HOLDERS} holders "
         f"at replication {plan.replication[QWEN]}; median ms over {plan.repeats[64]} / {plan.repeats[512]} runs "
-        "(hedges and retries summed over them)",
+        "(hedges and retries summed over them; batch latency and wire share: medians of the holders' "
+        "latency_ms_median and overhead_ms_median)",
         ["tokens", "wire", "local", "distributed (client)", "stats.elapsed", "gate+plan", "dispatch", "client/local",
-         "elapsed/local", "target", "met", "rel error (max)", "hedges fired/won", "retries", "batches", "transport"],
+         "elapsed/local", "target", "met", "rel error (max)", "hedges fired/won", "retries", "batches",
+         "batch latency", "batch wire share", "rows max/min holder", "transport"],
         rows1)
     print_table("2. Wire bytes per token: (stats.bytes_sent + bytes_received) / tokens",
                 ["tokens", "f32 B/token", "q8_0 B/token", "f32/q8_0", "target", "met",
@@ -504,24 +543,27 @@ def table_execute(holder: NodeProcess, runtime: ExpertRuntime, plan: Plan, rng: 
     execute, overhead = asyncio.run(probe_all())
     rows = []
     for r in execute:
-        q, h, c = r["quic_ms"], r["http_ms"], r["compute_ms"]
-        rows.append([r["rows"], r["request_bytes"] / 1e6, c, q, h, r["quic_mb_s"], r["http_mb_s"], f"{q / h:.2f}x",
-                     f"{(q - c) / q:.0%}", f"{(h - c) / h:.0%}", r["echo_node_ms"], r["echo_tuned_ms"],
-                     met(q <= h) if r["rows"] == 128 else "-"])
+        q, h, c = r["quic_ms"], r["http_ms"], r["holder_compute_ms"]
+        rows.append([r["rows"], r["request_bytes"] / 1e6, r["compute_ms"], c, q, h, r["quic_mb_s"], r["http_mb_s"],
+                     f"{q / h:.2f}x", f"{(q - c) / q:.0%}", f"{(h - c) / h:.0%}", r["echo_node_ms"],
+                     r["echo_tuned_ms"], met(q <= h) if r["rows"] == 128 else "-"])
     print_table(
         f"3. moe/execute on one holder (f32 rows of d_model {QWEN.d_model}): QUIC (QuicPool, pinned) vs HTTP "
         "(POST /peer/moe/execute, one raw frame, keep-alive); median ms, MB/s of request+response bytes; "
-        "echo = the same body echoed by an in-process server of the same QUIC adapter (the library alone)",
-        ["rows", "MB in", "compute", "QUIC", "HTTP", "QUIC MB/s", "HTTP MB/s", "QUIC/HTTP", "transport share QUIC",
-         "transport share HTTP", f"echo {NODE_DATAGRAM} B dgram", f"echo {TUNED_DATAGRAM} B dgram",
-         "QUIC ≤ HTTP at 1 MB"], rows)
+        "compute here (ExpertRuntime.execute) and as the holder reports it (compute_ms); transport share = "
+        "1 - holder compute / latency; echo = the same body echoed by an in-process server of the same QUIC "
+        "adapter (the library alone)",
+        ["rows", "MB in", "compute here", "holder compute", "QUIC", "HTTP", "QUIC MB/s", "HTTP MB/s", "QUIC/HTTP",
+         "transport share QUIC", "transport share HTTP", f"echo {NODE_DATAGRAM} B dgram",
+         f"echo {TUNED_DATAGRAM} B dgram", "QUIC ≤ HTTP at 1 MB"], rows)
     print_table(
-        "4. Transport overhead per remote expert call: 1-row moe/execute (Qwen3 expert) over one pooled QUIC "
-        "connection; per call = wall / calls; compute = the same calls in this process (64: through 2 threads)",
-        ["expert", "concurrent calls", "per call ms", "compute ms", "overhead ms", "lumabri (C) ms",
-         "overhead/lumabri"],
-        [[r["expert"], r["concurrency"], r["per_call_ms"], r["compute_ms"], r["overhead_ms"], LUMABRI_CALL_MS,
-          f"{r['overhead_ms'] / LUMABRI_CALL_MS:.1f}x"] for r in overhead])
+        "4. Transport overhead per remote expert call: 1-row moe/execute over one pooled QUIC connection; per call "
+        "= wall / calls; holder compute = the compute_ms its answers report (64 calls: summed, over its 2 compute "
+        "threads, per call); overhead = per call - holder compute",
+        ["expert", "concurrent calls", "per call ms", "holder compute ms", "compute here ms", "overhead ms",
+         "lumabri (C) ms", "overhead/lumabri"],
+        [[r["expert"], r["concurrency"], r["per_call_ms"], r["holder_compute_ms"], r["local_compute_ms"],
+          r["overhead_ms"], LUMABRI_CALL_MS, f"{r['overhead_ms'] / LUMABRI_CALL_MS:.1f}x"] for r in overhead])
     return {"quic_vs_http": execute, "call_overhead": overhead}
 
 
