@@ -14,23 +14,25 @@ process, holding all 128 experts, on the same hidden rows, timed interleaved wit
 distributed forwards so drift hits both alike. Tables: (1) median latency of
 `tenzro_moeForward` on the router (client wall clock, and the worker's `stats.elapsed_ms`,
 which leaves out the JSON-RPC/base64 edge) for 64 and 512 tokens with f32 and Q8_0 on the wire,
-as a ratio to the local forward (target <= 1.5x at 512 tokens), with the relative error of
-the output; (2) wire bytes per token from `stats.bytes_sent + bytes_received` (target: Q8_0
->= 3.5x fewer); (3) one holder's `moe/execute` for 64 KB, 1 MB and 4 MB of f32 rows over QUIC
+as a ratio to the local forward (target <= 1.5x at 512 tokens), with the relative error of the
+output; (2) wire bytes per token from `stats.bytes_sent + bytes_received` (target: Q8_0 >= 3.5x
+fewer); (3) one holder's `moe/execute` for 64 KB, 1 MB and 4 MB of f32 rows over QUIC
 (apps.transport.pool.QuicPool, pinned) and over the HTTP peer path (`POST /peer/moe/execute`,
-one raw frame, one keep-alive client), beside the same rows' compute in this process and an
-in-process QUIC echo of the same bytes (the library alone, at the node's datagram size and at
-16 KiB), target: QUIC at least matches HTTP at 1 MB; (4) the per-call transport overhead of a
-1-row `moe/execute` over one pooled QUIC connection at 1 and 64 concurrent calls (per-call time
-minus the holder's compute) beside the 0.27 ms per call a C peer (lumabri) reports on
-localhost; (5) hivemind's RemoteMixtureOfExperts configuration (d_model 1024, d_ff 4096,
-16 experts, 4 per holder, top-2, 64 tokens) beside its reported 303-332 ms. The holders'
-per-peer limits (TENZRO_PEER_MAX_STREAMS, TENZRO_PEER_RATE_PER_S, TENZRO_PEER_BURST) are raised
-through their environment so that neither the 64-call burst nor the forwards are refused.
-Every latency is a median; all processes share this machine's cores, so the distributed
-compute competes with the transport exactly as it would on one host. `--nodes-from DIR` runs
-the nodes from another checkout (a worktree with a candidate fix in apps/) while this process's
-reference, clients and echo servers stay on this one.
+one raw frame, one keep-alive client), beside the same rows' compute (in this process, and the
+`compute_ms` the holder reports) and an in-process QUIC echo of the same bytes (the library and
+adapter alone, with the node's QUIC settings and with those before tuning: aioquic, 1,350-byte
+datagrams, the kernel's socket buffers), target: QUIC at least matches HTTP at 1 MB; (4) the
+per-call transport overhead of a 1-row `moe/execute` over one pooled QUIC connection at 1 and
+64 concurrent calls (per-call time minus the holder's compute) beside the 0.27 ms per call a C
+peer (lumabri) reports on localhost; (5) hivemind's RemoteMixtureOfExperts configuration
+(d_model 1024, d_ff 4096, 16 experts, 4 per holder, top-2, 64 tokens) beside its reported
+303-332 ms. The holders' per-peer limits (TENZRO_PEER_MAX_STREAMS, TENZRO_PEER_RATE_PER_S,
+TENZRO_PEER_BURST) are raised through their environment so that neither the 64-call burst nor
+the forwards are refused. Every latency is a median; all processes share this machine's cores,
+so the distributed compute competes with the transport exactly as it would on one host.
+
+`--nodes-from DIR` runs the nodes from another checkout (a worktree with a candidate fix in
+apps/) while this process's reference, clients and echo servers stay on this one.
 """
 
 from __future__ import annotations
@@ -95,8 +97,10 @@ HIVEMIND_REPORTED_MS = (303.0, 332.0)  # RemoteMixtureOfExperts forward, 64 toke
 LUMABRI_CALL_MS = 0.27  # a C peer's per-call overhead on localhost, as it reports
 QUIC_ROWS = (8, 128, 512)  # f32 rows of d_model 2048: 64 KB, 1 MB, 4 MB
 MAX_BODY = 64 << 20
-NODE_DATAGRAM = QuicSettings(max_body=MAX_BODY).max_datagram_size  # what the nodes and QuicPool use
-TUNED_DATAGRAM = 16384  # the datagram size DESIGN.md measured aioquic at its best on loopback
+# Echo servers of table 3: the QUIC settings every node runs with (QuicSettings' defaults), and
+# those before the transport was tuned (what the forward first shipped with).
+ECHO_SETTINGS = {"node": {}, "untuned": {"library": "aioquic", "max_datagram_size": 1350, "socket_buffer_bytes": 0}}
+POOL_STREAMS = 128  # the bench's own pool lets 64 calls be in flight on one connection (QuicPool's default: 32)
 NODE_ENV = {
     # Gossip fast enough that five nodes converge in seconds, slow enough to stay quiet while timing.
     "TENZRO_GOSSIP_INTERVAL_S": "2", "TENZRO_GOSSIP_HEARTBEAT_S": "5", "TENZRO_GOSSIP_TTL_S": "60",
@@ -315,29 +319,29 @@ class ExecuteProbe:
     * quic: `moe/execute` over apps.transport.pool.QuicPool, pinned, one connection;
     * http: `POST /peer/moe/execute` with one raw request frame over one keep-alive httpx client;
     * echo: the same body echoed by an in-process server of the same QUIC adapter
-      (apps.transport.quic), the library alone, at the node's datagram size and at TUNED_DATAGRAM.
+      (apps.transport.quic), the library alone, with each of ECHO_SETTINGS.
     """
 
     def __init__(self, holder: NodeProcess, pin: str, runtime: ExpertRuntime) -> None:
         self.holder, self.pin, self.runtime = holder, pin, runtime
-        self.pool = QuicPool(QuicSettings(max_body=MAX_BODY))
+        self.pool = QuicPool(QuicSettings(max_body=MAX_BODY), max_streams_per_connection=POOL_STREAMS)
         self.http = httpx.AsyncClient(timeout=120)
         self.threads = ThreadPoolExecutor(2)  # TENZRO_COMPUTE_THREADS' default, which the holders run with
         self._echo_stack = contextlib.AsyncExitStack()
-        self.echo: dict[int, Any] = {}
+        self.echo: dict[str, Any] = {}
 
     async def __aenter__(self) -> ExecuteProbe:
         async def echo(request: Any) -> Reply:
             return Reply.ok({}, bytes(request.body))
 
-        for datagram in (NODE_DATAGRAM, TUNED_DATAGRAM):
-            settings = QuicSettings(max_body=MAX_BODY, max_datagram_size=datagram)
+        for name, knobs in ECHO_SETTINGS.items():
+            settings = QuicSettings(max_body=MAX_BODY, **knobs)
             port = free_port(socket.SOCK_DGRAM)
             server = await start_server(host="127.0.0.1", port=port, cert_path=str(self.holder.data_dir / CERT_FILE),
                                         key_path=str(self.holder.data_dir / CERT_KEY_FILE), handler=echo,
                                         settings=settings)
             self._echo_stack.callback(server.close)
-            self.echo[datagram] = await self._echo_stack.enter_async_context(
+            self.echo[name] = await self._echo_stack.enter_async_context(
                 quic_connection(host="127.0.0.1", port=port, pin_sha256=self.pin, settings=settings))
         return self
 
@@ -383,9 +387,9 @@ class ExecuteProbe:
         assert frames[0].header["ok"] and len(frames[0].body) == len(body), frames[0].header
         return elapsed, len(frame) + len(answer)
 
-    async def echo_call(self, body: bytes, datagram: int) -> float:
+    async def echo_call(self, body: bytes, name: str) -> float:
         start = time.perf_counter()
-        _, out = await self.echo[datagram].call("echo", {}, body, timeout_s=60)
+        _, out = await self.echo[name].call("echo", {}, body, timeout_s=60)
         elapsed = time.perf_counter() - start
         assert len(out) == len(body)
         return elapsed
@@ -403,15 +407,15 @@ async def probe_execute(probe: ExecuteProbe, rows: int, repeats: int, rng: np.ra
     hidden = rng.standard_normal((rows, QWEN.d_model), dtype=np.float32)
     body = hidden.tobytes()
     samples: dict[str, list[float]] = {k: [] for k in ("compute", "holder_compute", "quic", "http", "echo_node",
-                                                      "echo_tuned")}
+                                                      "echo_untuned")}
     for i in range(repeats + 1):  # the first round warms everything
         compute = probe.compute(QWEN, hidden)
         quic, quic_bytes, holder_compute = await probe.quic(QWEN, body, rows)
         http, http_bytes = await probe.http_call(QWEN, body, rows)
-        echo_node = await probe.echo_call(body, NODE_DATAGRAM)
-        echo_tuned = await probe.echo_call(body, TUNED_DATAGRAM)
+        echo_node = await probe.echo_call(body, "node")
+        echo_untuned = await probe.echo_call(body, "untuned")
         if i:
-            for key, value in zip(samples, (compute, holder_compute, quic, http, echo_node, echo_tuned), strict=True):
+            for key, value in zip(samples, (compute, holder_compute, quic, http, echo_node, echo_untuned), strict=True):
                 samples[key].append(value)
     med = {f"{k}_ms": statistics.median(v) * 1e3 for k, v in samples.items()}
     return {"rows": rows, "request_bytes": len(body), **med, "quic_bytes": quic_bytes, "http_bytes": http_bytes,
@@ -454,6 +458,14 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+def quic_facts(settings: QuicSettings) -> str:
+    """Library, datagram size on loopback, windows and socket buffers of one QuicSettings."""
+    d = settings.describe()
+    return (f"{d['library']}, datagrams {settings.datagram_size_on('127.0.0.1')} B on loopback "
+            f"(max_datagram_size {d['max_datagram_size']}), windows {d['connection_window'] >> 20}/"
+            f"{d['stream_window'] >> 20} MiB, socket buffers {d['socket_buffer_bytes'] or 'kernel default'}")
+
+
 def variants(runtime: ExpertRuntime, router: NodeProcess, nodes_from: Path | None) -> dict[str, Any]:
     """Which compute kernel and QUIC library ran, here and on the nodes."""
     status = router.result("tenzro_moeExpertStatus", {"live": True})
@@ -462,8 +474,9 @@ def variants(runtime: ExpertRuntime, router: NodeProcess, nodes_from: Path | Non
         "local backend": f"{runtime.backend.name} (cpu kernel {runtime.backend.cpu_kernel})",
         "node backend": f"{status['backend']} (cpu kernel {status['cpu_kernel']})",
         "f32 matmul": f"numpy {np.__version__}, BLAS {blas.get('name', '?')} {blas.get('version', '')}".strip(),
-        "QUIC library": f"aioquic {importlib.metadata.version('aioquic')}, max_datagram_size {NODE_DATAGRAM} B "
-                        "(this checkout's QuicSettings default: the nodes' too, unless they run from elsewhere)",
+        # The nodes run QuicSettings' defaults (read from the same environment as this process).
+        "QUIC (nodes and pool)": quic_facts(QuicSettings(max_body=MAX_BODY)),
+        "QUIC (echo before tuning)": quic_facts(QuicSettings(max_body=MAX_BODY, **ECHO_SETTINGS["untuned"])),
         "nodes run from": str(nodes_from) if nodes_from else "this checkout",
         "HTTP client / server": f"httpx {importlib.metadata.version('httpx')} / uvicorn "
                                 f"{importlib.metadata.version('uvicorn')}",
@@ -546,7 +559,7 @@ def table_execute(holder: NodeProcess, runtime: ExpertRuntime, plan: Plan, rng: 
         q, h, c = r["quic_ms"], r["http_ms"], r["holder_compute_ms"]
         rows.append([r["rows"], r["request_bytes"] / 1e6, r["compute_ms"], c, q, h, r["quic_mb_s"], r["http_mb_s"],
                      f"{q / h:.2f}x", f"{(q - c) / q:.0%}", f"{(h - c) / h:.0%}", r["echo_node_ms"],
-                     r["echo_tuned_ms"], met(q <= h) if r["rows"] == 128 else "-"])
+                     r["echo_untuned_ms"], met(q <= h) if r["rows"] == 128 else "-"])
     print_table(
         f"3. moe/execute on one holder (f32 rows of d_model {QWEN.d_model}): QUIC (QuicPool, pinned) vs HTTP "
         "(POST /peer/moe/execute, one raw frame, keep-alive); median ms, MB/s of request+response bytes; "
@@ -554,8 +567,8 @@ def table_execute(holder: NodeProcess, runtime: ExpertRuntime, plan: Plan, rng: 
         "1 - holder compute / latency; echo = the same body echoed by an in-process server of the same QUIC "
         "adapter (the library alone)",
         ["rows", "MB in", "compute here", "holder compute", "QUIC", "HTTP", "QUIC MB/s", "HTTP MB/s", "QUIC/HTTP",
-         "transport share QUIC", "transport share HTTP", f"echo {NODE_DATAGRAM} B dgram",
-         f"echo {TUNED_DATAGRAM} B dgram", "QUIC ≤ HTTP at 1 MB"], rows)
+         "transport share QUIC", "transport share HTTP", "echo (node's settings)",
+         "echo (aioquic, 1350 B, kernel bufs)", "QUIC ≤ HTTP at 1 MB"], rows)
     print_table(
         "4. Transport overhead per remote expert call: 1-row moe/execute over one pooled QUIC connection; per call "
         "= wall / calls; holder compute = the compute_ms its answers report (64 calls: summed, over its 2 compute "
