@@ -100,7 +100,6 @@ MAX_BODY = 64 << 20
 # Echo servers of table 3: the QUIC settings every node runs with (QuicSettings' defaults), and
 # those before the transport was tuned (what the forward first shipped with).
 ECHO_SETTINGS = {"node": {}, "untuned": {"library": "aioquic", "max_datagram_size": 1350, "socket_buffer_bytes": 0}}
-POOL_STREAMS = 128  # the bench's own pool lets 64 calls be in flight on one connection (QuicPool's default: 32)
 NODE_ENV = {
     # Gossip fast enough that five nodes converge in seconds, slow enough to stay quiet while timing.
     "TENZRO_GOSSIP_INTERVAL_S": "2", "TENZRO_GOSSIP_HEARTBEAT_S": "5", "TENZRO_GOSSIP_TTL_S": "60",
@@ -324,7 +323,10 @@ class ExecuteProbe:
 
     def __init__(self, holder: NodeProcess, pin: str, runtime: ExpertRuntime) -> None:
         self.holder, self.pin, self.runtime = holder, pin, runtime
-        self.pool = QuicPool(QuicSettings(max_body=MAX_BODY), max_streams_per_connection=POOL_STREAMS)
+        # QuicPool's own default of 32 streams in flight per connection, as the forward's pool: above
+        # about 48, qh3 raises ValueError("Bidirectional stream limit … exceeded") when the calls outrun
+        # the peer's stream credit, instead of waiting for it.
+        self.pool = QuicPool(QuicSettings(max_body=MAX_BODY))
         self.http = httpx.AsyncClient(timeout=120)
         self.threads = ThreadPoolExecutor(2)  # TENZRO_COMPUTE_THREADS' default, which the holders run with
         self._echo_stack = contextlib.AsyncExitStack()
@@ -570,9 +572,10 @@ def table_execute(holder: NodeProcess, runtime: ExpertRuntime, plan: Plan, rng: 
          "transport share QUIC", "transport share HTTP", "echo (node's settings)",
          "echo (aioquic, 1350 B, kernel bufs)", "QUIC ≤ HTTP at 1 MB"], rows)
     print_table(
-        "4. Transport overhead per remote expert call: 1-row moe/execute over one pooled QUIC connection; per call "
-        "= wall / calls; holder compute = the compute_ms its answers report (64 calls: summed, over its 2 compute "
-        "threads, per call); overhead = per call - holder compute",
+        "4. Transport overhead per remote expert call: 1-row moe/execute over one pooled QUIC connection (64 calls "
+        "gathered: QuicPool keeps 32 of them in flight per connection); per call = wall / calls; holder compute = "
+        "the compute_ms its answers report (64 calls: summed, over its 2 compute threads, per call); overhead = "
+        "per call - holder compute",
         ["expert", "concurrent calls", "per call ms", "holder compute ms", "compute here ms", "overhead ms",
          "lumabri (C) ms", "overhead/lumabri"],
         [[r["expert"], r["concurrency"], r["per_call_ms"], r["holder_compute_ms"], r["local_compute_ms"],
