@@ -502,7 +502,7 @@ class Plan:
         layers = {QWEN: replication, HIVE: 1, PROBE: 1}
         if quick:
             return cls(True, layers, {64: 5, 512: 3}, 1, {8: 5, 128: 5, 512: 3}, 5, nodes_from)
-        return cls(False, layers, {64: 11, 512: 5}, 1, {8: 15, 128: 11, 512: 7}, 15, nodes_from)
+        return cls(False, layers, {64: 15, 512: 9}, 1, {8: 15, 128: 11, 512: 7}, 15, nodes_from)
 
 
 def table_forward(forward: Forwarder, runtime: ExpertRuntime, plan: Plan, rng: np.random.Generator) -> dict[str, Any]:
