@@ -41,10 +41,11 @@ test-postgres: install
 test-fast: install
 	$(BIN)/pytest -m "not e2e"
 
+## Every benchmark in bench/ (forward: five real nodes and a redis-server of its own, ~10 min),
+## or only some: `make bench BENCH="forward transport"`.
+BENCH ?= $(filter-out report,$(basename $(notdir $(wildcard bench/[a-z]*.py))))
 bench: install
-	@for bench in bench/[a-z]*.py; do \
-		name=$$(basename $$bench .py); \
-		[ "$$name" = report ] && continue; \
+	@for name in $(BENCH); do \
 		echo "### $$name"; $(BIN)/python -m bench.$$name || exit 1; \
 	done
 
