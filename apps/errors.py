@@ -143,7 +143,7 @@ REASONS: dict[str, type[TenzroError]] = {
     **_kinds(Forbidden, "forbidden"),
     **_kinds(Unavailable, "unavailable", "worker_unavailable", "deadline_exceeded", "timeout", "connection_failed",
              "connection_closed", "certificate_pin_mismatch", "forward_incomplete", "gate_mass_lost",
-             "unreachable", "bad_answer", "remote_error"),
+             "unreachable", "bad_answer", "remote_error", "transport_error"),
     **_kinds(NotFound, "not_found", "expert_not_loaded", "gate_not_loaded", "method_not_found", "blob_not_found",
              "job_not_found", "policy_not_found", "no_active_policy", "unknown_model", "file_not_found"),
     **_kinds(Conflict, "conflict", "policy_not_proposed", "state_not_published"),

@@ -66,6 +66,9 @@ class HolderCaller:
                                                        params=params, body=body, timeout_s=self._timeout_s)
             except TransportError as exc:
                 raise error_for_reason(exc.reason, f"{holder.provider_id[:16]}… over QUIC: {exc}") from exc
+            except (ValueError, RuntimeError, AssertionError) as exc:  # the QUIC library's own refusals
+                raise Unavailable(f"{holder.provider_id[:16]}… over QUIC: {type(exc).__name__}: {exc}",
+                                  reason="transport_error") from exc
             transport = "quic"
         elif holder.http_endpoint:
             result, answer = await self._http_call(holder.http_endpoint, params, body)

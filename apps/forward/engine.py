@@ -55,6 +55,10 @@ class BatchExecutor(Protocol):
         ...
 
 
+# A holder shedding load answers these: it is healthy, so it is asked again after a pause instead
+# of being failed, penalized and cooled down.
+BACKPRESSURE = frozenset({"rate_limited", "too_many_streams"})
+
 # (tokens, layers, experts, exclude) -> plan; pairs as in apps.shardmap.planner.plan_pairs
 Planner = Callable[[np.ndarray, np.ndarray, np.ndarray, frozenset[str]], DispatchPlan]
 
@@ -65,6 +69,8 @@ class ForwardLimits:
     max_replans: int = 2
     attempt_timeout_s: float = 30.0
     max_hedges_per_batch: int = 1
+    backpressure_retries: int = 3  # a holder that said "not now" (rate_limited, too_many_streams) is asked again
+    backpressure_wait_s: float = 0.05
 
 
 @dataclass(frozen=True)
@@ -186,7 +192,7 @@ async def _race(batch: Batch, rows: np.ndarray, execute: BatchExecutor, book: La
     waiting = [h for h in (batch.provider, *batch.backups) if h.provider_id not in report.failed_providers]
     n = len(rows)
     running: dict[asyncio.Task[Answer], tuple[ProviderView, float]] = {}
-    hedges = failed_here = 0
+    hedges = failed_here = pushed_back = 0
     stalled: ProviderView | None = None
 
     async def attempt(holder: ProviderView) -> Answer:
@@ -219,9 +225,14 @@ async def _race(batch: Batch, rows: np.ndarray, execute: BatchExecutor, book: La
                 try:
                     answer = task.result()
                 except (TenzroError, TimeoutError, OSError) as exc:
+                    reason = "timeout" if isinstance(exc, TimeoutError) else getattr(exc, "reason", "connection_failed")
+                    if reason in BACKPRESSURE and pushed_back < limits.backpressure_retries:
+                        pushed_back += 1  # healthy but busy: the same holder again after a pause, no penalty
+                        await asyncio.sleep(limits.backpressure_wait_s * pushed_back)
+                        waiting.insert(0, holder)
+                        continue
                     stats.failures += 1
                     failed_here += 1
-                    reason = "timeout" if isinstance(exc, TimeoutError) else getattr(exc, "reason", "connection_failed")
                     report.failures.append(Failure(holder.provider_id, reason, str(exc) or reason, batch.layer,
                                                    batch.expert, n))
                     continue

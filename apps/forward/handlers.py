@@ -82,7 +82,7 @@ class DistributedForward:
 
     def _transports(self) -> tuple[QuicPool, httpx.AsyncClient]:
         if self._pool is None:  # created on the worker's loop, at the first forward
-            self._pool = QuicPool(QuicSettings(max_body=settings.TENZRO_PEER_MAX_BODY_BYTES))
+            self._pool = QuicPool(QuicSettings(max_body=settings.TENZRO_QUIC_MAX_BODY))
             self._http = httpx.AsyncClient(timeout=settings.TENZRO_FORWARD_ATTEMPT_TIMEOUT_S)
         assert self._http is not None
         return self._pool, self._http

@@ -150,3 +150,17 @@ def test_fail_fast_dispatches_nothing_when_a_pair_has_no_holder_at_all():
     assert len(combine.unserved()) == 16
     report, combine = run(False)
     assert holders.calls == [(provider_id(1), 0)] and len(combine.unserved()) == 8
+
+
+def test_a_busy_holder_is_asked_again_without_a_penalty():
+    class Busy(Holders):
+        async def __call__(self, holder, layer, expert, rows):
+            if holder.provider_id == provider_id(1) and sum(pid == provider_id(1) for pid, _ in self.calls) < 2:
+                self.calls.append((holder.provider_id, expert))
+                raise Unavailable("slow down", reason="rate_limited")
+            return await super().__call__(holder, layer, expert, rows)
+
+    holders = Busy()
+    combine, report, expected, _ = _forward(_shard({0: [1], 1: [1], 2: [1], 3: [1]}), holders)
+    np.testing.assert_allclose(combine.finish(allow_partial=False).out, expected, rtol=1e-6)
+    assert report.failures == [] and report.retries == 0  # pushed back twice, served by the same holder
