@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 
 from apps.experts.runtime import ExpertRuntime
-from apps.transport.framing import FrameDecoder, request_frame
+from apps.transport.framing import FRAME_CONTENT_TYPE, FrameDecoder, request_frame
 from apps.transport.pool import QuicPool
 from apps.transport.quic import QuicSettings
 from testkit.nodes import TOKEN, NodeProcess
@@ -30,7 +30,6 @@ from testkit.nodes import TOKEN, NodeProcess
 from ._quic_echo import SIZES
 from .transport import D_MODEL, MODEL, expert_payload, time_rpc
 
-FRAME_TYPE = "application/x-tenzro-frame"
 REDIS_DB = 13
 
 
@@ -46,9 +45,9 @@ def _compute_s(header: dict[str, Any]) -> float:
 
 def _http_frame(client: httpx.Client, node: NodeProcess, frame: bytes) -> tuple[float, dict[str, Any], bytes]:
     start = time.perf_counter()
-    answer = client.post(f"{node.url}/peer/moe/execute", content=frame, headers={"Content-Type": FRAME_TYPE})
+    answer = client.post(f"{node.url}/peer/moe/execute", content=frame, headers={"Content-Type": FRAME_CONTENT_TYPE})
     elapsed = time.perf_counter() - start
-    if answer.headers.get("content-type", "").split(";")[0] != FRAME_TYPE:
+    if answer.headers.get("content-type", "").split(";")[0] != FRAME_CONTENT_TYPE:
         return elapsed, {"ok": False, "status": answer.status_code}, b""
     frames = FrameDecoder(max_body=1 << 30).feed(answer.content)
     return elapsed, frames[0].header, bytes(frames[0].body)

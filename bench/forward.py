@@ -67,7 +67,7 @@ from apps.experts.gate_payload import encode_gate_payload
 from apps.experts.runtime import ExpertRuntime
 from apps.node.identity import CERT_FILE, CERT_KEY_FILE
 from apps.quantization.payload import encode_expert_payload
-from apps.transport.framing import FrameDecoder, Reply, request_frame
+from apps.transport.framing import FRAME_CONTENT_TYPE, FrameDecoder, Reply, request_frame
 from apps.transport.pool import QuicPool
 from apps.transport.quic import QuicSettings, quic_connection, start_server
 from testkit.nodes import TOKEN, NodeProcess, free_port
@@ -75,7 +75,6 @@ from testkit.redis_server import RedisNode, private_redis
 
 from .report import print_table, write_results
 
-FRAME_CONTENT_TYPE = "application/x-tenzro-frame"
 N_HOLDERS = 4
 
 

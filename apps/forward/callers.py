@@ -22,11 +22,10 @@ from apps.errors import TenzroError, Unavailable, error_for_reason
 from apps.experts.wire import decode_rows, encode_rows
 from apps.forward.engine import Answer
 from apps.shardmap.views import ProviderView
-from apps.transport.framing import FrameDecoder, FramingError, request_frame
+from apps.transport.framing import FRAME_CONTENT_TYPE, FrameDecoder, FramingError, request_frame
 from apps.transport.pool import QuicPool
 from apps.transport.quic import TransportError
 
-FRAME_CONTENT_TYPE = "application/x-tenzro-frame"
 RunLocal = Callable[[int, int, np.ndarray], Awaitable[np.ndarray]]
 
 

@@ -24,6 +24,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+# The content type of frames carried over HTTP (POST /peer/moe/execute, docs/protocol.md).
+FRAME_CONTENT_TYPE = "application/x-tenzro-frame"
 MAGIC = b"TZ"
 VERSION = 1
 KIND_REQUEST = 1

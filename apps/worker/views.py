@@ -15,10 +15,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.errors import REASONS, TenzroError
-from apps.transport.framing import FrameDecoder, FramingError, Reply
+from apps.transport.framing import FRAME_CONTENT_TYPE, FrameDecoder, FramingError, Reply
 from apps.worker.client import worker_call
-
-FRAME_CONTENT_TYPE = "application/x-tenzro-frame"
 
 
 def _answer(reply: Reply) -> HttpResponse:
