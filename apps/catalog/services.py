@@ -11,7 +11,7 @@ into N d_ff slices published as experts 0 … N-1 under a dense gate (apps/catal
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import current_app
@@ -129,7 +129,7 @@ def prepare_job_run(*, job_id: str) -> None:
 def _run(job: PrepareJob, lock: Any) -> None:
     store = blob_store()
     results = job.results or {}
-    done = results.setdefault("experts", {})
+    results.setdefault("experts", {})
     with CheckpointReader.open(job.checkpoint) as reader:
         if job.dense_slices:
             _run_dense(job, lock, reader, store, results)
@@ -140,18 +140,10 @@ def _run(job: PrepareJob, lock: Any) -> None:
         if outside:  # checked before anything is published, so a refused job stores nothing
             raise SlicingError("expert_out_of_range", f"{job.model_id} has experts 0..{total - 1} "
                                f"(routed, then shared); asked for {outside}")
-        if not (results.get("gate") and store.has(results["gate"]["hash"])):
-            gate = gate_payload_for_layer(reader, shape, job.layer, model_id=job.model_id)
-            results["gate"] = {"hash": store.put(gate), "size": len(gate)}
-            _save_progress(job, results, lock)
-        for expert in job.experts:
-            entry = done.get(str(expert))
-            if entry and store.has(entry["hash"]):
-                continue  # finished before a restart; the bytes would be identical anyway
-            payload, formats = prepare_expert(reader, shape, model_id=job.model_id, layer=job.layer, expert=expert,
-                                              quant=job.quant)
-            done[str(expert)] = {"hash": store.put(payload), "size": len(payload), "formats": formats}
-            _save_progress(job, results, lock)
+        _publish(job, lock, store, results,
+                 gate=lambda: gate_payload_for_layer(reader, shape, job.layer, model_id=job.model_id),
+                 piece=lambda expert: prepare_expert(reader, shape, model_id=job.model_id, layer=job.layer,
+                                                     expert=expert, quant=job.quant))
 
 
 def _run_dense(job: PrepareJob, lock: Any, reader: CheckpointReader, store: Any, results: dict[str, Any]) -> None:
@@ -160,18 +152,26 @@ def _run_dense(job: PrepareJob, lock: Any, reader: CheckpointReader, store: Any,
                         quant=job.quant)
     results["dense"] = {"d_model": dense.d_model, "d_ff": dense.d_ff, "slice_align": dense.slice_align,
                         "bounds": [list(b) for b in dense.bounds]}
+    _publish(job, lock, store, results, gate=lambda: dense_gate_payload(dense, model_id=job.model_id),
+             piece=lambda slice_id: prepare_dense_slice(reader, dense, model_id=job.model_id, slice_id=slice_id,
+                                                        quant=job.quant))
+
+
+def _publish(job: PrepareJob, lock: Any, store: Any, results: dict[str, Any], *, gate: Callable[[], bytes],
+             piece: Callable[[int], tuple[bytes, dict[str, str]]]) -> None:
+    """Store the gate, then each of job.experts (an expert or a dense slice), saving progress after
+    each; what a restarted job already stored is skipped (its bytes would be identical anyway)."""
     done = results["experts"]
     if not (results.get("gate") and store.has(results["gate"]["hash"])):
-        gate = dense_gate_payload(dense, model_id=job.model_id)
-        results["gate"] = {"hash": store.put(gate), "size": len(gate)}
+        payload = gate()
+        results["gate"] = {"hash": store.put(payload), "size": len(payload)}
         _save_progress(job, results, lock)
-    for slice_id in job.experts:
-        entry = done.get(str(slice_id))
+    for expert in job.experts:
+        entry = done.get(str(expert))
         if entry and store.has(entry["hash"]):
-            continue  # finished before a restart; the bytes would be identical anyway
-        payload, formats = prepare_dense_slice(reader, dense, model_id=job.model_id, slice_id=slice_id,
-                                               quant=job.quant)
-        done[str(slice_id)] = {"hash": store.put(payload), "size": len(payload), "formats": formats}
+            continue
+        payload, formats = piece(expert)
+        done[str(expert)] = {"hash": store.put(payload), "size": len(payload), "formats": formats}
         _save_progress(job, results, lock)
 
 

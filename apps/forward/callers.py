@@ -22,7 +22,7 @@ from apps.errors import TenzroError, Unavailable, error_for_reason
 from apps.experts.wire import decode_rows, encode_rows
 from apps.forward.engine import Answer
 from apps.shardmap.views import ProviderView
-from apps.transport.framing import FRAME_CONTENT_TYPE, FrameDecoder, FramingError, request_frame
+from apps.transport.framing import FRAME_CONTENT_TYPE, KIND_RESPONSE, FramingError, decode_frame, request_frame
 from apps.transport.pool import QuicPool
 from apps.transport.quic import TransportError
 
@@ -98,16 +98,12 @@ class HolderCaller:
             raise Unavailable(f"{url}: {type(exc).__name__}: {exc}", reason="connection_failed") from exc
         if response.headers.get("content-type", "").split(";")[0] != FRAME_CONTENT_TYPE:
             raise Unavailable(f"{url} answered HTTP {response.status_code} without a frame", reason="bad_answer")
-        decoder = FrameDecoder(max_body=self._max_body)
         try:
-            frames = decoder.feed(response.content)
-            decoder.finish()
+            frame = decode_frame(response.content, kind=KIND_RESPONSE, max_body=self._max_body)
         except FramingError as exc:
             raise Unavailable(f"{url}: {exc}", reason="bad_answer") from exc
-        if len(frames) != 1:
-            raise Unavailable(f"{url} answered {len(frames)} frames, expected 1", reason="bad_answer")
-        header = frames[0].header
+        header = frame.header
         if not header.get("ok"):
             error = header.get("error") or {}
             raise error_for_reason(error.get("reason", "remote_error"), f"{url}: {error.get('message', '')}")
-        return header.get("result", {}), bytes(frames[0].body)
+        return header.get("result", {}), bytes(frame.body)

@@ -211,3 +211,14 @@ class FrameDecoder:
         frame = Frame(kind=self._kind, header=self._header, body=self._body)
         self._header, self._body, self._header_len, self._body_filled = None, None, -1, 0
         return frame
+
+
+def decode_frame(data: bytes | bytearray, *, kind: int, max_body: int) -> Frame:
+    """Exactly one whole frame of `kind` (a body that HTTP carried whole); FramingError otherwise."""
+    decoder = FrameDecoder(max_body=max_body)
+    frames = decoder.feed(data)
+    decoder.finish()
+    if len(frames) != 1 or frames[0].kind != kind:
+        what = "request" if kind == KIND_REQUEST else "response"
+        raise FramingError(f"the body must be exactly one {what} frame, got {len(frames)} frames")
+    return frames[0]

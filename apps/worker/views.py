@@ -15,7 +15,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.errors import REASONS, TenzroError
-from apps.transport.framing import FRAME_CONTENT_TYPE, FrameDecoder, FramingError, Reply
+from apps.transport.framing import FRAME_CONTENT_TYPE, KIND_REQUEST, FramingError, Reply, decode_frame
 from apps.worker.client import worker_call
 
 
@@ -32,20 +32,16 @@ async def peer_frame(request: HttpRequest, method: str) -> HttpResponse:
     if request.content_type != FRAME_CONTENT_TYPE:
         return _answer(Reply.error("bad_request", f"send one request frame as {FRAME_CONTENT_TYPE}, "
                                                   f"not {request.content_type or 'no content type'}"))
-    decoder = FrameDecoder(max_body=settings.TENZRO_PEER_MAX_BODY_BYTES)
     try:
-        frames = decoder.feed(request.body)
-        decoder.finish()
-        if len(frames) != 1 or frames[0].kind != 1:
-            raise FramingError("the body must be exactly one request frame")
+        frame = decode_frame(request.body, kind=KIND_REQUEST, max_body=settings.TENZRO_PEER_MAX_BODY_BYTES)
     except FramingError as exc:
         return _answer(Reply.error(exc.reason, str(exc)))
-    header = frames[0].header
+    header = frame.header
     if header.get("method") != method or not isinstance(header.get("params"), dict):
         return _answer(Reply.error("bad_request", f"this route serves {method}; the frame's header must be "
                                                   f'{{"method": "{method}", "params": {{...}}}}'))
     try:
-        result, body = await worker_call(method, header["params"], body=bytes(frames[0].body), door="peer")
+        result, body = await worker_call(method, header["params"], body=bytes(frame.body), door="peer")
     except TenzroError as exc:
         return _answer(Reply.error(exc.reason, exc.message, exc.details))
     return _answer(Reply.ok(result, body))
