@@ -112,6 +112,7 @@ INSTALLED_APPS = [
     "apps.governance",
     "apps.worker",
     "apps.providers",
+    "apps.reputation",
     "apps.forward",
     "apps.blobs",
     "apps.catalog",
