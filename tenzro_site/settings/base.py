@@ -113,6 +113,7 @@ INSTALLED_APPS = [
     "apps.worker",
     "apps.providers",
     "apps.reputation",
+    "apps.settlement",
     "apps.forward",
     "apps.blobs",
     "apps.catalog",
