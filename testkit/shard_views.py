@@ -25,12 +25,13 @@ def provider_id(n: int) -> str:
 
 
 def provider(n: int, *, roles: tuple[str, ...] = ("ExpertHolder",), gpu: bool = False,
-             latency_ms: float | None = 10.0, quic: bool = True) -> ProviderView:
+             latency_ms: float | None = 10.0, quic: bool = True, reputation: float = 0.0) -> ProviderView:
     pid = provider_id(n)
     return ProviderView(
         provider_id=pid, roles=roles, http_endpoint=f"http://10.0.{n // 250}.{n % 250}:8000",
         quic_endpoint=f"10.0.{n // 250}.{n % 250}:4433" if quic else None,
-        quic_cert_sha256=f"{n:064x}"[::-1] if quic else None, moe_gpu=gpu, latency_ms=latency_ms)
+        quic_cert_sha256=f"{n:064x}"[::-1] if quic else None, moe_gpu=gpu, latency_ms=latency_ms,
+        reputation=reputation)
 
 
 def holding(n: int, layer: int, expert: int, *, warm: bool = True, tps: int = 100, model: str = MODEL,

@@ -26,6 +26,7 @@ PURE_CORES = {
     "provider records and gossip": ["apps.providers.records", "apps.providers.gossip"],
     "shard map and planner": ["apps.shardmap.aggregation", "apps.shardmap.planner"],
     "forward combine and dispatch": ["apps.forward.combine", "apps.forward.hedging", "apps.forward.engine"],
+    "settlement split": ["apps.settlement.split"],
 }
 
 

@@ -3,20 +3,44 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from decimal import Decimal
+
+from django.db import transaction
 
 from apps.forward.engine import Failure
 from apps.forward.models import HolderPenalty
+from apps.governance.selectors import policy_active
 from apps.providers.services import provider_latency_record
+from apps.reputation.services import reputation_penalize
+
+# A primary raced out by its backup was slow, not wrong: it keeps its HolderPenalty row (the
+# dashboard and the hedging numbers read them) but its reputation is not lowered.
+NOT_A_FAULT = frozenset({"stalled"})
 
 
 def forward_outcome_record(*, model_id: str, failures: Iterable[Failure], latencies_ms: dict[str, float],
                            self_id: str) -> None:
-    """One forward's failures become penalty rows; each winner's median latency is folded into
-    its provider's measured latency (this node's own is not a network latency and is skipped)."""
-    HolderPenalty.objects.bulk_create([
-        HolderPenalty(provider_id=f.provider, reason=f.reason, message=f.message[:2000], model_id=model_id,
-                      layer=f.layer, expert=f.expert, rows=f.rows)
-        for f in failures])
+    """One forward's failures become penalty rows, and each (but a stalled one) lowers its holder's
+    reputation by the active policy's holder_failure_penalty; each winner's median latency is folded
+    into its provider's measured latency (this node's own is not a network latency and is skipped)."""
+    failures = list(failures)
+    if failures:
+        _penalties_record(model_id=model_id, failures=failures)
     for provider_id, ms in latencies_ms.items():
         if provider_id != self_id:
             provider_latency_record(provider_id=provider_id, latency_ms=ms)
+
+
+@transaction.atomic  # a penalty row and its reputation event stand or fall together
+def _penalties_record(*, model_id: str, failures: list[Failure]) -> None:
+    rows = HolderPenalty.objects.bulk_create([
+        HolderPenalty(provider_id=f.provider, reason=f.reason, message=f.message[:2000], model_id=model_id,
+                      layer=f.layer, expert=f.expert, rows=f.rows)
+        for f in failures])
+    faults = [row for row in rows if row.reason not in NOT_A_FAULT]
+    if not faults:
+        return
+    penalty = Decimal(str(policy_active().holder_failure_penalty))
+    for row in faults:
+        # bulk_create fills row.id on SQLite (3.35+) and PostgreSQL: the penalty's idempotency ref.
+        reputation_penalize(provider_id=row.provider_id, amount=penalty, reason=row.reason, ref=f"penalty:{row.id}")

@@ -18,7 +18,8 @@ from apps.governance.selectors import policy_active
 @admin.register(Policy)
 class PolicyAdmin(admin.ModelAdmin):
     list_display = ("id", "status", "min_replication", "max_replication", "hot_threshold_tps",
-                    "repair_interval_s", "receipt_sample_one_in", "proposed_by", "decided_by", "decided_at")
+                    "repair_interval_s", "receipt_sample_one_in", "settlement_holder_share", "settlement_router_share",
+                    "reputation_floor", "proposed_by", "decided_by", "decided_at")
     list_filter = ("status",)
     actions = ("approve_proposals", "reject_proposals")
     fields = (*POLICY_VALUE_FIELDS, "note", "status", "proposed_by", "decided_by", "created_at", "decided_at")

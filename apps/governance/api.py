@@ -24,6 +24,9 @@ class PolicyChanges(Params):
     holder_failure_penalty: float = absent_or(**_AMOUNT)
     fraud_penalty: float = absent_or(**_AMOUNT)
     settlement_holder_share: float = absent_or(ge=0, le=1)
+    settlement_router_share: float = absent_or(
+        ge=0, le=1, description="holder + router share must stay ≤ 1; the rest is burned.")
+    reputation_floor: float = absent_or(ge=-1e300, le=1e300, description="May be negative.")
 
 
 class PolicyProposeParams(Params):
@@ -51,6 +54,8 @@ class PolicyOut(Out):
     holder_failure_penalty: float
     fraud_penalty: float
     settlement_holder_share: float
+    settlement_router_share: float
+    reputation_floor: float
     note: str
     proposed_by: str
     decided_by: str

@@ -5,7 +5,8 @@ there is exactly one active policy at any time (a partial unique constraint enfo
 and every earlier one stays as history.
 """
 
-from django.core.validators import MinValueValidator
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 
@@ -27,6 +28,8 @@ POLICY_VALUE_FIELDS = (
     "holder_failure_penalty",
     "fraud_penalty",
     "settlement_holder_share",
+    "settlement_router_share",
+    "reputation_floor",
 )
 
 
@@ -57,7 +60,18 @@ class Policy(models.Model):
         validators=[MinValueValidator(0)], help_text="Quarantine-grade reputation penalty for an upheld dispute."
     )
     settlement_holder_share = models.FloatField(
-        validators=[MinValueValidator(0)], help_text="Fraction (0–1) of a settlement paid to the holder."
+        validators=[MinValueValidator(0), MaxValueValidator(1)],
+        help_text="Fraction (0–1) of a settlement paid to the holder.",
+    )
+    # The rest of a settlement (1 − holder − router) is burned: holder + router ≤ 1 (clean()).
+    settlement_router_share = models.FloatField(
+        default=0.05, validators=[MinValueValidator(0), MaxValueValidator(1)],
+        help_text="Fraction (0–1) of a settlement paid to the router that dispatched the work.",
+    )
+    # May be negative: a new provider starts at 0 and a few failures must not shut it out.
+    reputation_floor = models.FloatField(
+        default=-50.0,
+        help_text="Providers whose reputation is below this are never planned on.",
     )
     note = models.TextField(blank=True, default="")
     proposed_by = models.CharField(max_length=150, blank=True, default="")
@@ -76,6 +90,14 @@ class Policy(models.Model):
 
     def __str__(self) -> str:
         return f"Policy #{self.pk} ({self.status})"
+
+    def clean(self) -> None:
+        """holder + router shares may not exceed the whole: the burn (the remainder) is never negative."""
+        super().clean()
+        holder, router = self.settlement_holder_share, self.settlement_router_share
+        if holder is not None and router is not None and holder + router > 1:
+            raise ValidationError({"settlement_router_share": (
+                f"settlement_holder_share + settlement_router_share must be ≤ 1 (got {holder} + {router})")})
 
     def values(self) -> dict:
         return {name: getattr(self, name) for name in POLICY_VALUE_FIELDS}

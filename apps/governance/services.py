@@ -25,6 +25,11 @@ def _check_values(policy: Policy) -> None:
         problems["max_replication"] = f"must be ≥ min_replication ({policy.min_replication})"
     if not 0 <= policy.settlement_holder_share <= 1:
         problems["settlement_holder_share"] = "must be between 0 and 1"
+    if not 0 <= policy.settlement_router_share <= 1:
+        problems["settlement_router_share"] = "must be between 0 and 1"
+    elif policy.settlement_holder_share + policy.settlement_router_share > 1:
+        # Model.clean says the same; kept here so a row built around full_clean still cannot pass.
+        problems["settlement_router_share"] = "settlement_holder_share + settlement_router_share must be ≤ 1"
     if problems:
         raise InvalidInput(f"invalid policy: {problems}", reason="invalid_policy", errors=problems)
 

@@ -54,6 +54,7 @@ class Holder(Out):
     quic_cert_sha256: str | None
     http_endpoint: str | None
     blob_uri: str | None
+    reputation: float = Field(description="Its score as this node sees it (tenzro_moeReputation).")
 
 
 class ExpertHolders(Out):

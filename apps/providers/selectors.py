@@ -1,7 +1,7 @@
 """Reads of the gossip view: the node's gossip status, and the shard views the planner reads.
 
 Each read is a bounded number of queries whatever the number of providers: the shard view of
-a model is two (providers, that model's holdings) plus the active policy.
+a model is three (providers, their reputation scores, that model's holdings) plus the active policy.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from apps.governance.selectors import policy_active
 from apps.node.selectors import node_identity
 from apps.providers.models import GossipCount, Holding, Provider, Reachability
 from apps.providers.records import Holding as RecordHolding
+from apps.reputation.selectors import reputation_scores
 from apps.shardmap.index import ShardIndex
 from apps.shardmap.views import HoldingView, ProviderView, ReplicationPolicy
 from apps.worker import selectors as worker_selectors
@@ -24,14 +25,19 @@ from apps.worker import selectors as worker_selectors
 def replication_policy() -> ReplicationPolicy:
     policy = policy_active()
     return ReplicationPolicy(min_replication=policy.min_replication, max_replication=policy.max_replication,
-                             hot_threshold_tps=float(policy.hot_threshold_tps))
+                             hot_threshold_tps=float(policy.hot_threshold_tps),
+                             reputation_floor=float(policy.reputation_floor))
 
 
 def provider_views() -> list[ProviderView]:
+    """Every provider of the gossip view with its reputation (two queries: providers, scores)."""
     rows = Provider.objects.values_list("provider_id", "roles", "http_endpoint", "quic_endpoint",
-                                        "quic_cert_sha256", "moe_gpu", "latency_ms", "activation_codecs")
-    return [ProviderView(pid, tuple(roles), http, quic, pin, gpu, latency, tuple(codecs or ("f32",)))
-            for pid, roles, http, quic, pin, gpu, latency, codecs in rows]
+                                        "quic_cert_sha256", "moe_gpu", "latency_ms", "activation_codecs",
+                                        "price_per_input_token")
+    scores = reputation_scores()  # all of them: fewer rows than the provider table, and no IN list to build
+    return [ProviderView(pid, tuple(roles), http, quic, pin, gpu, latency, tuple(codecs or ("f32",)),
+                         scores.get(pid, 0.0), price)
+            for pid, roles, http, quic, pin, gpu, latency, codecs, price in rows]
 
 
 def holding_views(model_id: str) -> list[HoldingView]:
@@ -42,7 +48,7 @@ def holding_views(model_id: str) -> list[HoldingView]:
 
 
 def shard_index(model_id: str) -> ShardIndex:
-    """The model's holders as the planner and the shard map read them (three queries)."""
+    """The model's holders as the planner and the shard map read them (four queries)."""
     return ShardIndex.build(model_id, provider_views(), holding_views(model_id), replication_policy())
 
 

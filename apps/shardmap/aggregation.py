@@ -11,7 +11,7 @@ those two fields stand where ``iroh_endpoint_id`` stood. The result also names i
      under_replicated_experts: [{layer, expert}], hot_experts: [{layer, expert}],
      holders: [{layer, expert, replication,
                 holders: [{provider, residency, committed_tps, quic_endpoint,
-                           quic_cert_sha256, http_endpoint, blob_uri}]}]}
+                           quic_cert_sha256, http_endpoint, blob_uri, reputation}]}]}
 
 Semantics (what is dropped while indexing is in apps.shardmap.index):
   covered_experts            distinct (layer, expert) with at least one holder
@@ -24,6 +24,8 @@ Semantics (what is dropped while indexing is in apps.shardmap.index):
                              ``expected`` experts nobody holds (replication 0)
   hot_experts                experts whose holders' committed_tps (Warm and Cold) sum to at
                              least hot_threshold_tps
+  reputation                 the holder's score as this node sees it (apps.reputation); one
+                             below the policy's reputation_floor is listed but never planned on
 Lists are sorted by (layer, expert); each entry's holders are Warm first, then
 committed_tps descending, then provider id.
 """
@@ -102,11 +104,12 @@ def _uncovered(index: ShardIndex, expected: Iterable[tuple[int, int]] | None) ->
 
 def _holder_entries(index: ShardIndex, layers: list[int], experts: list[int]) -> list[dict[str, Any]]:
     # The per-provider fields are the same in every entry of that provider: look them up once.
-    doors = [(p.provider_id, p.quic_endpoint, p.quic_cert_sha256, p.http_endpoint) for p in index.providers]
+    doors = [(p.provider_id, p.quic_endpoint, p.quic_cert_sha256, p.http_endpoint, float(p.reputation))
+             for p in index.providers]
     residency = ("Cold", "Warm")  # indexed by the warm flag
     rows = [
         {"provider": door[0], "residency": residency[warm], "committed_tps": tps, "quic_endpoint": door[1],
-         "quic_cert_sha256": door[2], "http_endpoint": door[3], "blob_uri": blob}
+         "quic_cert_sha256": door[2], "http_endpoint": door[3], "blob_uri": blob, "reputation": door[4]}
         for door, warm, tps, blob in zip(
             [doors[p] for p in index.holder_provider.tolist()], index.holder_warm.tolist(),
             index.holder_tps.tolist(), index.holder_blob, strict=True)

@@ -20,6 +20,10 @@ Layout (CSR, every array read-only)::
 Within an expert, holders are ordered Warm first, then committed_tps descending, then
 provider id: the order the shard map prints and the order the planner's backups start from.
 
+Per provider, derived: ``provider_barred`` (reputation below the policy's reputation_floor:
+the planner never picks it, the shard map still lists it) and ``provider_rank``, its place
+in (reputation descending, provider id) order, which the planner's exact ties go by.
+
 What is dropped while building: holdings of other models, and holdings whose provider is
 not in ``providers`` (the view may lag the holdings it was built from). A provider that
 lists the same (layer, expert) twice counts once (replication is about distinct
@@ -75,6 +79,9 @@ class ShardIndex:
     # Derived per provider: GPU flag, and latency in seconds with unknown ones filled (see build).
     provider_gpu: np.ndarray = field(init=False)
     provider_latency_s: np.ndarray = field(init=False)
+    # Derived per provider: reputation below the floor, and the tie rank (higher reputation, then id).
+    provider_barred: np.ndarray = field(init=False)
+    provider_rank: np.ndarray = field(init=False)
     # Dense (layer, expert) -> expert index table, when the ids span a small box (every real
     # model: layers 0..L-1, experts 0..E-1); None falls back to a binary search over keys.
     _table: np.ndarray | None = field(init=False, repr=False)
@@ -95,6 +102,7 @@ class ShardIndex:
             "hot": summed >= self.policy.hot_threshold_tps,  # at the threshold counts as hot (seed: "≥ 1000")
             "provider_gpu": np.array([p.moe_gpu for p in self.providers], dtype=bool),
             "provider_latency_s": np.array(latency, dtype=np.float64),
+            **_reputation_columns(self.providers, self.policy.reputation_floor),
         }
         width = int(self.experts.max()) + 1 if len(self.keys) else 0
         height = int(self.layers.max()) + 1 if len(self.keys) else 0
@@ -183,6 +191,16 @@ class ShardIndex:
         offsets = np.append(starts, len(key)).astype(np.int64)
         return cls(model_id=model_id, policy=policy, providers=ordered, keys=key[starts].copy(), offsets=offsets,
                    holder_provider=pidx, holder_warm=warm, holder_tps=tps, holder_blob=tuple(blob))
+
+
+def _reputation_columns(providers: Sequence[ProviderView], floor: float) -> dict[str, np.ndarray]:
+    """provider_barred and provider_rank (see the module docstring); providers sorted by id."""
+    reputation = np.array([p.reputation for p in providers], dtype=np.float64)
+    # lexsort's last key sorts first: reputation descending, then the index (= provider id order).
+    order = np.lexsort((np.arange(len(providers)), -reputation))
+    rank = np.empty(len(providers), dtype=np.int64)
+    rank[order] = np.arange(len(providers))
+    return {"provider_barred": reputation < floor, "provider_rank": rank}
 
 
 def _first_per_provider(key: np.ndarray, pidx: np.ndarray, n_providers: int) -> np.ndarray:

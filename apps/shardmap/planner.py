@@ -13,9 +13,14 @@ columnar DispatchPlan; ``plan_dispatch`` takes seed 000's JSON routings and retu
 Every routed (token, layer, expert) pair ends in exactly one batch (and its token's slots)
 or in ``unroutable``, never dropped. Reasons: ``no_holder`` (nobody in the view holds the
 expert), ``holders_excluded`` (every holder is in ``exclude``: they failed earlier in this
-forward), ``only_cold_holders`` (the holders left are Cold and ``allow_cold`` is false).
+forward), ``only_cold_holders`` (the holders left are Cold and ``allow_cold`` is false),
+``below_reputation_floor`` (every holder not in ``exclude`` has a reputation below the
+policy's ``reputation_floor``).
 
 Who may serve an expert (its candidates), strictly in this order:
+  0. Never a provider in ``exclude``, nor one whose reputation is below the policy's
+     ``reputation_floor`` (governance's line under which a provider's record of failed
+     and fraudulent work outweighs its paid work; the shard map still lists it).
   1. Warm holders not excluded; only when there are none, Cold ones (with ``allow_cold``).
   2. For a hot expert (policy hot_threshold_tps on its holders' summed committed_tps) the
      ``moe_gpu`` candidates come first: an expert placed whole goes to the best GPU holder,
@@ -33,7 +38,15 @@ Score (lower is better): the estimated time at which the holder would finish thi
 in tokens/s (at least 1, so a holder that measured nothing is a last resort, not a division
 by zero), ``latency_s`` its recent round trip (an unmeasured one counts as the slowest
 measured, apps.shardmap.index). Latency is paid once per holder: its batches travel
-together. Equal scores go to the smaller provider id.
+together. Equal scores go to the higher reputation, then the smaller provider id.
+
+Reputation breaks exact ties only; it does not enter the finish time. It is an amount
+(settlement credits less penalties), not a time, and no policy number converts one into
+the other; a provider whose record is bad enough is kept out by the floor instead. Ties
+are common, not a corner: a network with no measurements yet (every latency 0, equal
+committed_tps) decides every placement by them, and then the provider with the better
+paid record wins instead of the smaller id. The same rank orders the water filling's
+candidates and rounding, and the backups.
 
 Load spreading: experts are placed in descending order of their token count (ties: layer,
 expert), each on the candidate with the lowest finish time: longest-processing-time-first
@@ -49,7 +62,8 @@ rows costs more than it saves. A split that shrinks to one holder places the exp
 
 Backups per batch: the expert's other holders, Warm before Cold (Cold only with
 ``allow_cold``), never an excluded provider, never the batch's own; GPU first for a hot
-expert; then by finish(h, rows) with the plan's final loads; then provider id. The forward
+expert; then by finish(h, rows) with the plan's final loads; then higher reputation; then
+provider id; never a provider below the reputation floor. The forward
 redispatches to them in this order when the primary stalls, and replans with ``exclude``
 when all fail.
 """

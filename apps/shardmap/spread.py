@@ -21,6 +21,7 @@ import numpy as np
 from apps.shardmap.index import ShardIndex
 
 NO_HOLDER, HOLDERS_EXCLUDED, ONLY_COLD = "no_holder", "holders_excluded", "only_cold_holders"
+BELOW_FLOOR = "below_reputation_floor"
 
 # A holder that has measured nothing advertises committed_tps 0; ranking it at 1 token/s keeps the
 # finish-time arithmetic finite and makes it the last resort among holders with numbers.
@@ -38,11 +39,14 @@ class Columns:
     rate: list[float]  # (n_holders): max(committed_tps, MIN_RATE)
     gpu: list[bool]  # (n_providers)
     latency: list[float]  # (n_providers): seconds
+    rank: list[int]  # (n_providers): exact ties go to the smaller rank (higher reputation, then provider id)
+    barred: frozenset[int]  # providers whose reputation is below the policy's floor
     n_experts: int
     # The same as arrays, for the vectorized backup ranking: (n_experts + 1,), (n_experts,), (n_holders,)
     offsets_array: np.ndarray
     n_warm_array: np.ndarray
     rate_array: np.ndarray
+    rank_array: np.ndarray
 
 
 _CACHE: weakref.WeakKeyDictionary[ShardIndex, Columns] = weakref.WeakKeyDictionary()
@@ -61,8 +65,9 @@ def columns_of(shard: ShardIndex) -> Columns:
         cols = Columns(
             offsets=shard.offsets.tolist(), n_warm=n_warm.tolist(), hot=shard.hot.tolist(),
             provider=shard.holder_provider.tolist(), rate=rate.tolist(), gpu=shard.provider_gpu.tolist(),
-            latency=shard.provider_latency_s.tolist(), n_experts=shard.n_experts,
-            offsets_array=shard.offsets, n_warm_array=n_warm, rate_array=rate)
+            latency=shard.provider_latency_s.tolist(), rank=shard.provider_rank.tolist(),
+            barred=frozenset(np.flatnonzero(shard.provider_barred).tolist()), n_experts=shard.n_experts,
+            offsets_array=shard.offsets, n_warm_array=n_warm, rate_array=rate, rank_array=shard.provider_rank)
         _CACHE[shard] = cols
     return cols
 
@@ -94,7 +99,9 @@ def place(
     for that to be (layer, expert, provider id) order, as the planner gives them.
     """
     cols = columns_of(shard)
-    prov, rate, lat = cols.provider, cols.rate, cols.latency
+    prov, rate, lat, rank = cols.provider, cols.rate, cols.latency, cols.rank
+    # Below the reputation floor is treated as excluded, except in the reason an expert reports.
+    barred = excluded | cols.barred if cols.barred else excluded
     refused: list[tuple[int, str]] = []
     chosen_tier: dict[int, list[int]] = {}  # segment -> candidate holder rows, preferred ones first
     preferred: dict[int, int] = {}  # segment -> how many leading candidates are preferred (GPU, hot)
@@ -105,13 +112,15 @@ def place(
             refused.append((s, NO_HOLDER))
             continue
         a, w, b = cols.offsets[e], cols.offsets[e] + cols.n_warm[e], cols.offsets[e + 1]
-        if excluded:
-            warm = [j for j in range(a, w) if prov[j] not in excluded]
-            cold = [j for j in range(w, b) if prov[j] not in excluded]
+        if barred:
+            warm = [j for j in range(a, w) if prov[j] not in barred]
+            cold = [j for j in range(w, b) if prov[j] not in barred]
         else:
             warm, cold = list(range(a, w)), list(range(w, b))
         if not warm and not cold:
-            refused.append((s, HOLDERS_EXCLUDED))
+            # Some holder left out only by the floor: the floor is why, else this forward's failures.
+            floor_only = any(prov[j] not in excluded for j in range(a, b))
+            refused.append((s, BELOW_FLOOR if floor_only else HOLDERS_EXCLUDED))
             continue
         if not warm and not allow_cold:
             refused.append((s, ONLY_COLD))
@@ -137,9 +146,9 @@ def place(
         pieces = min(len(tier), -(-n // fair), n // min_batch_rows)
         alloc = _water_fill(n, tier, g, pieces, cols, load, min_batch_rows) if pieces > 1 else None
         if alloc is None:
-            # Whole, on the best preferred candidate; exact float ties go to the smaller provider
-            # index (= provider id order).
-            best = min(tier[:g], key=lambda j, n=n: (lat[prov[j]] + (load[prov[j]] + n) / rate[j], prov[j]))
+            # Whole, on the best preferred candidate; exact float ties go to the higher reputation,
+            # then the smaller provider id (the rank).
+            best = min(tier[:g], key=lambda j, n=n: (lat[prov[j]] + (load[prov[j]] + n) / rate[j], rank[prov[j]]))
             alloc = [(best, n)]
         for j, r in alloc:
             load[prov[j]] += r
@@ -151,18 +160,18 @@ def place(
         for j, r in sorted(placed[s], key=lambda item: prov[item[0]]):
             out.append((s, e, j, first, r))
             first += r
-    backups = _backups(shard, cols, out, load, allow_cold=allow_cold, excluded=excluded)
+    backups = _backups(shard, cols, out, load, allow_cold=allow_cold, excluded=barred)
     return [Piece(s, e, prov[j], first, r, b) for (s, e, j, first, r), b in zip(out, backups, strict=True)], refused
 
 
 def _backups(shard: ShardIndex, cols: Columns, pieces: list[tuple[int, int, int, int, int]], load: list[int], *,
-             allow_cold: bool, excluded: set[int]) -> list[tuple[int, ...]]:
+             allow_cold: bool, excluded: set[int] | frozenset[int]) -> list[tuple[int, ...]]:
     """Each piece's backup providers, best first, ranked for all pieces in one sort.
 
     Pool per piece: its expert's Warm holder rows (and Cold ones with ``allow_cold``) minus
-    the excluded providers and the piece's own holder. Key, in order: Cold after Warm; for a
-    hot expert, CPU after GPU; finish(h, rows) = latency + (final load + rows) / rate; the
-    provider index (= provider id order) for exact ties.
+    the excluded (and below-floor) providers and the piece's own holder. Key, in order: Cold
+    after Warm; for a hot expert, CPU after GPU; finish(h, rows) = latency + (final load +
+    rows) / rate; the rank (higher reputation, then provider id) for exact ties.
     """
     if not pieces:
         return []
@@ -184,7 +193,7 @@ def _backups(shard: ShardIndex, cols: Columns, pieces: list[tuple[int, int, int,
     busy = np.asarray(load, dtype=np.float64)[who] + rows[piece]  # rows the holder would have with this piece
     finish = shard.provider_latency_s[who] + busy / cols.rate_array[row]
     cpu_of_hot = shard.hot[expert[piece]] & ~shard.provider_gpu[who]
-    order = np.lexsort((who, finish, cpu_of_hot, row >= warm_end[piece], piece))  # last key sorts first
+    order = np.lexsort((cols.rank_array[who], finish, cpu_of_hot, row >= warm_end[piece], piece))  # last key first
     ranked = who[order].tolist()
     ends = np.cumsum(np.bincount(piece, minlength=len(pieces))).tolist()
     return [tuple(ranked[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
@@ -202,16 +211,16 @@ def _water_fill(n: int, tier: list[int], preferred: int, pieces: int, cols: Colu
     min_batch_rows, or None when only one holder is left: the caller then places the
     expert whole, as it places one that is not split.
     """
-    prov, rate, lat = cols.provider, cols.rate, cols.latency
+    prov, rate, lat, rank = cols.provider, cols.rate, cols.latency, cols.rank
     share = n / pieces
 
     def by_finish(group: list[int]) -> list[int]:
-        return sorted(group, key=lambda j: (lat[prov[j]] + (load[prov[j]] + share) / rate[j], prov[j]))
+        return sorted(group, key=lambda j: (lat[prov[j]] + (load[prov[j]] + share) / rate[j], rank[prov[j]]))
 
     chosen = (by_finish(tier[:preferred]) + by_finish(tier[preferred:]))[:pieces]
     while True:
         rows = _fill(n, [lat[prov[j]] + load[prov[j]] / rate[j] for j in chosen],
-                     [rate[j] for j in chosen], [prov[j] for j in chosen])
+                     [rate[j] for j in chosen], [rank[prov[j]] for j in chosen])
         if len(chosen) == 1:
             return None
         if min(rows) >= min_batch_rows:
@@ -223,7 +232,7 @@ def _water_fill(n: int, tier: list[int], preferred: int, pieces: int, cols: Colu
 def _fill(n: int, free_at: list[float], rate: list[float], tie: list[int]) -> list[int]:
     """Integer rows per holder summing to n that equalize finish = free_at + rows / rate.
 
-    Water filling: holders join in order of free_at (ties: ``tie``, the provider index)
+    Water filling: holders join in order of free_at (ties: ``tie``, the provider's rank)
     while the common finish time T still lies beyond the next one's free_at; each active
     holder gets rate * (T - free_at) rows. Rounding: floors, then the remaining rows one
     each to the largest fractional parts (ties: smaller ``tie``).

@@ -37,7 +37,9 @@ class ProviderView:
     ``quic_endpoint`` is "host:port"; ``quic_cert_sha256`` the pinned TLS certificate
     fingerprint from its signed record (None when it advertises no QUIC door, and then the
     forward uses ``http_endpoint``). ``latency_ms`` is the recent measured round trip to it,
-    None when this node has not measured one.
+    None when this node has not measured one. ``reputation`` is its score as this node sees it
+    (apps.reputation: penalties down, settlement credits up; 0 for one never seen), and
+    ``price_per_input_token`` the decimal string of its signed record.
     """
 
     provider_id: str
@@ -48,6 +50,8 @@ class ProviderView:
     moe_gpu: bool
     latency_ms: float | None = None
     activation_codecs: tuple[str, ...] = ("f32",)  # what its moe/execute accepts, preferred first
+    reputation: float = 0.0
+    price_per_input_token: str = "0"
 
     def __post_init__(self) -> None:
         if not isinstance(self.provider_id, str) or not self.provider_id:
@@ -61,6 +65,12 @@ class ProviderView:
             type(latency) not in (int, float) or not math.isfinite(latency) or latency < 0
         ):
             raise ValueError(f"provider {self.provider_id}: latency_ms must be finite and >= 0, got {latency!r}")
+        if type(self.reputation) not in (int, float) or not math.isfinite(self.reputation):
+            raise ValueError(
+                f"provider {self.provider_id}: reputation must be a finite number, got {self.reputation!r}")
+        if not isinstance(self.price_per_input_token, str):
+            raise ValueError(f"provider {self.provider_id}: price_per_input_token must be a decimal string, "
+                             f"got {self.price_per_input_token!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,14 +107,16 @@ class ReplicationPolicy:
 
     ``min_replication``: distinct providers every expert should have; ``max_replication``:
     most holders that may advertise a hot expert (reported, not enforced here);
-    ``hot_threshold_tps``: an expert whose holders' committed_tps sum to at least this is hot.
-    The checks are the governance model's own validators, no stricter, so every policy the
-    admin can approve builds.
+    ``hot_threshold_tps``: an expert whose holders' committed_tps sum to at least this is hot;
+    ``reputation_floor``: providers whose reputation is below it are never planned on (the
+    default, -inf, bars nobody; the policy's may be negative). The checks are the governance
+    model's own validators, no stricter, so every policy the admin can approve builds.
     """
 
     min_replication: int
     max_replication: int
     hot_threshold_tps: float
+    reputation_floor: float = float("-inf")
 
     def __post_init__(self) -> None:
         for name in ("min_replication", "max_replication"):
@@ -114,6 +126,9 @@ class ReplicationPolicy:
         tps = self.hot_threshold_tps
         if type(tps) not in (int, float) or not math.isfinite(tps) or tps < 0:
             raise ValueError(f"policy hot_threshold_tps must be finite and >= 0, got {tps!r}")
+        floor = self.reputation_floor
+        if type(floor) not in (int, float) or math.isnan(floor) or floor == math.inf:
+            raise ValueError(f"policy reputation_floor must be a number below +inf, got {floor!r}")
 
     def to_dict(self) -> dict[str, int | float]:
         return {"min_replication": self.min_replication, "max_replication": self.max_replication,

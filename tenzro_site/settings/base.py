@@ -112,6 +112,8 @@ INSTALLED_APPS = [
     "apps.governance",
     "apps.worker",
     "apps.providers",
+    "apps.reputation",
+    "apps.settlement",
     "apps.forward",
     "apps.blobs",
     "apps.catalog",

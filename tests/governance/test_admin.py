@@ -25,3 +25,13 @@ def test_admin_proposal_and_approval(client) -> None:
                                                          "_selected_action": [proposal.pk]})
     assert response.status_code == 302
     assert policy_active().pk == proposal.pk
+
+
+def test_admin_refuses_shares_over_the_whole(client) -> None:
+    User.objects.create_superuser("root", "root@example.com", "pw")
+    client.login(username="root", password="pw")
+    values = {**policy_active().values(), "settlement_holder_share": 0.9, "settlement_router_share": 0.2, "note": ""}
+    response = client.post("/admin/governance/policy/add/", values)
+    assert response.status_code == 200  # the form again, with the error
+    assert "must be ≤ 1" in response.content.decode()
+    assert not Policy.objects.filter(status=PolicyStatus.PROPOSED).exists()

@@ -72,3 +72,22 @@ def test_database_refuses_a_second_active_policy() -> None:
     values = policy_active().values()
     with pytest.raises(IntegrityError), transaction.atomic():
         Policy.objects.create(status=PolicyStatus.ACTIVE, **values)
+
+
+def test_genesis_policy_has_settlement_and_reputation_defaults() -> None:
+    policy = policy_active()
+    assert (policy.holder_failure_penalty, policy.fraud_penalty) == (1.0, 100.0)
+    assert (policy.settlement_holder_share, policy.settlement_router_share) == (0.9, 0.05)
+    assert policy.reputation_floor == -50.0
+
+
+def test_shares_over_the_whole_are_refused() -> None:
+    with pytest.raises(InvalidInput, match="settlement_router_share") as caught:
+        policy_propose(changes={"settlement_holder_share": 0.9, "settlement_router_share": 0.2}, proposed_by="a")
+    assert caught.value.reason == "invalid_policy"
+    with pytest.raises(InvalidInput, match="settlement_router_share"):
+        policy_propose(changes={"settlement_router_share": 1.5}, proposed_by="a")
+    # Exactly the whole (no burn) is allowed, and so is a negative floor.
+    proposal = policy_propose(changes={"settlement_holder_share": 0.75, "settlement_router_share": 0.25,
+                                       "reputation_floor": -10.0}, proposed_by="a")
+    assert proposal.values()["reputation_floor"] == -10.0

@@ -15,7 +15,7 @@ P = provider_id
 TOP_KEYS = {"model_id", "covered_experts", "distinct_providers", "expert_holders_role_count", "router_role_count",
             "policy", "under_replicated_experts", "hot_experts", "holders"}
 HOLDER_KEYS = {"provider", "residency", "committed_tps", "quic_endpoint", "quic_cert_sha256", "http_endpoint",
-               "blob_uri"}
+               "blob_uri", "reputation"}
 
 
 def test_exact_shape_and_values():
@@ -32,7 +32,7 @@ def test_exact_shape_and_values():
     def row(p: ProviderView, residency: str, tps: int, blob: str) -> dict:
         return {"provider": p.provider_id, "residency": residency, "committed_tps": tps,
                 "quic_endpoint": p.quic_endpoint, "quic_cert_sha256": p.quic_cert_sha256,
-                "http_endpoint": p.http_endpoint, "blob_uri": blob}
+                "http_endpoint": p.http_endpoint, "blob_uri": blob, "reputation": 0.0}
 
     assert shard_map(MODEL, providers, holdings, POLICY) == {
         "model_id": MODEL,

@@ -1,0 +1,44 @@
+"""Settlements in the admin: read-only (only settle_forward writes them, and never changes one)."""
+
+from django.contrib import admin
+
+from apps.settlement.models import LedgerEntry, Settlement
+
+
+class ReadOnly(admin.ModelAdmin):
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class LedgerEntryInline(admin.TabularInline):
+    model = LedgerEntry
+    fields = ("account", "kind", "amount", "tokens", "price")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Settlement)
+class SettlementAdmin(ReadOnly):
+    list_display = ("created_at", "forward_id", "model_id", "router_id", "total", "receipts_digest")
+    search_fields = ("forward_id", "router_id", "model_id")
+    inlines = (LedgerEntryInline,)
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(ReadOnly):
+    list_display = ("settlement", "account", "kind", "amount", "tokens", "price")
+    list_filter = ("kind",)
+    search_fields = ("account", "settlement__forward_id")

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class SettlementConfig(AppConfig):
+    name = "apps.settlement"
+    label = "settlement"
+    verbose_name = "Settlement"
