@@ -1,0 +1,255 @@
+"""Execution receipts: the holder's signed commitment to a batch's output rows.
+
+Pure module (no Django, no transport): the expert worker signs with it as a holder, the
+forward verifies with it inline as a router, a dispute recomputes with it. docs/protocol.md
+("Receipts") states the same rules for another implementation; tests/receipts has a second
+verifier written from that text alone.
+
+    sketch_bytes(rows f32 [n, d], k)        -> per row: k uint32 LE indices, then k f32 LE values
+    receipt_body(...)                        -> the fields the holder signs (canonical JSON object)
+    sign_receipt(body, signing_key)          -> SignedReceipt (commitment hash + signature)
+    verify_receipt(wire, expect, rows)       -> SignedReceipt, or ReceiptError naming the check
+
+The sketch of a row is its k features of largest absolute value (ties: the lower index),
+listed in ascending index order with the exact f32 bits the router received; the rows are
+the ones on the wire (a Q8_0 answer is committed as it decodes, so the router can recompute
+the sketch from what it got). The commitment hash is BLAKE3 of the canonical JSON text of
+the body, which binds the sketch's hash, the hash of the exact input carrier bytes, the
+model/layer/expert, the token set and the holder's provider id; the signature is ed25519
+over RECEIPT_DOMAIN + that text, by the key whose public half is the provider id.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import blake3
+import numpy as np
+from nacl.exceptions import BadSignatureError
+from nacl.signing import SigningKey, VerifyKey
+
+from apps.experts.wire import decode_rows
+
+try:  # the compiled selection; the numpy reference does the same where numba is missing
+    from apps.receipts.topk_kernel import sketch_q8_0 as _sketch_q8_0
+    from apps.receipts.topk_kernel import topk_rows as _topk_rows
+except ImportError:  # pragma: no cover - numba is in requirements.txt
+    _topk_rows = _sketch_q8_0 = None
+
+RECEIPT_VERSION = 1
+RECEIPT_DOMAIN = b"tenzro/receipt/v1\n"
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+_HEX128 = re.compile(r"[0-9a-f]{128}\Z")
+BODY_FIELDS = ("v", "provider_id", "model_id", "layer", "expert", "token_indices", "d_model", "input_encoding",
+               "input_hash", "output_encoding", "k", "sketch_hash")
+
+
+class ReceiptError(ValueError):
+    """A receipt that does not prove what it should; `reason` is receipt_missing or bad_receipt."""
+
+    def __init__(self, message: str, *, reason: str = "bad_receipt") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def topk_indices(rows: np.ndarray, k: int) -> np.ndarray:
+    """int64 [n, k]: per row the k indices of largest |value|, ties to the lower index, ascending.
+
+    The compiled kernel (apps.receipts.topk_kernel) when numba is there, else topk_reference."""
+    n, d = rows.shape
+    k = min(k, d)
+    if _topk_rows is None or n == 0 or k == 0:
+        return topk_reference(rows, k)
+    return _topk_rows(np.ascontiguousarray(rows, dtype=np.float32), k)
+
+
+def topk_reference(rows: np.ndarray, k: int) -> np.ndarray:
+    """The numpy form of the same rule, O(d) per row: a partition finds t, the k-th largest |v|;
+    every |v| > t is in, and the first (k - count above) of the |v| == t."""
+    n, d = rows.shape
+    k = min(k, d)
+    if n == 0 or k == 0:
+        return np.empty((n, k), dtype=np.int64)
+    mag = np.abs(rows)  # (n, d) f32
+    t = np.partition(mag, d - k, axis=1)[:, d - k]  # (n,) the k-th largest magnitude
+    above = mag > t[:, None]
+    at = mag == t[:, None]
+    room = k - above.sum(axis=1)  # (n,) how many ties at t still fit
+    chosen = above | (at & (np.cumsum(at, axis=1) <= room[:, None]))
+    return np.nonzero(chosen)[1].reshape(n, k)  # nonzero walks rows in order, columns ascending
+
+
+def sketch_bytes(rows: np.ndarray, k: int) -> bytes:
+    """The canonical sketch of rows f32 [n, d]: for each row, k uint32 LE indices then k f32 LE values."""
+    rows = np.ascontiguousarray(rows, dtype="<f4")
+    idx = topk_indices(rows, k)  # (n, k)
+    return _pack(idx, np.take_along_axis(rows, idx, axis=1))  # the exact f32 bits
+
+
+def _pack(idx: np.ndarray, values: np.ndarray) -> bytes:
+    out = np.empty((idx.shape[0], 2 * idx.shape[1]), dtype="<u4")
+    out[:, : idx.shape[1]] = idx
+    out[:, idx.shape[1]:] = values.astype("<f4", copy=False).view("<u4")
+    return out.tobytes()
+
+
+def answer_sketch(answer: bytes | bytearray | memoryview, encoding: str, *, tokens: int, d_model: int,
+                  k: int) -> bytes:
+    """The sketch of an encoded answer: the same bytes as sketch_bytes(decoded rows, k), computed
+    from Q8_0 blocks directly when the compiled kernel is there (no decode, most blocks skipped)."""
+    if encoding == "q8_0" and _sketch_q8_0 is not None and tokens and min(k, d_model):
+        return _pack(*_sketch_q8_0(answer, tokens=tokens, d_model=d_model, k=min(k, d_model)))
+    return sketch_bytes(decode_rows(answer, encoding, tokens=tokens, d_model=d_model), k)
+
+
+def sketch_rows(sketch: bytes, *, tokens: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of sketch_bytes: (indices int64 [tokens, k], values f32 [tokens, k])."""
+    raw = np.frombuffer(sketch, dtype="<u4")
+    if raw.size != tokens * 2 * k:
+        raise ValueError(f"a sketch of {tokens} rows of k={k} has {tokens * 8 * k} bytes, got {len(sketch)}")
+    raw = raw.reshape(tokens, 2 * k)
+    return raw[:, :k].astype(np.int64), raw[:, k:].view("<f4")
+
+
+def blake3_hex(data: bytes | bytearray | memoryview) -> str:
+    return blake3.blake3(data, max_threads=1).hexdigest()
+
+
+def canonical_text(body: Mapping[str, Any]) -> str:
+    """Sorted keys, no whitespace, non-ASCII escaped (json.dumps' ensure_ascii): the signed text."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def receipt_body(*, provider_id: str, model_id: str, layer: int, expert: int, token_indices: Sequence[int],
+                 d_model: int, input_encoding: str, input_carrier: bytes | bytearray | memoryview,
+                 output_encoding: str, k: int, sketch: bytes) -> dict[str, Any]:
+    """The fields a receipt signs, from the exact input carrier bytes and the committed sketch."""
+    return {"v": RECEIPT_VERSION, "provider_id": provider_id, "model_id": model_id, "layer": int(layer),
+            "expert": int(expert), "token_indices": [int(t) for t in token_indices], "d_model": int(d_model),
+            "input_encoding": input_encoding, "input_hash": blake3_hex(input_carrier),
+            "output_encoding": output_encoding, "k": int(k), "sketch_hash": blake3_hex(sketch)}
+
+
+@dataclass(frozen=True)
+class SignedReceipt:
+    body: dict[str, Any]
+    commitment_hash: str  # BLAKE3 hex of canonical_text(body)
+    signature: str  # 128 hex: ed25519 over RECEIPT_DOMAIN + canonical_text(body)
+
+    def to_wire(self) -> dict[str, Any]:
+        """What travels in moe/execute's answer header under `receipt`."""
+        return {**self.body, "commitment_hash": self.commitment_hash, "signature": self.signature}
+
+
+def sign_receipt(body: dict[str, Any], key: SigningKey) -> SignedReceipt:
+    if key.verify_key.encode().hex() != body["provider_id"]:
+        raise ValueError("a receipt is signed by its own holder's key")
+    text = canonical_text(body).encode("ascii")
+    return SignedReceipt(body, blake3_hex(text), key.sign(RECEIPT_DOMAIN + text).signature.hex())
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the router asked for, and so what a receipt must state."""
+
+    provider_id: str
+    model_id: str
+    layer: int
+    expert: int
+    token_indices: Sequence[int]
+    d_model: int
+    input_encoding: str
+    input_hash: str
+    output_encoding: str
+    k: int
+
+
+def verify_receipt(wire: Any, expect: Expected, rows: np.ndarray, answer: bytes | bytearray | memoryview | None = None,
+                   ) -> tuple[SignedReceipt, bytes]:
+    """Check a holder's receipt against the request and the rows f32 [n, d_model] it returned
+    (`answer`: the same rows as they came, in expect.output_encoding: a faster sketch for Q8_0).
+
+    Returns the receipt and the recomputed sketch. Raises ReceiptError naming the first check
+    that fails: present, well-formed, bound to the provider, the model/layer/expert, the token
+    set, the input carrier, k, the sketch of the returned rows, the commitment hash, the signature.
+    """
+    if wire is None:
+        raise ReceiptError(f"holder {expect.provider_id[:16]}… answered without a receipt", reason="receipt_missing")
+    if not isinstance(wire, Mapping):
+        raise ReceiptError("the receipt is not an object")
+    body = {name: wire.get(name) for name in BODY_FIELDS}
+    if body["v"] != RECEIPT_VERSION:
+        raise ReceiptError(f"receipt version {body['v']!r}, this node verifies {RECEIPT_VERSION}")
+    checks = (("provider_id", expect.provider_id, "the receipt is not bound to the holder that answered"),
+              ("model_id", expect.model_id, "the receipt names another model"),
+              ("layer", expect.layer, "the receipt names another layer"),
+              ("expert", expect.expert, "the receipt names another expert"),
+              ("d_model", expect.d_model, "the receipt names another d_model"),
+              ("input_encoding", expect.input_encoding, "the receipt names another input encoding"),
+              ("input_hash", expect.input_hash, "the receipt is over different input than was sent"),
+              ("output_encoding", expect.output_encoding, "the receipt names another output encoding"),
+              ("k", expect.k, "the receipt commits to another number of features per row"))
+    for name, want, why in checks:
+        if body[name] != want or type(body[name]) is not type(want):
+            raise ReceiptError(f"{why}: {name} is {body[name]!r}, expected {want!r}")
+    tokens = body["token_indices"]
+    if not isinstance(tokens, list) or tokens != [int(t) for t in expect.token_indices] \
+            or any(type(t) is not int for t in tokens):
+        raise ReceiptError("the receipt's token set is not the batch's")
+    if rows.size and not np.isfinite(rows).all():
+        raise ReceiptError("the returned rows are not all finite")
+    if answer is not None:
+        sketch = answer_sketch(answer, expect.output_encoding, tokens=rows.shape[0], d_model=rows.shape[1],
+                               k=expect.k)
+    else:
+        sketch = sketch_bytes(rows, expect.k)
+    if body["sketch_hash"] != blake3_hex(sketch):
+        raise ReceiptError("the receipt's commitment does not match the returned rows")
+    text = canonical_text(body).encode("ascii")
+    commitment = blake3_hex(text)
+    if wire.get("commitment_hash") != commitment:
+        raise ReceiptError("the receipt's commitment hash is not the hash of its body")
+    signature = wire.get("signature")
+    if not isinstance(signature, str) or not _HEX128.match(signature) or not _HEX64.match(expect.provider_id):
+        raise ReceiptError("the receipt's signature is not 128 lowercase hex digits")
+    try:
+        VerifyKey(bytes.fromhex(expect.provider_id)).verify(RECEIPT_DOMAIN + text, bytes.fromhex(signature))
+    except (BadSignatureError, ValueError) as exc:
+        raise ReceiptError(f"the receipt is not signed by holder {expect.provider_id[:16]}…") from exc
+    return SignedReceipt(body, commitment, signature), sketch
+
+
+def signature_valid(receipt: SignedReceipt) -> bool:
+    """True when `receipt` carries its provider's signature (a dispute's fraud proof needs it)."""
+    text = canonical_text(receipt.body).encode("ascii")
+    try:
+        VerifyKey(bytes.fromhex(receipt.body["provider_id"])).verify(RECEIPT_DOMAIN + text,
+                                                                     bytes.fromhex(receipt.signature))
+    except (BadSignatureError, ValueError, TypeError, KeyError):
+        return False
+    return blake3_hex(text) == receipt.commitment_hash
+
+
+class ReceiptSigner:
+    """The holder's side: signs a receipt for each moe/execute answer with the node key.
+
+    Runs on the worker's compute executor, after the answer is encoded: the sketch is taken of
+    `answer` (the encoded rows, exactly as the router will decode them), so the router
+    recomputes the same sketch bit for bit."""
+
+    def __init__(self, key: SigningKey) -> None:
+        self._key = key
+        self.provider_id = key.verify_key.encode().hex()
+
+    def __call__(self, *, model_id: str, layer: int, expert: int, token_indices: Sequence[int], d_model: int,
+                 input_encoding: str, input_carrier: bytes | bytearray | memoryview, output_encoding: str,
+                 answer: bytes | bytearray | memoryview, k: int) -> dict[str, Any]:
+        sketch = answer_sketch(answer, output_encoding, tokens=len(token_indices), d_model=d_model, k=k)
+        body = receipt_body(provider_id=self.provider_id, model_id=model_id, layer=layer, expert=expert,
+                            token_indices=token_indices, d_model=d_model, input_encoding=input_encoding,
+                            input_carrier=input_carrier, output_encoding=output_encoding, k=k, sketch=sketch)
+        return sign_receipt(body, self._key).to_wire()
