@@ -227,3 +227,26 @@ def forward(obj: CliContext, model: str, layer: int, hidden: str, d_model: int, 
     output = base64.b64decode(result.pop("output"))
     Path(out).write_bytes(output)
     print_json({**result, "out": out, "bytes": len(output)})
+
+
+@moe.command("receipts")
+@click.option("--model", default=None, help="Only this model's receipts.")
+@click.option("--holder", default=None, help="Only receipts signed by this provider id.")
+@click.option("--limit", default=50, show_default=True, type=int)
+@click.pass_obj
+def receipts(obj: CliContext, model: str | None, holder: str | None, limit: int) -> None:
+    """Receipts this router kept in full (1 in N verified remote batches), newest first."""
+    print_json(obj.call("tenzro_moeListReceipts", {"model_id": model, "provider_id": holder, "limit": limit}))
+
+
+@moe.command("dispute")
+@click.option("--receipt-id", required=True, type=int, help="An id from `tenzro moe receipts`.")
+@click.option("--wait", is_flag=True, help="Wait for the verdict (the re-execution runs in the Celery worker).")
+@click.pass_obj
+def dispute(obj: CliContext, receipt_id: int, wait: bool) -> None:
+    """Re-execute a kept receipt against a copy of the expert: dismissed, or upheld (the signer is penalized)."""
+    answer = obj.call("tenzro_moeDisputeReceipt", {"receipt_id": receipt_id})
+    while wait and answer["state"] == "pending":
+        time.sleep(1.0)
+        answer = obj.call("tenzro_moeDisputeReceipt", {"receipt_id": receipt_id})
+    print_json(answer)

@@ -27,3 +27,8 @@ def dashboard_push(*, event: str, payload: dict[str, Any]) -> None:
 def push_policy_activated(*, policy: dict[str, Any], **_: Any) -> None:
     """Receiver of governance's policy_activated: every dashboard shows the new policy live."""
     dashboard_push(event="policy.changed", payload={"policy": policy})
+
+
+def push_receipts_kept(*, receipts: list[dict[str, Any]], **_: Any) -> None:
+    """Receiver of receipts' receipts_kept: every dashboard lists the newly kept receipts live."""
+    dashboard_push(event="receipts.kept", payload={"receipts": receipts})

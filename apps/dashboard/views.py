@@ -5,8 +5,12 @@ from django.shortcuts import render
 
 from apps.governance.selectors import policy_active, policy_to_dict
 from apps.node.selectors import node_info, node_processes
+from apps.receipts.selectors import receipts_count, receipts_list
+
+RECEIPTS_SHOWN = 20
 
 
 def home(request: HttpRequest) -> HttpResponse:
-    context = {"node": node_info(), "processes": node_processes(), "policy": policy_to_dict(policy_active())}
+    context = {"node": node_info(), "processes": node_processes(), "policy": policy_to_dict(policy_active()),
+               "receipts": receipts_list(limit=RECEIPTS_SHOWN), "receipts_total": receipts_count()}
     return render(request, "dashboard/home.html", context)

@@ -25,6 +25,7 @@ from apps.experts.runtime import ExpertRuntime
 from apps.experts.wire import WIRE_CODECS, decode_rows, encode_rows, rows_from_bytes, rows_to_bytes
 
 Result = tuple[dict[str, Any], bytes]
+MAX_RECEIPT_TOPK = 1024  # features committed per row; more is a receipt as large as the answer
 
 
 class Context(Protocol):
@@ -88,6 +89,24 @@ def _decoded(params: dict[str, Any], body: bytes | bytearray, encoding: str) -> 
         raise ShapeMismatch(str(exc)) from exc
 
 
+def _token_indices(params: dict[str, Any], tokens: int) -> list[int]:
+    """The batch's token indices in the router's forward (the receipt's token set); 0..n-1 if absent."""
+    value = params.get("token_indices")
+    if value is None:
+        return list(range(tokens))
+    if not isinstance(value, list) or len(value) != tokens or any(
+            isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in value):
+        raise InvalidInput(f"param 'token_indices' must be a list of {tokens} non-negative integers (one per row)")
+    return value
+
+
+def _receipt_k(params: dict[str, Any], default: int) -> int:
+    value = params.get("receipt_topk", default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RECEIPT_TOPK:
+        raise InvalidInput(f"param 'receipt_topk' must be an integer in [1, {MAX_RECEIPT_TOPK}], got {value!r}")
+    return value
+
+
 def read_regular_file(path: str, *, max_bytes: int, what: str) -> bytes:
     """A node-local payload file: regular files only, at most `max_bytes` (read bounded)."""
     try:
@@ -124,11 +143,17 @@ class ExpertHandlers:
         max_payload_bytes: int,
         resolve_blob: Callable[[str], Payload] | None = None,
         after_change: Callable[[], Awaitable[None]] | None = None,
+        sign_receipt: Callable[..., dict[str, Any]] | None = None,
+        receipt_topk: int = 16,
     ) -> None:
         """`resolve_blob(uri)` returns a blob's verified bytes (local store or a peer); it may block.
         `after_change()` is awaited after a load or unload, before the answer (the control plane
-        publishes the new holdings there, so a read after the answer sees them)."""
+        publishes the new holdings there, so a read after the answer sees them).
+        `sign_receipt(...)` (apps.receipts.commitment.ReceiptSigner) signs each execute's receipt;
+        without it this holder serves receiptless, and remote routers refuse its answers."""
         self.runtime = runtime
+        self._sign_receipt = sign_receipt
+        self._receipt_topk = receipt_topk
         self._executor = executor
         self._max_payload = max_payload_bytes
         self._resolve_blob = resolve_blob
@@ -209,24 +234,39 @@ class ExpertHandlers:
 
     async def execute(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
         """One expert over the body's rows. `encoding` (default f32) names the body's codec, and the
-        answer's rows travel in the same one (docs/protocol.md, "Activation codecs")."""
+        answer's rows travel in the same one (docs/protocol.md, "Activation codecs"). The answer
+        carries a signed receipt over the exact body and the answer's rows ("Receipts")."""
         encoding = params.get("encoding", "f32")
         if encoding not in WIRE_CODECS:
             raise InvalidInput(f"param 'encoding' must be one of {list(WIRE_CODECS)}, got {encoding!r}",
                                reason="unsupported_encoding")
+        model_id, layer, expert = str_param(params, "model_id"), int_param(params, "layer"), int_param(params, "expert")
         if encoding == "f32":
             hidden = hidden_param(params, body)
         else:
             hidden = await ctx.run_blocking(self._executor, _decoded, params, body, encoding)
-        timed = await ctx.run_blocking(self._executor, _timed, self.runtime.execute,
-                                       model_id=str_param(params, "model_id"), layer=int_param(params, "layer"),
-                                       expert=int_param(params, "expert"), hidden=hidden)
+        token_indices = _token_indices(params, len(hidden))
+        k = _receipt_k(params, self._receipt_topk)
+        timed = await ctx.run_blocking(self._executor, _timed, self.runtime.execute, model_id=model_id, layer=layer,
+                                       expert=expert, hidden=hidden)
         out, compute_s = timed
-        data = rows_to_bytes(out) if encoding == "f32" else await ctx.run_blocking(self._executor, encode_rows,
-                                                                                     out, encoding)
+
+        def answer() -> tuple[bytes, dict[str, Any] | None]:
+            data = rows_to_bytes(out) if encoding == "f32" else encode_rows(out, encoding)
+            if self._sign_receipt is None:
+                return data, None
+            return data, self._sign_receipt(model_id=model_id, layer=layer, expert=expert,
+                                            token_indices=token_indices, d_model=int(out.shape[1]),
+                                            input_encoding=encoding, input_carrier=body, output_encoding=encoding,
+                                            answer=data, k=k)
+
+        data, receipt = await ctx.run_blocking(self._executor, answer)
         # compute_ms lets a router tell the wire's share of a call's latency from the holder's own
-        return {"tokens": int(out.shape[0]), "d_model": int(out.shape[1]), "encoding": encoding,
-                "compute_ms": round(compute_s * 1000.0, 3)}, data
+        result = {"tokens": int(out.shape[0]), "d_model": int(out.shape[1]), "encoding": encoding,
+                  "compute_ms": round(compute_s * 1000.0, 3)}
+        if receipt is not None:
+            result["receipt"] = receipt
+        return result, data
 
     async def forward_local(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
         out = await ctx.run_blocking(self._executor, self.runtime.forward_local,

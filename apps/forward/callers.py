@@ -6,13 +6,22 @@ its signed record is called over the shared connection pool; any other over HTTP
 (`POST /peer/moe/execute`, the same binary frames as on QUIC). Rows travel in the first
 activation codec of this node's preference that the holder's record lists (Q8_0 when both
 speak it, else f32); encoding and decoding run off the event loop.
+
+A remote answer is accepted only with a receipt that verifies inline (apps.receipts.commitment:
+bound to this holder, this model/layer/expert, the batch's token set and the exact bytes sent,
+committing to the rows returned, signed by the holder's key); anything else is a holder
+failure (`bad_receipt`, `receipt_missing`) and the forward moves on to a backup. The verified
+receipt rides the Answer; the router's keyed sampling decides here whether its batch is kept
+in full (then the request carrier is kept with it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -21,12 +30,24 @@ import numpy as np
 from apps.errors import TenzroError, Unavailable, error_for_reason
 from apps.experts.wire import decode_rows, encode_rows
 from apps.forward.engine import Answer
+from apps.receipts.commitment import Expected, ReceiptError, SignedReceipt, blake3_hex, verify_receipt
 from apps.shardmap.views import ProviderView
 from apps.transport.framing import FRAME_CONTENT_TYPE, KIND_RESPONSE, FramingError, decode_frame, request_frame
 from apps.transport.pool import QuicPool
 from apps.transport.quic import TransportError
 
 RunLocal = Callable[[int, int, np.ndarray], Awaitable[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class VerifiedBatch:
+    """A remote batch's verified receipt; `sketch` and `carrier` (the exact request body) are kept
+    only when the router's sampling chose it (`kept`), to be persisted in full."""
+
+    receipt: SignedReceipt
+    kept: bool
+    sketch: bytes | None = None
+    carrier: bytes | None = None
 
 
 def codec_for(holder: ProviderView, preferred: tuple[str, ...]) -> str:
@@ -37,7 +58,7 @@ def codec_for(holder: ProviderView, preferred: tuple[str, ...]) -> str:
 class HolderCaller:
     def __init__(self, *, self_id: str, model_id: str, d_model: int, run_local: RunLocal, pool: QuicPool,
                  http: httpx.AsyncClient, codecs: tuple[str, ...], codec_executor: Executor,
-                 max_body: int, timeout_s: float) -> None:
+                 max_body: int, timeout_s: float, receipt_topk: int, keep_receipt: Callable[[str], bool]) -> None:
         self.self_id = self_id
         self.model_id = model_id
         self.d_model = d_model
@@ -48,15 +69,19 @@ class HolderCaller:
         self._codec_executor = codec_executor
         self._max_body = max_body
         self._timeout_s = timeout_s  # the engine's own per-attempt limit cancels sooner; this is a backstop
+        self._topk = receipt_topk
+        self._keep = keep_receipt
 
-    async def __call__(self, holder: ProviderView, layer: int, expert: int, rows: np.ndarray) -> Answer:
+    async def __call__(self, holder: ProviderView, layer: int, expert: int, rows: np.ndarray,
+                       tokens: np.ndarray) -> Answer:
         if holder.provider_id == self.self_id:
             return Answer(await self._run_local(layer, expert, rows))
         codec = codec_for(holder, self._codecs)
         loop = asyncio.get_running_loop()
         body = await loop.run_in_executor(self._codec_executor, encode_rows, rows, codec)
+        token_indices = [int(t) for t in tokens]
         params = {"model_id": self.model_id, "layer": layer, "expert": expert, "d_model": self.d_model,
-                  "tokens": len(rows), "encoding": codec}
+                  "tokens": len(rows), "encoding": codec, "token_indices": token_indices, "receipt_topk": self._topk}
         if holder.quic_endpoint and holder.quic_cert_sha256:
             host, _, port = holder.quic_endpoint.rpartition(":")
             try:
@@ -74,11 +99,26 @@ class HolderCaller:
             transport = "http"
         else:
             raise Unavailable(f"provider {holder.provider_id[:16]}… advertises no endpoint", reason="unreachable")
-        out = await loop.run_in_executor(self._codec_executor, self._decode, result, answer, codec, len(rows))
+        expect = Expected(holder.provider_id, self.model_id, layer, expert, token_indices, self.d_model, codec,
+                          "", codec, self._topk)
+        out, verified = await loop.run_in_executor(self._codec_executor, self._accept, result, answer, body, expect)
         compute_ms = result.get("compute_ms")
         compute_s = compute_ms / 1000.0 if isinstance(compute_ms, int | float) and compute_ms >= 0 else None
         return Answer(out, bytes_sent=len(body), bytes_received=len(answer), transport=transport,
-                      compute_s=compute_s)
+                      compute_s=compute_s, receipt=verified)
+
+    def _accept(self, result: dict[str, Any], answer: bytes | bytearray, body: bytes,
+                expect: Expected) -> tuple[np.ndarray, VerifiedBatch]:
+        """Decode the answer's rows and verify its receipt against them (on the codec executor)."""
+        out = self._decode(result, answer, expect.input_encoding, len(expect.token_indices))
+        expect = dataclasses.replace(expect, input_hash=blake3_hex(body))
+        try:
+            receipt, sketch = verify_receipt(result.get("receipt"), expect, out, answer)
+        except ReceiptError as exc:
+            raise error_for_reason(exc.reason, f"{expect.provider_id[:16]}…: {exc}") from exc
+        if self._keep(receipt.commitment_hash):
+            return out, VerifiedBatch(receipt, True, sketch, body)
+        return out, VerifiedBatch(receipt, False)
 
     def _decode(self, result: dict[str, Any], answer: bytes | bytearray, codec: str, tokens: int) -> np.ndarray:
         if result.get("encoding", "f32") != codec or result.get("tokens") != tokens:

@@ -27,7 +27,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -47,11 +47,14 @@ class Answer:
     bytes_received: int = 0
     transport: str = "local"  # local | quic | http
     compute_s: float | None = None  # the holder's own time on the batch, when it says
+    receipt: Any = None  # the holder's verified receipt (apps.forward.callers.VerifiedBatch); None for local
 
 
 class BatchExecutor(Protocol):
-    async def __call__(self, holder: ProviderView, layer: int, expert: int, rows: np.ndarray) -> Answer:
-        """Run rows f32 [n, d_model] through (layer, expert) on `holder`; raise TenzroError on failure."""
+    async def __call__(self, holder: ProviderView, layer: int, expert: int, rows: np.ndarray,
+                       tokens: np.ndarray) -> Answer:
+        """Run rows f32 [n, d_model] (the forward's tokens int64 [n]) through (layer, expert) on
+        `holder`; raise TenzroError on failure (a bad or missing receipt included)."""
         ...
 
 
@@ -97,6 +100,7 @@ class HolderStats:
     latencies_s: list[float] = field(default_factory=list)
     overheads_s: list[float] = field(default_factory=list)  # latency minus the holder's compute: the wire's share
     failures: int = 0
+    receipts: list[Any] = field(default_factory=list)  # the verified receipts of the batches it won
 
     def to_dict(self) -> dict[str, object]:
         lat = np.asarray(self.latencies_s) * 1000.0
@@ -105,7 +109,7 @@ class HolderStats:
                 "latency_ms_median": round(float(np.median(lat)), 3) if lat.size else None,
                 "latency_ms_max": round(float(lat.max()), 3) if lat.size else None,
                 "overhead_ms_median": round(float(np.median(self.overheads_s)) * 1000.0, 3)
-                if self.overheads_s else None}
+                if self.overheads_s else None, "receipts": len(self.receipts)}
 
 
 @dataclass
@@ -179,15 +183,16 @@ async def run_forward(
 async def _serve_batch(batch: Batch, pairs: np.ndarray, combine: StreamingCombine, hidden: np.ndarray,
                        execute: BatchExecutor, book: LatencyBook, limits: ForwardLimits, report: ForwardReport,
                        in_flight: asyncio.Semaphore) -> None:
-    rows = np.ascontiguousarray(hidden[combine.tokens[pairs]])
+    tokens = combine.tokens[pairs]
+    rows = np.ascontiguousarray(hidden[tokens])
     async with in_flight:
-        won = await _race(batch, rows, execute, book, limits, report)
+        won = await _race(batch, rows, tokens, execute, book, limits, report)
     if won is not None:
         combine.add(pairs, won.rows)
 
 
-async def _race(batch: Batch, rows: np.ndarray, execute: BatchExecutor, book: LatencyBook, limits: ForwardLimits,
-                report: ForwardReport) -> Answer | None:
+async def _race(batch: Batch, rows: np.ndarray, tokens: np.ndarray, execute: BatchExecutor, book: LatencyBook,
+                limits: ForwardLimits, report: ForwardReport) -> Answer | None:
     """The batch's holders in order, the next one raced against a stalled one; the winner's answer."""
     waiting = [h for h in (batch.provider, *batch.backups) if h.provider_id not in report.failed_providers]
     n = len(rows)
@@ -197,7 +202,7 @@ async def _race(batch: Batch, rows: np.ndarray, execute: BatchExecutor, book: La
 
     async def attempt(holder: ProviderView) -> Answer:
         async with asyncio.timeout(limits.attempt_timeout_s):
-            return await execute(holder, batch.layer, batch.expert, rows)
+            return await execute(holder, batch.layer, batch.expert, rows, tokens)
 
     def start(holder: ProviderView) -> None:
         running[asyncio.ensure_future(attempt(holder))] = (holder, time.monotonic())
@@ -244,6 +249,8 @@ async def _race(batch: Batch, rows: np.ndarray, execute: BatchExecutor, book: La
                 stats.bytes_sent += answer.bytes_sent
                 stats.bytes_received += answer.bytes_received
                 stats.latencies_s.append(elapsed)
+                if answer.receipt is not None:
+                    stats.receipts.append(answer.receipt)
                 if answer.compute_s is not None:
                     stats.overheads_s.append(max(0.0, elapsed - answer.compute_s))
                 if stalled is not None and holder is not stalled:

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import math
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -31,7 +32,9 @@ from apps.forward.callers import HolderCaller
 from apps.forward.combine import ForwardIncomplete, StreamingCombine
 from apps.forward.engine import ForwardLimits, ForwardReport, run_forward
 from apps.forward.hedging import HedgePolicy, LatencyBook
+from apps.governance.selectors import policy_active
 from apps.providers.selectors import holding_views, provider_views, replication_policy
+from apps.receipts.sampling import keep_receipt
 from apps.shardmap.index import ShardIndex
 from apps.shardmap.planner import plan_pairs
 from apps.shardmap.views import HoldingView, ProviderView
@@ -42,6 +45,7 @@ from apps.worker.doors import CallContext, WorkerParts
 logger = logging.getLogger("tenzro.forward")
 COOLING_LATENCY_MS = 3_600_000.0  # ranks a cooling holder after every other (the planner adds latency)
 Result = tuple[dict[str, Any], bytes]
+View = tuple[list[ProviderView], list[HoldingView], Any, int]  # providers, holdings, policy, receipt 1-in-N
 
 
 def forward_handlers(parts: WorkerParts) -> dict[str, Any]:
@@ -68,6 +72,7 @@ class DistributedForward:
         self.executor = parts.executor
         self.self_id = parts.provider_id
         self.control_plane = parts.control_plane
+        self._sampling_key = parts.sampling_key
         self.book = LatencyBook(HedgePolicy(default_s=settings.TENZRO_FORWARD_HEDGE_DEFAULT_S,
                                             floor_s=settings.TENZRO_FORWARD_HEDGE_FLOOR_S))
         self.limits = ForwardLimits(max_in_flight=settings.TENZRO_FORWARD_MAX_IN_FLIGHT,
@@ -87,19 +92,20 @@ class DistributedForward:
         assert self._http is not None
         return self._pool, self._http
 
-    async def _gossip_view(self, model_id: str) -> tuple[list[ProviderView], list[HoldingView], Any]:
-        def read() -> tuple[list[ProviderView], list[HoldingView], Any]:
-            return provider_views(), holding_views(model_id), replication_policy()
+    async def _gossip_view(self, model_id: str) -> View:
+        def read() -> View:
+            return (provider_views(), holding_views(model_id), replication_policy(),
+                    policy_active().receipt_sample_one_in)
 
         return await self.control_plane.read(f"forward.view:{model_id}", read)
 
-    def _shard(self, model_id: str, view: tuple[list[ProviderView], list[HoldingView], Any]) -> ShardIndex:
+    def _shard(self, model_id: str, view: View) -> ShardIndex:
         """The gossiped holders of other providers, and this node's live holdings (latency 0: no wire).
 
         This node's own experts count as Warm even when they sit in its disk tier: readahead has
         just promoted the ones the routing selected, and a local execute reads the disk tier itself
         (allow_cold is about asking a remote holder to do that)."""
-        providers, holdings, policy = view
+        providers, holdings, policy, _ = view
         tps = self.runtime.committed_tps()
         me = ProviderView(self.self_id, tuple(settings.TENZRO_ROLES), None, None, None, False, 0.0)
         mine = [HoldingView(self.self_id, model_id, layer, expert, "Warm", tps, blob)
@@ -148,13 +154,15 @@ class DistributedForward:
         caller = HolderCaller(self_id=self.self_id, model_id=model_id, d_model=gate.d_model, run_local=run_local,
                               pool=pool, http=http, codecs=codecs, codec_executor=self._codec_executor,
                               max_body=settings.TENZRO_PEER_MAX_BODY_BYTES,
-                              timeout_s=self.limits.attempt_timeout_s)
+                              timeout_s=self.limits.attempt_timeout_s, receipt_topk=settings.TENZRO_RECEIPT_TOPK,
+                              keep_receipt=lambda h: keep_receipt(self._sampling_key, h, view[3]))
         combine = StreamingCombine(n_tokens=n_tokens, d_model=gate.d_model, layer=layer,
                                    tokens=np.repeat(np.arange(n_tokens), k), experts=experts,
                                    weights=routing.weights.ravel(), n_routed=gate.n_routed)
         report = await run_forward(combine, hidden, np.full(len(experts), layer, np.int64), plan, caller, self.book,
                                    self.limits, fail_fast=not allow_partial or gate.n_routed == 0)
-        self._record(model_id, report)
+        forward_id = uuid.uuid4().hex
+        self._record(model_id, report, view, forward_id)
         # A dense layer's slices are summands of one output, not alternatives: without one of them
         # the row is wrong, not degraded, so a dense layer always fails closed.
         partial_ok = allow_partial and gate.n_routed > 0
@@ -170,12 +178,14 @@ class DistributedForward:
                                     failures=_failures(report)) from None
         stats = _stats(report, result.lost_share, elapsed_s=time.monotonic() - started,
                        dispatch_s=time.monotonic() - planned_at, codecs=codecs)
+        stats["forward_id"] = forward_id
         return {"tokens": n_tokens, "d_model": gate.d_model, "missing": result.missing,
                 "lost_gate_mass": [round(float(x), 6) for x in result.lost_share] if result.missing else [],
                 "stats": stats}, rows_to_bytes(result.out)
 
-    def _record(self, model_id: str, report: ForwardReport) -> None:
-        """Penalties and latencies go to the control plane after the answer, never delaying it."""
+    def _record(self, model_id: str, report: ForwardReport, view: View, forward_id: str) -> None:
+        """Penalties, latencies, kept receipts and the settlement go to the control plane after the
+        answer, never delaying it."""
         until = time.monotonic() + settings.TENZRO_FORWARD_FAILURE_COOLDOWN_S
         for failure in report.failures:
             self._cooling[failure.provider] = until
@@ -186,13 +196,26 @@ class DistributedForward:
         # accounts for), so the wire's share is fed back where the holder reported its compute.
         latencies = {pid: float(np.median(s.overheads_s or s.latencies_s)) * 1000.0
                      for pid, s in report.holders.items() if s.latencies_s}
-        if not report.failures and not any(pid != self.self_id for pid in latencies):
+        remote = {pid: s for pid, s in report.holders.items() if pid != self.self_id and s.receipts}
+        if not report.failures and not remote:
             return
+        providers, holdings, _, _ = view
+        price = {p.provider_id: p.price_per_input_token for p in providers}
+        blob_of = {(h.provider_id, h.layer, h.expert): h.blob_uri for h in holdings}
+        kept = [{"receipt": v.receipt, "sketch": v.sketch, "carrier": v.carrier,
+                 "blob_uri": blob_of.get((pid, v.receipt.body["layer"], v.receipt.body["expert"]))}
+                for pid, s in remote.items() for v in s.receipts if v.kept]
+        # What each remote holder served and proved, in the order its receipts were accepted
+        holders = [{"provider_id": pid, "tokens": s.rows, "price_per_input_token": price.get(pid, "0"),
+                    "commitments": [v.receipt.commitment_hash for v in s.receipts]}
+                   for pid, s in sorted(remote.items())]
 
         def write() -> None:
             close_old_connections()
             services.forward_outcome_record(model_id=model_id, failures=report.failures, latencies_ms=latencies,
                                             self_id=self.self_id)
+            services.forward_work_record(forward_id=forward_id, router_id=self.self_id, model_id=model_id,
+                                         kept=kept, holders=holders)
 
         future = asyncio.get_running_loop().run_in_executor(self._db, write)
         self._writes.add(future)

@@ -1,9 +1,11 @@
-"""Writes of the distributed forward: holder penalties and the latencies the planner ranks by."""
+"""Writes of the distributed forward: holder penalties, the latencies the planner ranks by, the
+receipts its sampling kept, and its settlement (queued)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from decimal import Decimal
+from typing import Any
 
 from django.db import transaction
 
@@ -11,7 +13,9 @@ from apps.forward.engine import Failure
 from apps.forward.models import HolderPenalty
 from apps.governance.selectors import policy_active
 from apps.providers.services import provider_latency_record
+from apps.receipts.services import receipt_record_many
 from apps.reputation.services import reputation_penalize
+from apps.settlement.services import settlement_enqueue
 
 # A primary raced out by its backup was slow, not wrong: it keeps its HolderPenalty row (the
 # dashboard and the hedging numbers read them) but its reputation is not lowered.
@@ -44,3 +48,15 @@ def _penalties_record(*, model_id: str, failures: list[Failure]) -> None:
     for row in faults:
         # bulk_create fills row.id on SQLite (3.35+) and PostgreSQL: the penalty's idempotency ref.
         reputation_penalize(provider_id=row.provider_id, amount=penalty, reason=row.reason, ref=f"penalty:{row.id}")
+
+
+def forward_work_record(*, forward_id: str, router_id: str, model_id: str, kept: list[dict[str, Any]],
+                        holders: list[dict[str, Any]]) -> None:
+    """The verified remote work of one forward: the batches its sampling kept are persisted in
+    full, and its settlement (each holder's tokens at its price, bound to the receipts'
+    commitment hashes) is queued for the Celery worker once they are committed."""
+    with transaction.atomic():
+        if kept:
+            receipt_record_many(router_id=router_id, kept=kept)
+        if holders:
+            settlement_enqueue(forward_id=forward_id, router_id=router_id, model_id=model_id, holders=holders)

@@ -168,6 +168,7 @@ class HolderForwardStats(Out):
     latency_ms_median: float | None
     latency_ms_max: float | None
     overhead_ms_median: float | None = Field(description="Latency minus the holder's reported compute.")
+    receipts: int = Field(description="Its batches accepted with a verified receipt (0 for this node's own).")
 
 
 class ForwardFailure(Out):
@@ -180,6 +181,7 @@ class ForwardFailure(Out):
 
 
 class ForwardStats(Out):
+    forward_id: str = Field(description="The key of this forward's settlement (tenzro_moeSettlements).")
     elapsed_ms: float
     dispatch_ms: float
     batches: int

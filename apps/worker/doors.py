@@ -119,13 +119,15 @@ Handler = Callable[[dict[str, Any], bytes | bytearray, CallContext], Awaitable[t
 @dataclass(frozen=True)
 class WorkerParts:
     """What the worker lends the handlers other parts contribute: its runtime (an
-    apps.experts.runtime.ExpertRuntime), its compute executor, this node's provider id, and its
-    view of the control plane (apps.worker.control_plane.ControlPlaneView)."""
+    apps.experts.runtime.ExpertRuntime), its compute executor, this node's provider id, its
+    view of the control plane (apps.worker.control_plane.ControlPlaneView), and the router's
+    receipt-sampling key (apps.receipts.sampling: derived from the node seed, never the seed)."""
 
     runtime: Any
     executor: Executor
     provider_id: str
     control_plane: Any
+    sampling_key: bytes = b""
 
 
 # Handlers that other parts contribute to the worker (gossip from apps/providers, the distributed

@@ -31,6 +31,8 @@ from apps.blobs.store import parse_blob_uri
 from apps.experts.handlers import ExpertHandlers, Payload
 from apps.experts.runtime import ExpertRuntime
 from apps.node.selectors import node_identity
+from apps.receipts.commitment import ReceiptSigner
+from apps.receipts.sampling import sampling_key
 from apps.transport.admission import PeerLimits
 from apps.transport.framing import Reply
 from apps.transport.quic import PeerRequest, QuicSettings, start_server
@@ -98,12 +100,15 @@ class WorkerServer:
             return Payload(resolved.data, stored_at=store.path(hash_))
 
         experts = ExpertHandlers(runtime=self.runtime, executor=self.executor, resolve_blob=resolve,
-                                 max_payload_bytes=settings.TENZRO_BLOB_MAX_BYTES, after_change=self.publisher.flush)
+                                 max_payload_bytes=settings.TENZRO_BLOB_MAX_BYTES, after_change=self.publisher.flush,
+                                 sign_receipt=ReceiptSigner(self.identity.signing_key)
+                                 if settings.TENZRO_SIGN_RECEIPTS else None,
+                                 receipt_topk=settings.TENZRO_RECEIPT_TOPK)
         self.methods = MethodTable({
             **experts.table(),
             **BlobHandlers(store=store, executor=self.executor).table(),
             **contributed_handlers(WorkerParts(self.runtime, self.executor, self.identity.provider_id,
-                                               self.control_plane)),
+                                               self.control_plane, sampling_key(bytes(self.identity.signing_key)))),
             "moe/status": self.moe_status,
         })
 

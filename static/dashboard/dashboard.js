@@ -74,6 +74,24 @@
       ? "Not announced as a holder: " + status.not_announced_as_holder + "." : "";
   }
 
+  function showReceiptsKept(receipts) {
+    const body = document.querySelector("#receipts tbody");
+    const total = document.getElementById("receipts-total");
+    total.textContent = String(Number(total.textContent) + receipts.length);
+    receipts.slice().reverse().forEach(function (r) {  // newest first: prepend the oldest first
+      const row = document.createElement("tr");
+      row.dataset.receipt = r.id;
+      [r.created_at, r.model_id, r.layer, r.expert, r.provider_id.slice(0, 16) + "…", r.tokens,
+       r.commitment_hash.slice(0, 16) + "…", r.dispute || "–"].forEach(function (v) {
+        const cell = document.createElement("td");
+        cell.textContent = v;
+        row.appendChild(cell);
+      });
+      body.prepend(row);
+    });
+    while (body.rows.length > 20) body.deleteRow(body.rows.length - 1);
+  }
+
   let retryMs = 500;
   function connect() {
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
@@ -82,6 +100,7 @@
     socket.onmessage = function (message) {
       const data = JSON.parse(message.data);
       if (data.event === "policy.changed") showPolicy(data.payload.policy);
+      if (data.event === "receipts.kept") showReceiptsKept(data.payload.receipts);
     };
     socket.onclose = function () {
       setBadge("down", "disconnected, retrying");

@@ -63,6 +63,13 @@ TENZRO_FORWARD_HEDGE_DEFAULT_S = env_float("TENZRO_FORWARD_HEDGE_DEFAULT_S", 0.5
 TENZRO_FORWARD_HEDGE_FLOOR_S = env_float("TENZRO_FORWARD_HEDGE_FLOOR_S", 0.005)
 # A holder that failed or stalled in a forward is planned last for this long.
 TENZRO_FORWARD_FAILURE_COOLDOWN_S = env_float("TENZRO_FORWARD_FAILURE_COOLDOWN_S", 30.0)
+# Receipts (docs/protocol.md, "Receipts"): this holder signs each moe/execute answer with its
+# node key (off: it serves receiptless, and remote routers refuse its answers); a router asks
+# holders to commit to this many features per row, and a dispute tolerates an honest holder's
+# compute path differing by this fraction of a row's largest magnitude (plus the wire codec's).
+TENZRO_SIGN_RECEIPTS = env_bool("TENZRO_SIGN_RECEIPTS", True)
+TENZRO_RECEIPT_TOPK = env_int("TENZRO_RECEIPT_TOPK", 16)
+TENZRO_DISPUTE_COMPUTE_TOLERANCE = env_float("TENZRO_DISPUTE_COMPUTE_TOLERANCE", 0.05)
 # Largest JSON-RPC request body accepted, in bytes (base64 hidden rows make these big).
 TENZRO_RPC_MAX_BYTES = env_int("TENZRO_RPC_MAX_BYTES", 64 * 1024 * 1024)
 # Seconds the web process waits for the expert worker to answer over the Channels layer.
@@ -115,6 +122,7 @@ INSTALLED_APPS = [
     "apps.reputation",
     "apps.settlement",
     "apps.forward",
+    "apps.receipts",
     "apps.blobs",
     "apps.catalog",
     "apps.dashboard",

@@ -19,6 +19,8 @@ from aioquic.asyncio import QuicConnectionProtocol, connect
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import StreamDataReceived
 from blake3 import blake3
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from testkit.nodes import TOKEN
 from tests.experts.factories import MODEL, expert_payload, expert_weights, qwen_gate
@@ -94,6 +96,34 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
+def receipt_verifies(receipt: dict, *, provider_id: str, request_body: bytes, rows: np.ndarray,
+                     token_indices: list[int], k: int) -> bool:
+    """A second verifier, written from docs/protocol.md ("Receipts") alone: its own top-k (a full
+    sort), its own canonical text, and another ed25519 library (cryptography, not pynacl)."""
+    sketch = bytearray()
+    for row in rows.astype("<f4"):
+        chosen = sorted(sorted(range(len(row)), key=lambda j: (-abs(float(row[j])), j))[:min(k, len(row))])
+        sketch += struct.pack(f"<{len(chosen)}I", *chosen)
+        sketch += b"".join(row[j:j + 1].tobytes() for j in chosen)
+    body = {name: receipt[name] for name in receipt if name not in ("commitment_hash", "signature")}
+    if sorted(body) != sorted(["v", "provider_id", "model_id", "layer", "expert", "token_indices", "d_model",
+                               "input_encoding", "input_hash", "output_encoding", "k", "sketch_hash"]):
+        return False
+    if (body["provider_id"], body["token_indices"], body["k"]) != (provider_id, token_indices, k):
+        return False
+    if body["input_hash"] != blake3(request_body).hexdigest() or body["sketch_hash"] != blake3(sketch).hexdigest():
+        return False
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    if receipt["commitment_hash"] != blake3(text).hexdigest():
+        return False
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(provider_id)).verify(
+            bytes.fromhex(receipt["signature"]), b"tenzro/receipt/v1\n" + text)
+    except InvalidSignature:
+        return False
+    return True
+
+
 @pytest.fixture(scope="module")
 def node(start_module_node):
     return start_module_node(env={"TENZRO_PEER_MAX_STREAMS": "3", "TENZRO_PEER_RATE_PER_S": "20",
@@ -152,7 +182,8 @@ def test_status_execute_and_blob_reads_work_for_any_peer(node) -> None:
     async def scenario(client):
         status = await client.ask("moe/status", {})
         key = {"model_id": MODEL, "layer": 1, "expert": 6, "d_model": D_MODEL}
-        executed = await client.ask("moe/execute", key, hidden.tobytes())
+        executed = await client.ask("moe/execute", {**key, "token_indices": [3, 4, 5, 6, 9], "receipt_topk": 4},
+                                    hidden.tobytes())
         q8 = await client.ask("moe/execute", {**key, "tokens": 5, "encoding": "q8_0"}, q8_0_rows(hidden))
         bad_codec = await client.ask("moe/execute", {**key, "encoding": "bf16"}, hidden.tobytes())
         wrong = await client.ask("moe/execute", key, hidden.tobytes()[:-4])
@@ -165,15 +196,28 @@ def test_status_execute_and_blob_reads_work_for_any_peer(node) -> None:
         as_outsider(node.quic_port, scenario))
     assert status[0]["ok"] and status[0]["result"]["provider_id"] == node.result("tenzro_nodeInfo")["provider_id"]
     header, body = executed
+    provider_id = status[0]["result"]["provider_id"]
     assert header["ok"] and header["result"].pop("compute_ms") >= 0
+    receipt = header["result"].pop("receipt")
     assert header["result"] == {"tokens": 5, "d_model": D_MODEL, "encoding": "f32"}
     assert body == base64.b64decode(via_rpc["output"])
     exact = np.frombuffer(body, "<f4").reshape(5, D_MODEL)
+    signed = {"provider_id": provider_id, "request_body": hidden.tobytes(), "token_indices": [3, 4, 5, 6, 9], "k": 4}
+    assert receipt_verifies(receipt, rows=exact, **signed)
+    tampered = exact.copy()
+    tampered[2, int(np.argmax(np.abs(tampered[2])))] *= 1.01
+    assert not receipt_verifies(receipt, rows=tampered, **signed)  # rows it did not commit to
+    assert not receipt_verifies(receipt, rows=exact, **{**signed, "token_indices": [3, 4, 5, 6, 7]})
+    assert not receipt_verifies({**receipt, "layer": 2}, rows=exact, **signed)
     assert q8[0]["result"].pop("compute_ms") >= 0
+    q8_receipt = q8[0]["result"].pop("receipt")
     assert q8[0]["result"] == {"tokens": 5, "d_model": D_MODEL, "encoding": "q8_0"}
     assert len(q8[1]) == 5 * 34  # one 34-byte block per row of 32
-    error = np.linalg.norm(q8_0_decode(q8[1], 5, D_MODEL) - exact) / np.linalg.norm(exact)
+    decoded = q8_0_decode(q8[1], 5, D_MODEL)
+    error = np.linalg.norm(decoded - exact) / np.linalg.norm(exact)
     assert error < 0.05, error
+    assert receipt_verifies(q8_receipt, rows=decoded, provider_id=provider_id, request_body=q8_0_rows(hidden),
+                            token_indices=list(range(5)), k=16)
     assert bad_codec[0]["error"]["reason"] == "unsupported_encoding"
     assert wrong[0]["error"]["reason"] == "shape_mismatch"
     assert nan[0]["error"]["reason"] == "non_finite_input"
@@ -243,7 +287,11 @@ def test_execute_over_the_http_fallback_of_the_peer_door(node) -> None:
     assert answer.status_code == 200 and answer.headers["content-type"] == "application/x-tenzro-frame"
     header, body = parse(answer.content)
     assert header["result"].pop("compute_ms") >= 0
+    receipt = header["result"].pop("receipt")
     assert header["result"] == {"tokens": 4, "d_model": D_MODEL, "encoding": "f32"}
+    assert receipt_verifies(receipt, provider_id=node.result("tenzro_nodeInfo")["provider_id"],
+                            request_body=hidden.tobytes(), rows=np.frombuffer(body, "<f4").reshape(4, D_MODEL),
+                            token_indices=list(range(4)), k=16)
     assert body == base64.b64decode(via_rpc["output"])
 
     wrong = httpx.post(url, content=frame("moe/execute", key, hidden.tobytes()[:-4]), headers=kind)

@@ -26,7 +26,7 @@ class Holders:
         self.calls: list[tuple[str, int]] = []
         self.cancelled: list[str] = []
 
-    async def __call__(self, holder, layer, expert, rows):
+    async def __call__(self, holder, layer, expert, rows, tokens):
         pid = holder.provider_id
         self.calls.append((pid, expert))
         what = self.behaviour.get(pid, "ok")
@@ -154,11 +154,11 @@ def test_fail_fast_dispatches_nothing_when_a_pair_has_no_holder_at_all():
 
 def test_a_busy_holder_is_asked_again_without_a_penalty():
     class Busy(Holders):
-        async def __call__(self, holder, layer, expert, rows):
+        async def __call__(self, holder, layer, expert, rows, tokens):
             if holder.provider_id == provider_id(1) and sum(pid == provider_id(1) for pid, _ in self.calls) < 2:
                 self.calls.append((holder.provider_id, expert))
                 raise Unavailable("slow down", reason="rate_limited")
-            return await super().__call__(holder, layer, expert, rows)
+            return await super().__call__(holder, layer, expert, rows, tokens)
 
     holders = Busy()
     combine, report, expected, _ = _forward(_shard({0: [1], 1: [1], 2: [1], 3: [1]}), holders)

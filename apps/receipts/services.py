@@ -1,0 +1,148 @@
+"""Writes of receipts and disputes.
+
+* `receipt_record_many`: the batches a forward's sampling kept, persisted in full.
+* `dispute_open`: idempotent; opens (or returns) the dispute of a receipt and queues its
+  re-execution after commit.
+* `dispute_run`: the Celery task's service: re-execute the stored request against a local copy
+  of the expert (its blob, from this node's store or fetched from a peer and verified by hash),
+  compare with the committed sketch, record the verdict; an upheld one is a fraud proof (the
+  signature verifies, the recomputation does not match) and takes the policy's fraud penalty.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from apps.blobs.peers import blob_holders
+from apps.blobs.resolver import HttpBlobSource, resolve_blob
+from apps.blobs.selectors import blob_store
+from apps.blobs.store import BlobError, parse_blob_uri
+from apps.errors import NotFound, TenzroError
+from apps.experts.backends import select_backend
+from apps.experts.ffn import build_expert, expert_forward
+from apps.experts.wire import decode_rows
+from apps.governance.selectors import policy_active
+from apps.receipts.commitment import SignedReceipt, signature_valid, sketch_rows
+from apps.receipts.models import Dispute, DisputeState, Receipt
+from apps.receipts.selectors import receipts_list
+from apps.receipts.signals import receipts_kept
+from apps.receipts.verdict import compare_sketch
+from apps.reputation.services import reputation_penalize
+
+logger = logging.getLogger("tenzro.receipts")
+DISPUTE_TASK = "tenzro.receipts.dispute_run"
+
+
+def receipt_record_many(*, router_id: str, kept: Iterable[dict[str, Any]]) -> int:
+    """Persist kept batches: each {receipt: SignedReceipt, sketch, carrier, blob_uri}. A commitment
+    already stored (the same batch kept twice) is left as it is. Returns how many were new."""
+    rows = []
+    for item in kept:
+        receipt: SignedReceipt = item["receipt"]
+        body = receipt.body
+        rows.append(Receipt(commitment_hash=receipt.commitment_hash, router_id=router_id,
+                            provider_id=body["provider_id"], model_id=body["model_id"], layer=body["layer"],
+                            expert=body["expert"], tokens=len(body["token_indices"]), body=body,
+                            signature=receipt.signature, sketch=item["sketch"], carrier=item["carrier"],
+                            blob_uri=item.get("blob_uri")))
+    hashes = [row.commitment_hash for row in rows]
+    known = set(Receipt.objects.filter(commitment_hash__in=hashes).values_list("commitment_hash", flat=True))
+    Receipt.objects.bulk_create([row for row in rows if row.commitment_hash not in known], ignore_conflicts=True)
+    new = [h for h in hashes if h not in known]
+    if new:
+        transaction.on_commit(lambda: receipts_kept.send(sender=Receipt, receipts=[
+            {**row, "created_at": row["created_at"].isoformat()} for row in receipts_list(commitment_hashes=new)]))
+    return len(new)
+
+
+def dispute_open(*, receipt_id: int) -> Dispute:
+    """The receipt's dispute, opened on the first call; later calls return the same one. A pending
+    dispute whose last re-execution could not run (its error says why) is queued again."""
+    with transaction.atomic():
+        receipt = Receipt.objects.select_for_update().filter(pk=receipt_id).first()
+        if receipt is None:
+            raise NotFound(f"no stored receipt {receipt_id} on this node", reason="receipt_not_found")
+        dispute, created = Dispute.objects.get_or_create(receipt=receipt)
+        if created or (dispute.state == DisputeState.PENDING and dispute.error):
+            # By the task's registered name: tasks.py imports this module, so importing it back would make a cycle.
+            transaction.on_commit(lambda: current_app.send_task(DISPUTE_TASK, args=[dispute.pk]))
+    return dispute
+
+
+def _expert_payload(receipt: Receipt) -> bytes:
+    """The expert's weights as the holder advertised them: its blob, verified by hash."""
+    if not receipt.blob_uri:
+        raise TenzroError(f"the holder announced {receipt.model_id} {receipt.layer}/{receipt.expert} without a "
+                          "blob_uri, and this node holds no copy to re-execute with", reason="expert_unavailable")
+    hash_ = parse_blob_uri(receipt.blob_uri)
+    urls = dict.fromkeys([*(h.http_endpoint for h in blob_holders(hash_) if h.http_endpoint),
+                          *settings.TENZRO_PEERS])
+    try:
+        return resolve_blob(blob_store(), hash_, sources=[HttpBlobSource(u) for u in urls],
+                            max_bytes=settings.TENZRO_BLOB_MAX_BYTES).data
+    except BlobError as exc:
+        raise TenzroError(f"cannot fetch {receipt.blob_uri}: {exc}", reason="expert_unavailable") from exc
+
+
+def recompute(receipt: Receipt) -> np.ndarray:
+    """The stored request through a local copy of the expert: f32 [tokens, d_model]."""
+    body = receipt.body
+    hidden = decode_rows(bytes(receipt.carrier), body["input_encoding"], tokens=len(body["token_indices"]),
+                         d_model=body["d_model"])
+    backend = select_backend()
+    expert = build_expert(_expert_payload(receipt), backend)
+    if expert.key != (receipt.model_id, receipt.layer, receipt.expert):
+        raise TenzroError(f"{receipt.blob_uri} holds expert {expert.key}, the receipt names "
+                          f"{(receipt.model_id, receipt.layer, receipt.expert)}", reason="model_mismatch")
+    return expert_forward(expert, hidden, backend)
+
+
+def dispute_run(*, dispute_id: int) -> Dispute:
+    """Re-execute and decide. Runs at most once to a verdict: a decided dispute is returned as is."""
+    dispute = Dispute.objects.select_related("receipt").get(pk=dispute_id)
+    if dispute.state != DisputeState.PENDING:
+        return dispute
+    receipt = dispute.receipt
+    Dispute.objects.filter(pk=dispute_id).update(attempts=dispute.attempts + 1)
+    try:
+        recomputed = recompute(receipt)
+    except TenzroError as exc:
+        Dispute.objects.filter(pk=dispute_id).update(error=f"{exc.reason}: {exc.message}")
+        raise
+    body = receipt.body
+    indices, values = sketch_rows(bytes(receipt.sketch), tokens=len(body["token_indices"]), k=body["k"])
+    verdict = compare_sketch(indices, values, recomputed, output_encoding=body["output_encoding"],
+                             compute_tolerance=settings.TENZRO_DISPUTE_COMPUTE_TOLERANCE)
+    signed = signature_valid(SignedReceipt(body, receipt.commitment_hash, receipt.signature))
+    # A fraud proof needs both halves: the holder's own signature over the commitment, and a
+    # recomputation that does not match it. Without the signature nothing binds the holder.
+    upheld = verdict.upheld and signed
+    with transaction.atomic():
+        locked = Dispute.objects.select_for_update().get(pk=dispute_id)
+        if locked.state != DisputeState.PENDING:
+            return locked  # a concurrent run decided first
+        locked.state = DisputeState.UPHELD if upheld else DisputeState.DISMISSED
+        locked.difference = verdict.difference if np.isfinite(verdict.difference) else None
+        locked.tolerance = verdict.tolerance
+        locked.detail = verdict.detail + ("" if signed else "; the receipt's signature does not verify")
+        locked.signature_valid = signed
+        locked.error = ""
+        locked.decided_at = timezone.now()
+        if upheld:
+            penalty = policy_active().fraud_penalty
+            locked.penalty = penalty
+            reputation_penalize(provider_id=receipt.provider_id, amount=Decimal(str(penalty)), reason="fraud",
+                                ref=f"dispute:{locked.pk}", fraud=True)
+        locked.save()
+    logger.info("dispute %s of receipt %s: %s (%s)", dispute_id, receipt.commitment_hash[:16], locked.state,
+                locked.detail)
+    return locked

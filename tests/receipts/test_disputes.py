@@ -1,0 +1,110 @@
+"""Disputes through their service (what the Celery task runs): an honest holder's receipt is
+dismissed, a lying holder's is upheld with the policy's fraud penalty, both idempotently; a
+receipt whose expert cannot be had stays pending with the reason and is queued again."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from nacl.signing import SigningKey
+
+from apps.blobs.selectors import blob_store
+from apps.blobs.store import BLOB_URI_PREFIX
+from apps.errors import NotFound, TenzroError
+from apps.experts.backends import select_backend
+from apps.experts.ffn import build_expert, expert_forward
+from apps.experts.wire import decode_rows, encode_rows
+from apps.governance.selectors import policy_active
+from apps.receipts import services
+from apps.receipts.commitment import ReceiptSigner, blake3_hex, receipt_body, sign_receipt, sketch_bytes
+from apps.receipts.models import Dispute, Receipt
+from apps.receipts.selectors import receipts_list
+from apps.reputation.selectors import reputation_scores
+from tests.experts.factories import expert_payload, expert_weights
+
+pytestmark = pytest.mark.django_db
+MODEL, D_MODEL, D_FF = "dispute-test", 64, 32
+
+
+def _store_expert() -> tuple[bytes, str]:
+    payload = expert_payload(expert_weights(np.random.default_rng(1), D_MODEL, D_FF), expert=2, model_id=MODEL,
+                             quant="q8_0")
+    return payload, BLOB_URI_PREFIX + blob_store().put(payload)
+
+
+def _kept(key: SigningKey, payload: bytes, blob_uri: str | None, *, lie: float = 1.0, seed: int = 0) -> Receipt:
+    """A holder's batch as the router keeps it; `lie` scales the rows it returns (and commits to)."""
+    rows = np.random.default_rng(seed).standard_normal((6, D_MODEL)).astype(np.float32)
+    carrier = encode_rows(rows, "q8_0")
+    backend = select_backend()
+    out = expert_forward(build_expert(payload, backend), decode_rows(carrier, "q8_0", tokens=6, d_model=D_MODEL),
+                         backend) * np.float32(lie)
+    answer = encode_rows(out, "q8_0")
+    seen = decode_rows(answer, "q8_0", tokens=6, d_model=D_MODEL)
+    wire = ReceiptSigner(key)(model_id=MODEL, layer=0, expert=2, token_indices=list(range(10, 16)), d_model=D_MODEL,
+                              input_encoding="q8_0", input_carrier=carrier, output_encoding="q8_0", answer=answer,
+                              k=16)
+    body = {k: v for k, v in wire.items() if k not in ("commitment_hash", "signature")}
+    receipt = sign_receipt(body, key)
+    services.receipt_record_many(router_id="r" * 64, kept=[{"receipt": receipt, "sketch": sketch_bytes(seen, 16),
+                                                            "carrier": carrier, "blob_uri": blob_uri}])
+    return Receipt.objects.get(commitment_hash=receipt.commitment_hash)
+
+
+def test_an_honest_receipt_is_dismissed_and_a_liars_is_upheld_with_the_fraud_penalty(
+        django_capture_on_commit_callbacks) -> None:
+    payload, uri = _store_expert()
+    honest_key, liar_key = SigningKey(bytes([1]) * 32), SigningKey(bytes([2]) * 32)
+    honest = _kept(honest_key, payload, uri, seed=1)
+    liar = _kept(liar_key, payload, uri, lie=1.3, seed=2)
+
+    with django_capture_on_commit_callbacks() as queued:
+        opened = services.dispute_open(receipt_id=honest.pk)
+    assert opened.state == "pending" and len(queued) == 1  # the re-execution goes to the Celery worker
+    decided = services.dispute_run(dispute_id=opened.pk)
+    assert decided.state == "dismissed" and decided.signature_valid
+    assert 0 < decided.difference <= decided.tolerance and decided.penalty is None
+
+    with django_capture_on_commit_callbacks() as queued_again:
+        assert services.dispute_open(receipt_id=honest.pk).pk == opened.pk  # idempotent: same dispute
+    assert queued_again == []  # decided: nothing runs again
+
+    fraud = services.dispute_run(dispute_id=services.dispute_open(receipt_id=liar.pk).pk)
+    assert fraud.state == "upheld" and fraud.signature_valid and fraud.difference > fraud.tolerance
+    penalty = policy_active().fraud_penalty
+    assert fraud.penalty == penalty
+    liar_id = liar_key.verify_key.encode().hex()
+    assert reputation_scores([liar_id])[liar_id] == pytest.approx(-penalty)
+    assert services.dispute_run(dispute_id=fraud.pk).decided_at == fraud.decided_at  # never decided twice
+    assert reputation_scores([liar_id])[liar_id] == pytest.approx(-penalty)
+    states = {r["commitment_hash"]: r["dispute"] for r in receipts_list(model_id=MODEL)}
+    assert states == {honest.commitment_hash: "dismissed", liar.commitment_hash: "upheld"}
+
+
+def test_a_receipt_without_a_reachable_expert_stays_pending_with_its_reason(
+        django_capture_on_commit_callbacks) -> None:
+    payload, _ = _store_expert()
+    receipt = _kept(SigningKey(bytes([3]) * 32), payload, None)
+    dispute = services.dispute_open(receipt_id=receipt.pk)
+    with pytest.raises(TenzroError) as caught:
+        services.dispute_run(dispute_id=dispute.pk)
+    assert caught.value.reason == "expert_unavailable"
+    dispute.refresh_from_db()
+    assert dispute.state == "pending" and "expert_unavailable" in dispute.error and dispute.attempts == 1
+    with django_capture_on_commit_callbacks() as queued:
+        services.dispute_open(receipt_id=receipt.pk)
+    assert len(queued) == 1  # asked again: queued again
+    with pytest.raises(NotFound):
+        services.dispute_open(receipt_id=10**9)
+
+
+def test_a_kept_receipt_is_stored_once_with_what_a_dispute_needs() -> None:
+    payload, uri = _store_expert()
+    key = SigningKey(bytes([4]) * 32)
+    receipt = _kept(key, payload, uri)
+    again = receipt_body(**{**{k: receipt.body[k] for k in ("model_id", "layer", "expert", "token_indices",
+                                                             "d_model", "input_encoding", "output_encoding", "k")},
+                            "provider_id": key.verify_key.encode().hex(), "input_carrier": bytes(receipt.carrier),
+                            "sketch": bytes(receipt.sketch)})
+    assert again == receipt.body and blake3_hex(bytes(receipt.carrier)) == receipt.body["input_hash"]
+    assert Dispute.objects.count() == 0 and Receipt.objects.count() == 1
