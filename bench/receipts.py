@@ -1,0 +1,99 @@
+"""Receipt cost per batch against the expert compute it proves, at Qwen3-30B-A3B dimensions.
+
+    .venv/bin/python -m bench.receipts
+
+One expert of Qwen3-30B-A3B (d_model 2048, moe_intermediate_size 768) prepared as q4_k_m (the
+default preset) and as q8_0, batches of 8 and 64 tokens carried in Q8_0 (the wire default):
+
+* compute: the expert forward on the holder's CPU backend (the reference, same run);
+* create: what signing adds on the holder: the top-k sketch of its encoded answer (read from
+  the Q8_0 blocks, apps/receipts/topk_kernel.py), BLAKE3 of the carrier and of the sketch, the
+  canonical body, ed25519 sign;
+* verify: what the router adds beside the decode it needs anyway: the same sketch, the
+  hashes, the canonical body, ed25519 verify;
+* share = (create + verify) / compute. Target: at most 5%.
+
+Medians of repeated runs; prints the CPU kernel variant the backend picked.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+from nacl.signing import SigningKey
+
+from apps.experts.backends import cpu_isa, quant_matmul_variants, select_backend
+from apps.experts.ffn import build_expert, expert_forward
+from apps.experts.wire import decode_rows, encode_rows
+from apps.quantization.payload import encode_expert_payload
+from apps.receipts.commitment import Expected, ReceiptSigner, blake3_hex, verify_receipt
+from bench.report import print_table, write_results
+
+D_MODEL, D_FF, TOPK = 2048, 768, 16
+BATCHES = (8, 64)
+QUANTS = ("q4_k_m", "q8_0")
+TARGET = 0.05
+
+
+def median_s(fn: Callable[[], object], reps: int) -> float:
+    fn()  # warm: first-call allocations, thread pools
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    backend = select_backend()
+    key = SigningKey(rng.bytes(32))
+    signer = ReceiptSigner(key)
+    weights = {name: (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+               for name, shape in (("gate", (D_FF, D_MODEL)), ("up", (D_FF, D_MODEL)), ("down", (D_MODEL, D_FF)))}
+    rows_out, results = [], []
+    for quant in QUANTS:
+        payload = encode_expert_payload(gate=weights["gate"], up=weights["up"], down=weights["down"], quant=quant,
+                                        model_id="Qwen/Qwen3-30B-A3B", layer=0, expert=0)
+        expert = build_expert(payload, backend)
+        for tokens in BATCHES:
+            hidden = rng.standard_normal((tokens, D_MODEL)).astype(np.float32)
+            carrier = encode_rows(hidden, "q8_0")
+            x = decode_rows(carrier, "q8_0", tokens=tokens, d_model=D_MODEL)
+            reps = 60 if tokens == 8 else 25
+            compute = median_s(lambda x=x, expert=expert: expert_forward(expert, x, backend), reps)
+            out = expert_forward(expert, x, backend)
+            answer = encode_rows(out, "q8_0")
+            token_indices = list(range(tokens))
+
+            def create(answer=answer, carrier=carrier, token_indices=token_indices) -> dict:
+                return signer(model_id="Qwen/Qwen3-30B-A3B", layer=0, expert=0, token_indices=token_indices,
+                              d_model=D_MODEL, input_encoding="q8_0", input_carrier=carrier,
+                              output_encoding="q8_0", answer=answer, k=TOPK)
+
+            wire = create()
+            seen = decode_rows(answer, "q8_0", tokens=tokens, d_model=D_MODEL)
+            expect = Expected(signer.provider_id, "Qwen/Qwen3-30B-A3B", 0, 0, token_indices, D_MODEL, "q8_0",
+                              blake3_hex(carrier), "q8_0", TOPK)
+            created = median_s(create, reps * 4)
+            verified = median_s(lambda wire=wire, expect=expect, seen=seen, answer=answer:
+                                verify_receipt(wire, expect, seen, answer), reps * 4)
+            share = (created + verified) / compute
+            rows_out.append([quant, tokens, round(compute * 1e3, 3), round(created * 1e6, 1),
+                             round(verified * 1e6, 1), f"{share:.2%}", "yes" if share <= TARGET else "NO"])
+            results.append({"quant": quant, "tokens": tokens, "compute_s": compute, "create_s": created,
+                            "verify_s": verified, "share": share, "target": TARGET})
+    variant = (quant_matmul_variants() or ["numba/numpy"])[0]
+    print(f"cpu: {cpu_isa()}, kernel variant: {variant}, backend: {backend.name}, top-k {TOPK}, wire q8_0")
+    print_table("Receipt create + verify per batch vs the expert compute (Qwen3-30B-A3B expert, 2048 x 768)",
+                ["quant", "tokens", "compute ms", "create µs", "verify µs", "share", f"≤ {TARGET:.0%}"], rows_out)
+    write_results("receipts", {"cpu_isa": cpu_isa(), "kernel_variant": variant, "backend": backend.name,
+                               "topk": TOPK, "rows": results})
+
+
+if __name__ == "__main__":
+    main()
