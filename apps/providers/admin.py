@@ -3,21 +3,11 @@
 from django.contrib import admin
 
 from apps.providers.models import GossipCount, Holding, Provider, Reachability
-
-
-class ReadOnly(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
+from apps.read_only_admin import ReadOnlyAdmin
 
 
 @admin.register(Provider)
-class ProviderAdmin(ReadOnly):
+class ProviderAdmin(ReadOnlyAdmin):
     list_display = ("provider_id", "is_self", "seq", "roles", "http_endpoint", "quic_endpoint", "moe_gpu",
                     "latency_ms", "changed_at")
     list_filter = ("is_self", "moe_gpu")
@@ -26,16 +16,16 @@ class ProviderAdmin(ReadOnly):
 
 
 @admin.register(Holding)
-class HoldingAdmin(ReadOnly):
+class HoldingAdmin(ReadOnlyAdmin):
     list_display = ("model_id", "layer", "expert", "residency", "committed_tps", "provider")
     list_filter = ("residency", "model_id")
 
 
 @admin.register(GossipCount)
-class GossipCountAdmin(ReadOnly):
+class GossipCountAdmin(ReadOnlyAdmin):
     list_display = ("verdict", "count")
 
 
 @admin.register(Reachability)
-class ReachabilityAdmin(ReadOnly):
+class ReachabilityAdmin(ReadOnlyAdmin):
     list_display = ("http_ok", "quic_ok", "checked_by", "checked_at", "detail")

@@ -2,18 +2,8 @@
 
 from django.contrib import admin
 
+from apps.read_only_admin import ReadOnlyAdmin
 from apps.settlement.models import LedgerEntry, Settlement
-
-
-class ReadOnly(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 class LedgerEntryInline(admin.TabularInline):
@@ -31,14 +21,14 @@ class LedgerEntryInline(admin.TabularInline):
 
 
 @admin.register(Settlement)
-class SettlementAdmin(ReadOnly):
+class SettlementAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "forward_id", "model_id", "router_id", "total", "receipts_digest")
     search_fields = ("forward_id", "router_id", "model_id")
     inlines = (LedgerEntryInline,)
 
 
 @admin.register(LedgerEntry)
-class LedgerEntryAdmin(ReadOnly):
+class LedgerEntryAdmin(ReadOnlyAdmin):
     list_display = ("settlement", "account", "kind", "amount", "tokens", "price")
     list_filter = ("kind",)
     search_fields = ("account", "settlement__forward_id")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from django.contrib.auth.models import User
 from nacl.signing import SigningKey
 
 from apps.blobs.selectors import blob_store
@@ -14,6 +15,8 @@ from apps.errors import NotFound, TenzroError
 from apps.experts.backends import select_backend
 from apps.experts.ffn import build_expert, expert_forward
 from apps.experts.wire import decode_rows, encode_rows
+from apps.forward.engine import Failure
+from apps.forward.services import forward_outcome_record
 from apps.governance.selectors import policy_active
 from apps.receipts import services
 from apps.receipts.commitment import ReceiptSigner, blake3_hex, receipt_body, sign_receipt, sketch_bytes
@@ -108,3 +111,27 @@ def test_a_kept_receipt_is_stored_once_with_what_a_dispute_needs() -> None:
                             "sketch": bytes(receipt.sketch)})
     assert again == receipt.body and blake3_hex(bytes(receipt.carrier)) == receipt.body["input_hash"]
     assert Dispute.objects.count() == 0 and Receipt.objects.count() == 1
+
+
+def test_admin_pages_show_receipts_and_disputes_read_only(client) -> None:
+    User.objects.create_superuser("root", "root@example.com", "pw")
+    client.login(username="root", password="pw")
+    payload, uri = _store_expert()
+    receipt = _kept(SigningKey(bytes([5]) * 32), payload, uri)
+    dispute = services.dispute_open(receipt_id=receipt.pk)
+    for url in ("/admin/receipts/receipt/", "/admin/receipts/dispute/", f"/admin/receipts/receipt/{receipt.pk}/change/",
+                f"/admin/receipts/dispute/{dispute.pk}/change/"):
+        assert client.get(url).status_code == 200, url
+    detail = client.get(f"/admin/receipts/receipt/{receipt.pk}/change/").content.decode()
+    assert receipt.commitment_hash in detail and 'name="_save"' not in detail
+    assert client.get("/admin/receipts/receipt/add/").status_code == 403
+    assert client.post(f"/admin/receipts/receipt/{receipt.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert Receipt.objects.filter(pk=receipt.pk).exists()
+
+
+def test_a_holder_refused_for_its_receipt_loses_the_policys_failure_penalty() -> None:
+    liar = "c" * 64
+    forward_outcome_record(model_id=MODEL, self_id="r" * 64, latencies_ms={}, failures=[
+        Failure(liar, "bad_receipt", "the receipt is over different input than was sent", 0, 2, 6),
+        Failure(liar, "receipt_missing", "answered without a receipt", 0, 3, 6)])
+    assert reputation_scores([liar])[liar] == pytest.approx(-2 * policy_active().holder_failure_penalty)
