@@ -237,6 +237,20 @@ def test_over_replicated_drops_the_lowest_ranked_holders() -> None:
     assert mine.rows == [] and mine.considered == 1
 
 
+def test_skewed_views_never_drop_the_best_max_replication_holders() -> None:
+    """A view that misses some holders can only drop holders outside the top max_replication of the real order."""
+    rng = np.random.default_rng(5)
+    providers = provider_ids(30)
+    for expert in range(200):
+        real = tuple(providers[i] for i in rng.choice(30, size=int(rng.integers(9, 16)), replace=False))
+        keep = set(rendezvous_order(MODEL, 0, expert, real)[:RULES.max_replication])
+        seen = tuple(h for h in real if rng.random() < 0.85)
+        sel = select_repairs(MODEL, [ExpertView(0, expert, seen, BLOB)], providers, RULES)
+        dropped = {r.provider for r in sel.rows if r.action == DROP}
+        assert not dropped & keep
+        assert len(seen) - len(dropped) == min(len(seen), RULES.max_replication)
+
+
 def test_unrepairable_reasons() -> None:
     providers = provider_ids(3)
     views = [
