@@ -101,7 +101,7 @@ def _keys(texts: Sequence[str]) -> np.ndarray:
 
 
 def _scores(expert_keys: np.ndarray, provider_keys: np.ndarray) -> np.ndarray:
-    """(n,) x (c,) uint64 keys -> (n, c) uint64 scores: splitmix64(expert XOR provider), in place."""
+    """(n,) x (c,) uint64 keys -> (n, c) uint64 scores: splitmix64(expert XOR provider), mixed in place."""
     z = np.bitwise_xor.outer(expert_keys, provider_keys)
     t = np.empty_like(z)
     with np.errstate(over="ignore"):  # u64 arithmetic wraps by definition of the hash
@@ -128,7 +128,7 @@ def _top_order(scores: np.ndarray, k: int) -> np.ndarray:
     """(n, c) uint64 -> (n, min(k, c)) column indices of each row's k best, best first. Overwrites `scores`.
 
     Columns must be in provider-id order, so "lower column" is the id tie-break. For the small k of a
-    repair (<= max_replication) k rounds of argmax are ~50x faster than argpartition: argmax returns the
+    repair (<= max_replication) k rounds of argmax are ~40x faster than argpartition: argmax returns the
     first of equal maxima, which is the tie rule. Each winner is zeroed before the next round; a row whose
     later winner scores 0 could therefore have re-picked a zeroed column, so such rows (probability ~2^-64
     each) are redone with a full sort and the result stays exact.
