@@ -54,8 +54,10 @@ class NodeProcess:
     def start(self, **env_overrides: str) -> NodeProcess:
         redis.Redis.from_url(self.redis_url).flushdb()
         self.log_path = self.data_dir.with_suffix(".log")
+        # Repair passes would re-replicate what a test loads once on purpose (it changes holders and
+        # forwards mid-test): they are off unless a test asks for them (tests/e2e/test_repair.py).
         env = {**os.environ, "TENZRO_OPERATOR_TOKEN": TOKEN, "DJANGO_SETTINGS_MODULE": "tenzro_site.settings.base",
-               **env_overrides}
+               "TENZRO_REPAIR_TICK_S": "86400", **env_overrides}
         if self.source_root is not None:  # its packages come first on sys.path, before this checkout's
             env["PYTHONPATH"] = str(self.source_root)
         argv = [

@@ -27,6 +27,9 @@ PURE_CORES = {
     "shard map and planner": ["apps.shardmap.aggregation", "apps.shardmap.planner"],
     "forward combine and dispatch": ["apps.forward.combine", "apps.forward.hedging", "apps.forward.engine"],
     "settlement split": ["apps.settlement.split"],
+    "receipts": ["apps.receipts.commitment", "apps.receipts.topk_kernel", "apps.receipts.sampling",
+                 "apps.receipts.verdict"],
+    "repair selection": ["apps.repair.selection"],
 }
 
 

@@ -250,3 +250,14 @@ def dispute(obj: CliContext, receipt_id: int, wait: bool) -> None:
         time.sleep(1.0)
         answer = obj.call("tenzro_moeDisputeReceipt", {"receipt_id": receipt_id})
     print_json(answer)
+
+
+@moe.command("repair")
+@click.option("--run", "run_now", is_flag=True, help="Queue a repair pass now (operator token), then list.")
+@click.option("--limit", default=10, show_default=True, type=int)
+@click.pass_obj
+def repair(obj: CliContext, run_now: bool, limit: int) -> None:
+    """Recent repair passes: what each considered, fetched, skipped and why; when the next is due."""
+    if run_now:
+        obj.call("tenzro_moeRepairRun")
+    print_json(obj.call("tenzro_moeRepairPasses", {"limit": limit}))

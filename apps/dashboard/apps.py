@@ -6,9 +6,11 @@ class DashboardConfig(AppConfig):
     label = "dashboard"
 
     def ready(self) -> None:
-        from apps.dashboard.services import push_policy_activated, push_receipts_kept
+        from apps.dashboard.services import push_policy_activated, push_receipts_kept, push_repair_pass
         from apps.governance.signals import policy_activated
         from apps.receipts.signals import receipts_kept
+        from apps.repair.signals import repair_pass_done
 
         policy_activated.connect(push_policy_activated, dispatch_uid="dashboard-policy-activated")
         receipts_kept.connect(push_receipts_kept, dispatch_uid="dashboard-receipts-kept")
+        repair_pass_done.connect(push_repair_pass, dispatch_uid="dashboard-repair-pass")

@@ -32,3 +32,8 @@ def push_policy_activated(*, policy: dict[str, Any], **_: Any) -> None:
 def push_receipts_kept(*, receipts: list[dict[str, Any]], **_: Any) -> None:
     """Receiver of receipts' receipts_kept: every dashboard lists the newly kept receipts live."""
     dashboard_push(event="receipts.kept", payload={"receipts": receipts})
+
+
+def push_repair_pass(*, repair_pass: dict[str, Any], **_: Any) -> None:
+    """Receiver of repair's repair_pass_done: every dashboard shows the pass as it ends."""
+    dashboard_push(event="repair.pass", payload={"pass": repair_pass})

@@ -92,6 +92,23 @@
     while (body.rows.length > 20) body.deleteRow(body.rows.length - 1);
   }
 
+  function showRepairPass(pass) {
+    const body = document.querySelector("#repair-passes tbody");
+    const row = document.createElement("tr");
+    row.dataset.pass = pass.id;
+    const rows = pass.rows.map(function (r) {
+      return r.action + " " + r.model_id + " " + r.layer + "/" + r.expert + ": " + r.outcome + (r.why ? " (" + r.why + ")" : "");
+    }).join("; ") || "–";
+    [pass.started_at, pass.trigger, pass.considered, pass.fetched, pass.dropped, pass.unrepairable,
+     rows + (pass.error ? " " + pass.error : "")].forEach(function (v) {
+      const cell = document.createElement("td");
+      cell.textContent = v;
+      row.appendChild(cell);
+    });
+    body.prepend(row);
+    while (body.rows.length > 10) body.deleteRow(body.rows.length - 1);
+  }
+
   let retryMs = 500;
   function connect() {
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
@@ -101,6 +118,7 @@
       const data = JSON.parse(message.data);
       if (data.event === "policy.changed") showPolicy(data.payload.policy);
       if (data.event === "receipts.kept") showReceiptsKept(data.payload.receipts);
+      if (data.event === "repair.pass") showRepairPass(data.payload.pass);
     };
     socket.onclose = function () {
       setBadge("down", "disconnected, retrying");

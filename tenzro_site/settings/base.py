@@ -68,6 +68,10 @@ TENZRO_FORWARD_FAILURE_COOLDOWN_S = env_float("TENZRO_FORWARD_FAILURE_COOLDOWN_S
 # holders to commit to this many features per row, and a dispute tolerates an honest holder's
 # compute path differing by this fraction of a row's largest magnitude (plus the wire codec's).
 TENZRO_SIGN_RECEIPTS = env_bool("TENZRO_SIGN_RECEIPTS", True)
+# Repair (docs/operations.md, "Repair"): how often the beat asks whether a pass is due (the
+# interval itself is the policy's), and the per-node jitter on that interval (a fraction).
+TENZRO_REPAIR_TICK_S = env_float("TENZRO_REPAIR_TICK_S", 5.0)
+TENZRO_REPAIR_JITTER = env_float("TENZRO_REPAIR_JITTER", 0.1)
 TENZRO_RECEIPT_TOPK = env_int("TENZRO_RECEIPT_TOPK", 16)
 TENZRO_DISPUTE_COMPUTE_TOLERANCE = env_float("TENZRO_DISPUTE_COMPUTE_TOLERANCE", 0.05)
 # Largest JSON-RPC request body accepted, in bytes (base64 hidden rows make these big).
@@ -123,6 +127,7 @@ INSTALLED_APPS = [
     "apps.settlement",
     "apps.forward",
     "apps.receipts",
+    "apps.repair",
     "apps.blobs",
     "apps.catalog",
     "apps.dashboard",
@@ -207,6 +212,8 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "node-heartbeat": {"task": "tenzro.node.heartbeat", "schedule": env_int("TENZRO_HEARTBEAT_S", 10)},
     "gossip-round": {"task": "tenzro.providers.gossip_round", "schedule": TENZRO_GOSSIP_INTERVAL_S},
+    # The repair interval is the governance policy's, read at every tick (apps/repair/services.py).
+    "repair-tick": {"task": "tenzro.repair.tick", "schedule": TENZRO_REPAIR_TICK_S},
 }
 
 LOGGING = {
