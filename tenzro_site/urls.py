@@ -3,6 +3,7 @@ from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("accounts/", include("django.contrib.auth.urls")),  # the dashboard's login and logout
     path("", include("apps.api.urls")),
     path("", include("apps.blobs.urls")),
     path("", include("apps.worker.urls")),  # before providers': its peer/<method> would catch peer/moe/execute

@@ -1,13 +1,6 @@
-// Live dashboard: policy changes arrive over the websocket; process states are polled.
-(function () {
-  "use strict";
-  const badge = document.getElementById("live-status");
-
-  function setBadge(state, text) {
-    badge.dataset.state = state;
-    badge.textContent = text;
-    badge.className = "badge " + (state === "live" ? "badge-live" : state === "down" ? "badge-down" : "badge-wait");
-  }
+// The node page: policy changes, kept receipts and repair passes arrive over the websocket
+// (live.js); process states, the runtime and the network summary are still polled.
+import { onEvent } from "./live.js";
 
   function showPolicy(policy) {
     document.getElementById("policy-id").textContent = policy.id;
@@ -109,23 +102,9 @@
     while (body.rows.length > 10) body.deleteRow(body.rows.length - 1);
   }
 
-  let retryMs = 500;
-  function connect() {
-    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    const socket = new WebSocket(scheme + location.host + "/ws/dashboard/");
-    socket.onopen = function () { retryMs = 500; setBadge("live", "live"); };
-    socket.onmessage = function (message) {
-      const data = JSON.parse(message.data);
-      if (data.event === "policy.changed") showPolicy(data.payload.policy);
-      if (data.event === "receipts.kept") showReceiptsKept(data.payload.receipts);
-      if (data.event === "repair.pass") showRepairPass(data.payload.pass);
-    };
-    socket.onclose = function () {
-      setBadge("down", "disconnected, retrying");
-      setTimeout(connect, retryMs);
-      retryMs = Math.min(retryMs * 2, 10000);
-    };
-  }
+  onEvent("policy.changed", function (payload) { showPolicy(payload.policy); });
+  onEvent("receipts.kept", function (payload) { showReceiptsKept(payload.receipts); });
+  onEvent("repair.pass", function (payload) { showRepairPass(payload.pass); });
 
   function poll() {
     fetch("/api/node/processes").then(function (r) { return r.json(); }).then(showProcesses).catch(function () {});
@@ -135,7 +114,5 @@
       .then(function (s) { if (s) showNetwork(s); }).catch(function () {});
   }
 
-  connect();
   poll();
   setInterval(poll, 5000);
-})();

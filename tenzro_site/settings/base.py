@@ -67,6 +67,12 @@ TENZRO_FORWARD_FAILURE_COOLDOWN_S = env_float("TENZRO_FORWARD_FAILURE_COOLDOWN_S
 # node key (off: it serves receiptless, and remote routers refuse its answers); a router asks
 # holders to commit to this many features per row, and a dispute tolerates an honest holder's
 # compute path differing by this fraction of a row's largest magnitude (plus the wire codec's).
+# Dashboard pages that only read may be seen without logging in (forms that change the node
+# always need a logged-in staff user); 0 puts every page behind the login.
+TENZRO_DASHBOARD_PUBLIC = env_bool("TENZRO_DASHBOARD_PUBLIC", True)
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/"
 TENZRO_SIGN_RECEIPTS = env_bool("TENZRO_SIGN_RECEIPTS", True)
 # Repair (docs/operations.md, "Repair"): how often the beat asks whether a pass is due (the
 # interval itself is the policy's), and the per-node jitter on that interval (a fraction).
@@ -157,6 +163,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "apps.dashboard.context.dashboard",
             ],
         },
     },
