@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from playwright.sync_api import expect
 
 from apps.dashboard import services as dashboard_services
@@ -34,6 +35,15 @@ def _view(n_providers: int, *, first_key: int = 0) -> list[str]:
 
 
 # -- Django client ----------------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_the_pages_render_with_nothing_held(client) -> None:
+    empty = client.get("/shardmap/")
+    assert empty.status_code == 200 and empty.context["grid"] is None
+    assert "no provider of the gossip view holds an expert" in empty.content.decode()
+    assert client.get("/shardmap/?model=nobody/holds-this").context["grid"]["n_layers"] == 0
+    assert client.get("/dispatch/").status_code == 200
+
 
 @pytest.mark.django_db
 def test_both_pages_render_and_are_in_the_navigation(client) -> None:
@@ -73,17 +83,39 @@ def test_the_grid_counts_replication_and_flags_under_replicated_and_hot(client, 
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("n_providers", [5, 50])
-def test_the_shard_map_page_costs_the_same_queries_whatever_the_view(client, n_providers,
-                                                                     django_assert_max_num_queries) -> None:
-    _view(n_providers)
-    client.get("/shardmap/")  # warm: node identity and the like are read once per process
-    # models, then the shard index (policy, providers, reputation scores, holdings)
-    with django_assert_max_num_queries(5):
-        response = client.get(f"/shardmap/?model={MODEL}")
-    assert response.status_code == 200 and response.context["grid"]["distinct_providers"] == n_providers
-    with django_assert_max_num_queries(4):
+def test_the_shard_map_page_costs_the_same_queries_whatever_the_view(client) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def page_queries(n_providers: int) -> int:
+        client.get(f"/shardmap/?model={MODEL}")  # warm: node identity and the like are read once per process
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(f"/shardmap/?model={MODEL}")
+        assert response.status_code == 200 and response.context["grid"]["distinct_providers"] == n_providers
+        return len(queries)
+
+    _view(5)
+    five = page_queries(5)
+    _view(45, first_key=5)
+    # models, then the shard index: policy, providers, reputation scores, holdings
+    assert page_queries(50) == five <= 5
+
+
+@pytest.mark.django_db
+def test_the_heatmap_data_costs_a_fixed_number_of_queries(client, django_assert_max_num_queries) -> None:
+    _view(50)
+    with django_assert_max_num_queries(4):  # the shard index alone
         assert client.get(f"/shardmap/data.json?model={MODEL}").status_code == 200
+
+
+@pytest.mark.django_db
+def test_hot_experts_are_flagged_per_the_active_policy(client) -> None:
+    now = services.now_ms()
+    hot = signed_record(new_key(7000), seq=now, at_ms=now, holdings=(RecordHolding(MODEL, 0, 1, "Warm", 1500, None),
+                                                                    RecordHolding(MODEL, 0, 2, "Warm", 999, None)))
+    services.gossip_receive(records=[hot.envelope()], heartbeats=[])
+    grid = client.get(f"/shardmap/data.json?model={MODEL}").json()
+    assert grid["policy"]["hot_threshold_tps"] == 1000.0 and grid["hot"] == [[0, 1]]
 
 
 @pytest.mark.django_db
@@ -98,6 +130,9 @@ def test_a_dispatch_post_with_pasted_routings_shows_the_batches(client) -> None:
     assert response.context["summary"]["bars"] == [{"provider": ids[1], "tokens": 10, "batches": 2}]
     body = response.content.decode()
     assert 'id="batches"' in body and ids[1][:12] in body and "0, 1, 2, 3, 4" in body
+    upload = SimpleUploadedFile("routings.json", json.dumps(routings[:2]).encode(), content_type="application/json")
+    uploaded = client.post("/dispatch/", {"model_id": MODEL, "routings_file": upload, "action": "plan"})
+    assert uploaded.status_code == 200 and uploaded.context["summary"]["tokens"] == 2
     bad = client.post("/dispatch/", {"model_id": MODEL, "routings": "[{", "action": "plan"})
     assert bad.status_code == 400 and "not JSON" in bad.content.decode()
     twice = client.post("/dispatch/", {"model_id": MODEL, "action": "plan", "routings": json.dumps(
