@@ -37,3 +37,8 @@ def push_receipts_kept(*, receipts: list[dict[str, Any]], **_: Any) -> None:
 def push_repair_pass(*, repair_pass: dict[str, Any], **_: Any) -> None:
     """Receiver of repair's repair_pass_done: every dashboard shows the pass as it ends."""
     dashboard_push(event="repair.pass", payload={"pass": repair_pass})
+
+
+def push_holdings_changed(*, model_ids: list[str], **_: Any) -> None:
+    """Receiver of providers' holdings_changed: open shard maps of those models refetch and redraw."""
+    dashboard_push(event="shardmap.changed", payload={"model_ids": model_ids})

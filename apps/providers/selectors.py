@@ -40,8 +40,12 @@ def provider_views() -> list[ProviderView]:
             for pid, roles, http, quic, pin, gpu, latency, codecs, price in rows]
 
 
-def holding_views(model_id: str) -> list[HoldingView]:
-    rows = Holding.objects.filter(model_id=model_id).values_list(
+def holding_views(model_id: str, *, layer: int | None = None, expert: int | None = None) -> list[HoldingView]:
+    """The model's holdings (one query); only one (layer, expert)'s when both are given."""
+    held = Holding.objects.filter(model_id=model_id)
+    if layer is not None and expert is not None:
+        held = held.filter(layer=layer, expert=expert)
+    rows = held.values_list(
         "provider__provider_id", "layer", "expert", "residency", "committed_tps", "blob_uri")
     return [HoldingView(pid, model_id, layer, expert, residency, tps, blob)
             for pid, layer, expert, residency, tps, blob in rows]
@@ -50,6 +54,11 @@ def holding_views(model_id: str) -> list[HoldingView]:
 def shard_index(model_id: str) -> ShardIndex:
     """The model's holders as the planner and the shard map read them (four queries)."""
     return ShardIndex.build(model_id, provider_views(), holding_views(model_id), replication_policy())
+
+
+def held_models() -> list[str]:
+    """The models some provider of the gossip view holds an expert of, sorted (one query)."""
+    return list(Holding.objects.order_by("model_id").values_list("model_id", flat=True).distinct())
 
 
 def blob_holder_endpoints(blob_hash: str) -> list[PeerBlobEndpoint]:

@@ -65,6 +65,9 @@ class DbStore:
         """`lock`: read rows FOR UPDATE (callers hold a transaction) so a merge sees no race."""
         self.self_id = self_id
         self._lock = lock
+        # Models whose holdings this store changed (added, replaced or removed): the service
+        # announces them once its transaction commits (the dashboard's live shard map).
+        self.changed_models: set[str] = set()
 
     def _rows(self):
         rows = Provider.objects.all()
@@ -83,7 +86,10 @@ class DbStore:
         return [_entry(row) for row in Provider.objects.filter(rumor_rounds__gt=0)]
 
     def remove(self, provider_ids: Sequence[str]) -> None:
-        Provider.objects.filter(provider_id__in=list(provider_ids), is_self=False).delete()
+        gone = Provider.objects.filter(provider_id__in=list(provider_ids), is_self=False)
+        self.changed_models.update(Holding.objects.filter(provider__in=gone).values_list("model_id", flat=True)
+                                   .distinct())
+        gone.delete()
 
     def save(self, entries: Sequence[Entry]) -> None:
         """Write entries: a new record's fields and holdings when its seq is newer than the row's,
@@ -118,7 +124,11 @@ class DbStore:
     def _replace_holdings(self, entries: Sequence[Entry]) -> None:
         ids = dict(Provider.objects.filter(provider_id__in=[e.provider_id for e in entries])
                    .values_list("provider_id", "pk"))
-        Holding.objects.filter(provider_id__in=ids.values()).delete()
+        old = Holding.objects.filter(provider_id__in=ids.values())
+        # Holdings of a replaced record are rewritten whole; any model named before or after changed.
+        self.changed_models.update(old.values_list("model_id", flat=True).distinct())
+        self.changed_models.update(h.model_id for e in entries for h in e.record.record.holdings)  # type: ignore[union-attr]
+        old.delete()
         Holding.objects.bulk_create([
             Holding(provider_id=ids[e.provider_id], model_id=h.model_id, layer=h.layer, expert=h.expert,
                     residency=h.residency, committed_tps=h.committed_tps, blob_uri=h.blob_uri)
