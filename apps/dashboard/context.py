@@ -9,7 +9,8 @@ from django.http import HttpRequest
 from apps.node.selectors import node_identity
 
 # (path, label) of every page, in the navigation's order; a page is added here once it exists.
-NAV_PAGES: list[tuple[str, str]] = [("/", "Node")]
+NAV_PAGES: list[tuple[str, str]] = [("/", "Node"), ("/forwards/", "Forwards"), ("/receipts/", "Receipts"),
+                                    ("/prepare/", "Prepare"), ("/repair/", "Repair")]
 
 
 def dashboard(request: HttpRequest) -> dict[str, Any]:

@@ -37,3 +37,20 @@ def push_receipts_kept(*, receipts: list[dict[str, Any]], **_: Any) -> None:
 def push_repair_pass(*, repair_pass: dict[str, Any], **_: Any) -> None:
     """Receiver of repair's repair_pass_done: every dashboard shows the pass as it ends."""
     dashboard_push(event="repair.pass", payload={"pass": repair_pass})
+
+
+def push_dispute_decided(*, receipt_id: int, state: str, difference: float | None, tolerance: float | None,
+                         **_: Any) -> None:
+    """Receiver of receipts' dispute_decided: the receipts page shows the verdict live."""
+    dashboard_push(event="receipts.dispute", payload={"receipt_id": receipt_id, "state": state,
+                                                      "difference": difference, "tolerance": tolerance})
+
+
+def push_prepare_progress(*, job: dict[str, Any], **_: Any) -> None:
+    """Receiver of catalog's prepare_progressed (already coalesced there): the prepare page's bars."""
+    dashboard_push(event="prepare.progress", payload={"job": job})
+
+
+def push_forward_done(*, forward: dict[str, Any], **_: Any) -> None:
+    """Receiver of forward's forward_recorded: the forwards page lists each forward as it ends."""
+    dashboard_push(event="forward.done", payload={"forward": forward})

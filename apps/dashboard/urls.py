@@ -1,5 +1,13 @@
 from django.urls import path
 
-from apps.dashboard import views
+from apps.dashboard import pages_work, views
 
-urlpatterns = [path("", views.home, name="dashboard-home")]
+urlpatterns = [
+    path("", views.home, name="dashboard-home"),
+    path("receipts/", pages_work.receipts, name="dashboard-receipts"),
+    path("receipts/<int:receipt_id>/dispute/", pages_work.receipt_dispute, name="dashboard-receipt-dispute"),
+    path("prepare/", pages_work.prepare, name="dashboard-prepare"),
+    path("prepare/start/", pages_work.prepare_start, name="dashboard-prepare-start"),
+    path("forwards/", pages_work.forwards, name="dashboard-forwards"),
+    path("repair/", pages_work.repair, name="dashboard-repair"),
+]
