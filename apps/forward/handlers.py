@@ -189,8 +189,8 @@ class DistributedForward:
                 "lost_gate_mass": [round(float(x), 6) for x in result.lost_share] if result.missing else [],
                 "stats": stats}, rows_to_bytes(result.out)
 
-    def _record(self, model_id: str, report: ForwardReport, view: View, forward_id: str, stats: dict[str, Any],
-                *, tokens: int, missing: int) -> None:
+    def _record(self, model_id: str, report: ForwardReport, view: View, forward_id: str,
+                forward_stats: dict[str, Any], *, tokens: int, missing: int) -> None:
         """Penalties, latencies, kept receipts, the settlement and the forward's stats go to the
         control plane after the answer, never delaying it."""
         until = time.monotonic() + settings.TENZRO_FORWARD_FAILURE_COOLDOWN_S
@@ -205,7 +205,7 @@ class DistributedForward:
                      for pid, s in report.holders.items() if s.latencies_s}
         remote = {pid: s for pid, s in report.holders.items() if pid != self.self_id and s.receipts}
         self._write(lambda: services.forward_stats_record(forward_id=forward_id, model_id=model_id, tokens=tokens,
-                                                          stats=stats, missing=missing))
+                                                          stats=forward_stats, missing=missing))
         if not report.failures and not remote:
             return
         providers, holdings, _, _ = view
