@@ -66,6 +66,16 @@ def test_each_page_renders_publicly_and_behind_login_when_not_public(client, set
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("path", PAGES)
+def test_pages_make_a_bounded_number_of_queries(operator, receipt, django_assert_max_num_queries, path) -> None:
+    for i in range(10):  # enough rows that a query per row would show
+        forward_stats_record(forward_id=f"f{i}", model_id="m", tokens=1, stats={"holders": []}, missing=0)
+        operator.post("/prepare/start/", JOB)
+    with django_assert_max_num_queries(8):  # session, user, and at most one query per table shown
+        assert operator.get(path).status_code == 200
+
+
+@pytest.mark.django_db
 def test_receipts_page_filters_and_lists_ledger_and_reputation(client, receipt) -> None:
     html = client.get("/receipts/", {"model": receipt.model_id, "expert": receipt.expert}).content.decode()
     assert f'data-receipt="{receipt.pk}"' in html
