@@ -11,6 +11,7 @@ into N d_ff slices published as experts 0 … N-1 under a dense gate (apps/catal
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,8 +24,9 @@ from apps.blobs.selectors import blob_store
 from apps.catalog.checkpoint import CheckpointError, CheckpointReader
 from apps.catalog.dense import dense_gate_payload, dense_layer, prepare_dense_slice
 from apps.catalog.models import JobState, PrepareJob
-from apps.catalog.selectors import default_checkpoint
+from apps.catalog.selectors import default_checkpoint, prepare_job_to_dict
 from apps.catalog.shapes import CatalogError, ModelShape, catalog_shape, shape_from_config
+from apps.catalog.signals import prepare_progressed
 from apps.catalog.slicing import SlicingError, gate_payload_for_layer, prepare_expert
 from apps.errors import InvalidInput
 from apps.experts.gate_payload import MAX_DENSE_SLICES
@@ -74,6 +76,7 @@ def prepare_job_create(
     job = PrepareJob.objects.create(model_id=model_id, layer=layer, experts=wanted, quant=quant, checkpoint=source,
                                     dense_slices=dense_slices)
     transaction.on_commit(lambda: _enqueue(str(job.pk)))
+    _push_progress(job, force=True)
     return job
 
 
@@ -110,6 +113,7 @@ def prepare_job_run(*, job_id: str) -> None:
             return
         job.state, job.started_at, job.attempts = JobState.RUNNING, timezone.now(), job.attempts + 1
         job.save(update_fields=["state", "started_at", "attempts"])
+        _push_progress(job, force=True)
         try:
             _run(job, lock)
         except (CheckpointError, SlicingError, CatalogError, PayloadError, ValueError) as exc:
@@ -119,6 +123,7 @@ def prepare_job_run(*, job_id: str) -> None:
             job.state = JobState.DONE
         job.finished_at = timezone.now()
         job.save(update_fields=["state", "error_reason", "error", "finished_at"])
+        _push_progress(job, force=True)
     finally:
         try:
             lock.release()
@@ -179,6 +184,20 @@ def _save_progress(job: PrepareJob, results: dict[str, Any], lock: Any) -> None:
     job.results = results
     job.save(update_fields=["results"])
     lock.extend(settings.TENZRO_PREPARE_LOCK_TTL_S, replace_ttl=True)
+    _push_progress(job)
+
+
+def _push_progress(job: PrepareJob, *, force: bool = False) -> None:
+    """Send prepare_progressed once the write commits: always for a state change (`force`), else
+    at most once per TENZRO_PREPARE_PUSH_INTERVAL_S per job (the instance remembers when it last
+    sent; one worker runs a job, so one instance sees all of its progress writes). The last
+    progress before `done` may be coalesced away; the `done` push carries everything."""
+    now = time.monotonic()
+    if not force and now - getattr(job, "_pushed_at", float("-inf")) < settings.TENZRO_PREPARE_PUSH_INTERVAL_S:
+        return
+    job._pushed_at = now
+    payload = prepare_job_to_dict(job)
+    transaction.on_commit(lambda: prepare_progressed.send(sender=PrepareJob, job=payload))
 
 
 def prepare_jobs_resume() -> list[str]:

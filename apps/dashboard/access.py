@@ -1,18 +1,29 @@
-"""Who may see a dashboard page: anyone when TENZRO_DASHBOARD_PUBLIC, else a logged-in user."""
+"""Who may see a dashboard page: anyone when TENZRO_DASHBOARD_PUBLIC is true, else a logged-in user.
 
+The setting is read on every request (not at import), so a test or an operator's override applies
+without reloading the URLconf. Mutations never rely on this: they check `operator_required`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
 from functools import wraps
+from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import redirect_to_login
+from django.http import HttpRequest, HttpResponse
+
+View = Callable[..., HttpResponse]
 
 
-def dashboard_page(view):
-    """Public when TENZRO_DASHBOARD_PUBLIC is true, else login_required; the setting is read per
-    request (not at import) so tests and a settings override take effect."""
-    guarded = login_required(view)
+def dashboard_page(view: View) -> View:
+    """A read-only page: public per TENZRO_DASHBOARD_PUBLIC, otherwise login required."""
 
     @wraps(view)
-    def wrapper(request, *args, **kwargs):
-        return (view if settings.TENZRO_DASHBOARD_PUBLIC else guarded)(request, *args, **kwargs)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not settings.TENZRO_DASHBOARD_PUBLIC and not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        return view(request, *args, **kwargs)
 
-    return wrapper
+    return wrapped

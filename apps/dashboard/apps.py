@@ -6,18 +6,26 @@ class DashboardConfig(AppConfig):
     label = "dashboard"
 
     def ready(self) -> None:
+        from apps.catalog.signals import prepare_progressed
         from apps.dashboard.services import (
+            push_dispute_decided,
+            push_forward_done,
             push_holdings_changed,
             push_policy_activated,
+            push_prepare_progress,
             push_receipts_kept,
             push_repair_pass,
         )
+        from apps.forward.signals import forward_recorded
         from apps.governance.signals import policy_activated
         from apps.providers.signals import holdings_changed
-        from apps.receipts.signals import receipts_kept
+        from apps.receipts.signals import dispute_decided, receipts_kept
         from apps.repair.signals import repair_pass_done
 
         policy_activated.connect(push_policy_activated, dispatch_uid="dashboard-policy-activated")
         receipts_kept.connect(push_receipts_kept, dispatch_uid="dashboard-receipts-kept")
         repair_pass_done.connect(push_repair_pass, dispatch_uid="dashboard-repair-pass")
         holdings_changed.connect(push_holdings_changed, dispatch_uid="dashboard-holdings-changed")
+        dispute_decided.connect(push_dispute_decided, dispatch_uid="dashboard-dispute-decided")
+        prepare_progressed.connect(push_prepare_progress, dispatch_uid="dashboard-prepare-progress")
+        forward_recorded.connect(push_forward_done, dispatch_uid="dashboard-forward-done")

@@ -42,3 +42,20 @@ def push_repair_pass(*, repair_pass: dict[str, Any], **_: Any) -> None:
 def push_holdings_changed(*, model_ids: list[str], **_: Any) -> None:
     """Receiver of providers' holdings_changed: open shard maps of those models refetch and redraw."""
     dashboard_push(event="shardmap.changed", payload={"model_ids": model_ids})
+
+
+def push_dispute_decided(*, receipt_id: int, state: str, difference: float | None, tolerance: float | None,
+                         **_: Any) -> None:
+    """Receiver of receipts' dispute_decided: the receipts page shows the verdict live."""
+    dashboard_push(event="receipts.dispute", payload={"receipt_id": receipt_id, "state": state,
+                                                      "difference": difference, "tolerance": tolerance})
+
+
+def push_prepare_progress(*, job: dict[str, Any], **_: Any) -> None:
+    """Receiver of catalog's prepare_progressed (already coalesced there): the prepare page's bars."""
+    dashboard_push(event="prepare.progress", payload={"job": job})
+
+
+def push_forward_done(*, forward: dict[str, Any], **_: Any) -> None:
+    """Receiver of forward's forward_recorded: the forwards page lists each forward as it ends."""
+    dashboard_push(event="forward.done", payload={"forward": forward})

@@ -1,11 +1,17 @@
 from django.urls import path
 
-from apps.dashboard import pages_shards, views
+from apps.dashboard import pages_shards, pages_work, views
 
-urlpatterns = [path("", views.home, name="dashboard-home")]
-urlpatterns += [
+urlpatterns = [
+    path("", views.home, name="dashboard-home"),
     path("shardmap/", pages_shards.shardmap, name="dashboard-shardmap"),
     path("shardmap/data.json", pages_shards.shardmap_data, name="dashboard-shardmap-data"),
     path("shardmap/cell.json", pages_shards.shardmap_cell, name="dashboard-shardmap-cell"),
     path("dispatch/", pages_shards.dispatch, name="dashboard-dispatch"),
+    path("receipts/", pages_work.receipts, name="dashboard-receipts"),
+    path("receipts/<int:receipt_id>/dispute/", pages_work.receipt_dispute, name="dashboard-receipt-dispute"),
+    path("prepare/", pages_work.prepare, name="dashboard-prepare"),
+    path("prepare/start/", pages_work.prepare_start, name="dashboard-prepare-start"),
+    path("forwards/", pages_work.forwards, name="dashboard-forwards"),
+    path("repair/", pages_work.repair, name="dashboard-repair"),
 ]

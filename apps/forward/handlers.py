@@ -16,6 +16,7 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -162,13 +163,16 @@ class DistributedForward:
         report = await run_forward(combine, hidden, np.full(len(experts), layer, np.int64), plan, caller, self.book,
                                    self.limits, fail_fast=not allow_partial or gate.n_routed == 0)
         forward_id = uuid.uuid4().hex
-        self._record(model_id, report, view, forward_id)
         # A dense layer's slices are summands of one output, not alternatives: without one of them
         # the row is wrong, not degraded, so a dense layer always fails closed.
         partial_ok = allow_partial and gate.n_routed > 0
         try:
             result = combine.finish(allow_partial=partial_ok, min_gate_mass=min_gate_mass)
         except ForwardIncomplete as exc:  # say why: which experts had no holder, which holders failed
+            failed = _stats(report, np.zeros(0), elapsed_s=time.monotonic() - started,
+                            dispatch_s=time.monotonic() - planned_at, codecs=codecs)
+            self._record(model_id, report, view, forward_id, failed, tokens=n_tokens,
+                         missing=len(exc.details["missing"]) or 1)
             message = exc.message
             if report.unroutable:
                 why = sorted({(layer_, e, reason) for _, layer_, e, reason in report.unroutable})
@@ -179,13 +183,16 @@ class DistributedForward:
         stats = _stats(report, result.lost_share, elapsed_s=time.monotonic() - started,
                        dispatch_s=time.monotonic() - planned_at, codecs=codecs)
         stats["forward_id"] = forward_id
+        # Recorded once the stats exist (the finish above is synchronous: nothing awaits in between).
+        self._record(model_id, report, view, forward_id, stats, tokens=n_tokens, missing=len(result.missing))
         return {"tokens": n_tokens, "d_model": gate.d_model, "missing": result.missing,
                 "lost_gate_mass": [round(float(x), 6) for x in result.lost_share] if result.missing else [],
                 "stats": stats}, rows_to_bytes(result.out)
 
-    def _record(self, model_id: str, report: ForwardReport, view: View, forward_id: str) -> None:
-        """Penalties, latencies, kept receipts and the settlement go to the control plane after the
-        answer, never delaying it."""
+    def _record(self, model_id: str, report: ForwardReport, view: View, forward_id: str,
+                forward_stats: dict[str, Any], *, tokens: int, missing: int) -> None:
+        """Penalties, latencies, kept receipts, the settlement and the forward's stats go to the
+        control plane after the answer, never delaying it."""
         until = time.monotonic() + settings.TENZRO_FORWARD_FAILURE_COOLDOWN_S
         for failure in report.failures:
             self._cooling[failure.provider] = until
@@ -197,6 +204,8 @@ class DistributedForward:
         latencies = {pid: float(np.median(s.overheads_s or s.latencies_s)) * 1000.0
                      for pid, s in report.holders.items() if s.latencies_s}
         remote = {pid: s for pid, s in report.holders.items() if pid != self.self_id and s.receipts}
+        self._write(lambda: services.forward_stats_record(forward_id=forward_id, model_id=model_id, tokens=tokens,
+                                                          stats=forward_stats, missing=missing))
         if not report.failures and not remote:
             return
         providers, holdings, _, _ = view
@@ -211,13 +220,20 @@ class DistributedForward:
                    for pid, s in sorted(remote.items())]
 
         def write() -> None:
-            close_old_connections()
             services.forward_outcome_record(model_id=model_id, failures=report.failures, latencies_ms=latencies,
                                             self_id=self.self_id)
             services.forward_work_record(forward_id=forward_id, router_id=self.self_id, model_id=model_id,
                                          kept=kept, holders=holders)
 
-        future = asyncio.get_running_loop().run_in_executor(self._db, write)
+        self._write(write)
+
+    def _write(self, work: Callable[[], Any]) -> None:
+        """Run `work` on the database thread, off the event loop; a failure is logged (_written)."""
+        def run() -> None:
+            close_old_connections()
+            work()
+
+        future = asyncio.get_running_loop().run_in_executor(self._db, run)
         self._writes.add(future)
         future.add_done_callback(self._written)
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.db.models import Count
 
-from apps.forward.models import HolderPenalty
+from apps.forward.models import ForwardRecord, HolderPenalty
 
 
 def penalties_by_provider() -> dict[str, dict[str, int]]:
@@ -21,3 +21,16 @@ def penalties_by_provider() -> dict[str, dict[str, int]]:
 def penalties_recent(limit: int = 50) -> list[dict[str, Any]]:
     return list(HolderPenalty.objects.values("provider_id", "reason", "message", "model_id", "layer", "expert",
                                              "rows", "at")[:limit])
+
+
+def forward_record_to_dict(record: ForwardRecord) -> dict[str, Any]:
+    return {"forward_id": record.forward_id, "model_id": record.model_id, "tokens": record.tokens, "ok": record.ok,
+            "elapsed_ms": record.elapsed_ms, "batches": record.batches, "retries": record.retries,
+            "replans": record.replans, "hedges_fired": record.hedges_fired, "missing": record.missing,
+            "holders": record.stats.get("holders", []), "failures": record.stats.get("failures", []),
+            "at": record.at.isoformat()}
+
+
+def forwards_recent(*, limit: int = 50) -> list[dict[str, Any]]:
+    """The most recent forwards this node routed, newest first (one query)."""
+    return [forward_record_to_dict(r) for r in ForwardRecord.objects.all()[:limit]]

@@ -7,10 +7,13 @@ from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from apps.forward.engine import Failure
-from apps.forward.models import HolderPenalty
+from apps.forward.models import ForwardRecord, HolderPenalty
+from apps.forward.selectors import forward_record_to_dict
+from apps.forward.signals import forward_recorded
 from apps.governance.selectors import policy_active
 from apps.providers.services import provider_latency_record
 from apps.receipts.services import receipt_record_many
@@ -60,3 +63,22 @@ def forward_work_record(*, forward_id: str, router_id: str, model_id: str, kept:
             receipt_record_many(router_id=router_id, kept=kept)
         if holders:
             settlement_enqueue(forward_id=forward_id, router_id=router_id, model_id=model_id, holders=holders)
+
+
+def forward_stats_record(*, forward_id: str, model_id: str, tokens: int, stats: dict[str, Any],
+                         missing: int) -> ForwardRecord:
+    """One forward's stats (handlers._stats' dict) as a ForwardRecord; rows beyond the newest
+    TENZRO_FORWARD_RECORDS_KEPT are deleted; forward_recorded is sent once it commits."""
+    with transaction.atomic():
+        record = ForwardRecord.objects.create(
+            forward_id=forward_id, model_id=model_id, tokens=tokens, ok=missing == 0,
+            elapsed_ms=stats.get("elapsed_ms"),
+            batches=stats.get("batches", 0), retries=stats.get("retries", 0), replans=stats.get("replans", 0),
+            hedges_fired=stats.get("hedges_fired", 0), missing=missing, stats=stats)
+        # Ids grow with time: everything below the Nth newest id goes (one query for the bound, one delete).
+        bound = ForwardRecord.objects.values_list("id", flat=True)[settings.TENZRO_FORWARD_RECORDS_KEPT:][:1]
+        if bound:
+            ForwardRecord.objects.filter(id__lte=bound[0]).delete()
+        view = forward_record_to_dict(record)
+        transaction.on_commit(lambda: forward_recorded.send(sender=ForwardRecord, forward=view))
+    return record

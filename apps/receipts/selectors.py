@@ -11,7 +11,7 @@ RECEIPT_LIST_FIELDS = ("id", "commitment_hash", "provider_id", "model_id", "laye
 
 
 def receipts_list(*, model_id: str | None = None, provider_id: str | None = None, limit: int = 50,
-                  commitment_hashes: list[str] | None = None) -> list[dict[str, Any]]:
+                  commitment_hashes: list[str] | None = None, expert: int | None = None) -> list[dict[str, Any]]:
     """The most recent kept receipts (one query), newest first, with their dispute's state if any."""
     rows = Receipt.objects.all()
     if commitment_hashes is not None:
@@ -20,6 +20,8 @@ def receipts_list(*, model_id: str | None = None, provider_id: str | None = None
         rows = rows.filter(model_id=model_id)
     if provider_id:
         rows = rows.filter(provider_id=provider_id)
+    if expert is not None:
+        rows = rows.filter(expert=expert)
     out = []
     for row in rows.values(*RECEIPT_LIST_FIELDS)[:limit]:
         row["dispute"] = row.pop("dispute__state")

@@ -34,7 +34,7 @@ from apps.governance.selectors import policy_active
 from apps.receipts.commitment import SignedReceipt, signature_valid, sketch_rows
 from apps.receipts.models import Dispute, DisputeState, Receipt
 from apps.receipts.selectors import receipts_list
-from apps.receipts.signals import receipts_kept
+from apps.receipts.signals import dispute_decided, receipts_kept
 from apps.receipts.verdict import compare_sketch
 from apps.reputation.services import reputation_penalize
 
@@ -143,6 +143,9 @@ def dispute_run(*, dispute_id: int) -> Dispute:
             reputation_penalize(provider_id=receipt.provider_id, amount=Decimal(str(penalty)), reason="fraud",
                                 ref=f"dispute:{locked.pk}", fraud=True)
         locked.save()
+        decided = {"receipt_id": receipt.pk, "dispute_id": locked.pk, "state": locked.state,
+                   "difference": locked.difference, "tolerance": locked.tolerance}
+        transaction.on_commit(lambda: dispute_decided.send(sender=Dispute, **decided))
     logger.info("dispute %s of receipt %s: %s (%s)", dispute_id, receipt.commitment_hash[:16], locked.state,
                 locked.detail)
     return locked

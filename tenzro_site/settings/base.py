@@ -63,6 +63,8 @@ TENZRO_FORWARD_HEDGE_DEFAULT_S = env_float("TENZRO_FORWARD_HEDGE_DEFAULT_S", 0.5
 TENZRO_FORWARD_HEDGE_FLOOR_S = env_float("TENZRO_FORWARD_HEDGE_FLOOR_S", 0.005)
 # A holder that failed or stalled in a forward is planned last for this long.
 TENZRO_FORWARD_FAILURE_COOLDOWN_S = env_float("TENZRO_FORWARD_FAILURE_COOLDOWN_S", 30.0)
+# The dashboard's Forwards page: this many of the most recent forwards' stats are kept.
+TENZRO_FORWARD_RECORDS_KEPT = env_int("TENZRO_FORWARD_RECORDS_KEPT", 500)
 # Receipts (docs/protocol.md, "Receipts"): this holder signs each moe/execute answer with its
 # node key (off: it serves receiptless, and remote routers refuse its answers); a router asks
 # holders to commit to this many features per row, and a dispute tolerates an honest holder's
@@ -109,6 +111,9 @@ TENZRO_BLOB_MAX_BYTES = env_int("TENZRO_BLOB_MAX_BYTES", 4 * 1024**3)
 TENZRO_BLOB_GC_MIN_AGE_S = env_int("TENZRO_BLOB_GC_MIN_AGE_S", 600)
 # Seconds a prepare job's lock lives without progress (renewed after every expert).
 TENZRO_PREPARE_LOCK_TTL_S = env_int("TENZRO_PREPARE_LOCK_TTL_S", 120)
+# Dashboard pushes of a running prepare job's progress: at most one per this many seconds per job
+# (state changes always push).
+TENZRO_PREPARE_PUSH_INTERVAL_S = env_float("TENZRO_PREPARE_PUSH_INTERVAL_S", 0.5)
 REDIS_URL = env_str("REDIS_URL", DEFAULT_REDIS_URL)
 
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", "") or read_or_create_secret(TENZRO_DATA_DIR / "django.secret")

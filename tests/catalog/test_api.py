@@ -30,7 +30,8 @@ def test_prepare_queues_the_task_only_on_commit(client, django_capture_on_commit
                                                           "checkpoint": "/nowhere"}, **AUTH)
     job = answer["result"]
     assert job["state"] == "queued" and [e["expert"] for e in job["experts"]] == [1, 5]
-    assert len(callbacks) == 1  # the Celery task, sent after the row is committed
+    # After the row is committed: the Celery task, and the dashboards' prepare_progressed (queued).
+    assert len(callbacks) == 2
     assert PrepareJob.objects.get().experts == [1, 5]
 
 
@@ -76,7 +77,7 @@ def test_a_dense_job_defaults_to_every_slice(client, django_capture_on_commit_ca
     with django_capture_on_commit_callbacks() as callbacks:
         job = rpc(client, "tenzro_moePrepareExperts", {"model_id": "m", "layer": 0, "dense_slices": 3,
                                                        "quant": "q8_0", "checkpoint": "/ckpt"}, **AUTH)["result"]
-    assert len(callbacks) == 1
+    assert len(callbacks) == 2  # the task and the dashboards' push
     assert (job["dense_slices"], job["dense"], [e["expert"] for e in job["experts"]]) == (3, None, [0, 1, 2])
     subset = rpc(client, "tenzro_moePrepareExperts", {"model_id": "m", "layer": 0, "dense_slices": 3,
                                                       "experts": [2, 1], "checkpoint": "/ckpt"}, **AUTH)["result"]

@@ -1,0 +1,76 @@
+// Prepare page: a job is started by POSTing the form (CSRF token inside); its progress arrives
+// over the websocket as `prepare.progress` (coalesced by the node), blob URIs get copy buttons.
+import { onEvent } from "./live.js";
+import { copyText, flash, postForm } from "./util.js";
+
+const jobs = document.getElementById("jobs");
+
+function blobItem(label, uri) {
+  const li = document.createElement("li");
+  const name = document.createElement("span"); name.textContent = label;
+  const code = document.createElement("code"); code.textContent = uri;
+  const button = document.createElement("button");
+  button.type = "button"; button.className = "copy"; button.dataset.copy = uri; button.textContent = "copy";
+  li.append(name, " ", code, " ", button);
+  return li;
+}
+
+function showJob(job, onlyIfNew) {
+  let card = jobs.querySelector('article[data-job="' + job.job_id + '"]');
+  if (card && onlyIfNew) return;
+  if (!card) {
+    card = document.createElement("article");
+    card.className = "job"; card.dataset.job = job.job_id;
+    const h3 = document.createElement("h3");
+    const state = document.createElement("span"); state.className = "job-state";
+    h3.append(job.model_id + " layer " + job.layer + " ", state);
+    const bar = document.createElement("progress");
+    const count = document.createElement("span"); count.className = "job-count";
+    const list = document.createElement("ul"); list.className = "blobs";
+    card.append(h3, bar, " ", count, list);
+    jobs.querySelectorAll(".empty").forEach(function (e) { e.remove(); });
+    jobs.prepend(card);
+  }
+  const state = card.querySelector(".job-state");
+  state.textContent = job.state; state.className = "job-state state-" + job.state;
+  const bar = card.querySelector("progress");
+  bar.max = job.progress.total; bar.value = job.progress.done;
+  card.querySelector(".job-count").textContent = job.progress.done + " / " + job.progress.total;
+  card.querySelectorAll(".job-error").forEach(function (e) { e.remove(); });
+  if (job.error) {
+    const p = document.createElement("p"); p.className = "warn job-error";
+    p.textContent = job.error.reason + ": " + job.error.message;
+    card.querySelector("ul.blobs").before(p);
+  }
+  const items = [];
+  if (job.gate) items.push(blobItem("gate", job.gate.blob_uri));
+  job.experts.forEach(function (e) { if (e.blob_uri) items.push(blobItem("expert " + e.expert, e.blob_uri)); });
+  card.querySelector("ul.blobs").replaceChildren(...items);
+  flash(bar);
+}
+
+jobs.addEventListener("click", function (event) {
+  const button = event.target.closest("button.copy");
+  if (!button) return;
+  copyText(button.dataset.copy).then(function () { button.textContent = "copied"; },
+                                     function () { button.textContent = "select and copy"; });
+  setTimeout(function () { button.textContent = "copy"; }, 1500);
+});
+
+const form = document.getElementById("prepare-form");
+if (form) {
+  form.addEventListener("submit", function (event) {
+    event.preventDefault();
+    const error = document.getElementById("prepare-error");
+    error.hidden = true;
+    postForm(form).then(function (answer) {
+      if (answer.ok) { showJob(answer.data, true); return; }
+      const errors = answer.data.errors
+        ? Object.entries(answer.data.errors).map(function ([k, v]) { return k + ": " + v.map(function (e) { return e.message; }).join(" "); }).join("; ")
+        : (answer.data.message || "refused (" + answer.status + ")");
+      error.textContent = errors; error.hidden = false;
+    });
+  });
+}
+
+onEvent("prepare.progress", function (payload) { showJob(payload.job, false); });
