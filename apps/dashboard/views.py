@@ -3,6 +3,7 @@
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from apps.dashboard.access import dashboard_page
 from apps.governance.selectors import policy_active, policy_to_dict
 from apps.node.selectors import node_info, node_processes
 from apps.receipts.selectors import receipts_count, receipts_list
@@ -12,6 +13,7 @@ RECEIPTS_SHOWN = 20
 REPAIR_PASSES_SHOWN = 10
 
 
+@dashboard_page
 def home(request: HttpRequest) -> HttpResponse:
     context = {"node": node_info(), "processes": node_processes(), "policy": policy_to_dict(policy_active()),
                "receipts": receipts_list(limit=RECEIPTS_SHOWN), "receipts_total": receipts_count(),
