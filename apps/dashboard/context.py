@@ -10,6 +10,8 @@ from apps.node.selectors import node_identity
 
 # (path, label) of every page, in the navigation's order; a page is added here once it exists.
 NAV_PAGES: list[tuple[str, str]] = [("/", "Node")]
+NAV_PAGES.append(("/network/", "Network"))
+NAV_PAGES.append(("/runtime/", "Runtime"))
 
 
 def dashboard(request: HttpRequest) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from apps.providers.gossip import Gossip, Limits, parse_digest
 from apps.providers.models import GossipCount, Provider, Reachability
 from apps.providers.records import ProviderRecord, SignedRecord, sign_heartbeat, sign_record
 from apps.providers.selectors import announcement
+from apps.providers.signals import providers_changed
 
 
 def now_ms() -> int:
@@ -52,12 +53,20 @@ def _count(verdicts: Counter[str]) -> None:
                 GossipCount.objects.filter(verdict=verdict).update(count=F("count") + n)
 
 
+def _announce(*, engine: Gossip, removed: Sequence[str] = ()) -> None:
+    """Inside a merge's transaction: once it commits, say which providers it stored or dropped."""
+    changed = sorted(getattr(engine.store, "stored_records", ()))
+    if changed or removed:
+        transaction.on_commit(lambda: providers_changed.send(sender=Provider, changed=changed, removed=list(removed)))
+
+
 def gossip_receive(*, records: Sequence[Any], heartbeats: Sequence[Any]) -> dict[str, int]:
     """Merge a push (or a sync answer, or an ack2); returns the verdict counts of this message."""
     with transaction.atomic():
         engine = gossip_engine(lock=True)
         verdicts = engine.receive(records, heartbeats, now_ms=now_ms())
         _count(verdicts)
+        _announce(engine=engine)
     return dict(verdicts)
 
 
@@ -67,6 +76,7 @@ def gossip_answer_push(*, message: dict[str, Any]) -> dict[str, Any]:
         engine = gossip_engine(lock=True)
         answer = engine.answer_push(message, now_ms=now_ms())
         _count(Counter(answer["verdicts"]))
+        _announce(engine=engine)
     return answer
 
 
@@ -91,6 +101,7 @@ def gossip_expire() -> list[str]:
         engine = gossip_engine(lock=True)
         gone = engine.expire(now_ms=now_ms())
         _count(Counter({"expired_removed": len(gone)}))
+        _announce(engine=engine, removed=gone)
     return gone
 
 
@@ -140,6 +151,8 @@ def local_record_refresh() -> SignedRecord | None:
         beat = sign_heartbeat(provider_id=identity.provider_id, seq=record_now.seq, at_ms=at,
                               key=identity.signing_key)
         engine.issue(record_now, beat)
+        if signed is not None:  # this node's own record changed (roles, endpoints, holdings)
+            _announce(engine=engine)
     return signed
 
 

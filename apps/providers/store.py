@@ -65,6 +65,8 @@ class DbStore:
         """`lock`: read rows FOR UPDATE (callers hold a transaction) so a merge sees no race."""
         self.self_id = self_id
         self._lock = lock
+        # Provider ids whose record this store wrote (created or newer seq): what a merge changed.
+        self.stored_records: set[str] = set()
 
     def _rows(self):
         rows = Provider.objects.all()
@@ -114,6 +116,7 @@ class DbStore:
             Provider.objects.bulk_update(update, [*_LIVENESS_FIELDS, *_RECORD_FIELDS])
         if replaced:
             self._replace_holdings(replaced)
+            self.stored_records.update(e.provider_id for e in replaced)
 
     def _replace_holdings(self, entries: Sequence[Entry]) -> None:
         ids = dict(Provider.objects.filter(provider_id__in=[e.provider_id for e in entries])
