@@ -6,7 +6,7 @@ import { onEvent } from "./live.js";
 const SPARK_POINTS = 60;
 const history = new Map();  // "model/layer/expert" -> [committed_tps, ...]
 
-function mib(b) { return (b / 1048576).toFixed(1) + " MiB"; }
+function size(b) { return b >= 1048576 ? (b / 1048576).toFixed(1) + " MiB" : (b / 1024).toFixed(1) + " KiB"; }
 
 function cell(row, text, className) {
   const td = document.createElement("td");
@@ -39,8 +39,10 @@ function showGauge(status) {
   document.getElementById("memory-arc").setAttribute("stroke-dasharray", pct + " 100");
   document.getElementById("memory-arc").setAttribute("stroke", pct > 90 ? "#c53030" : pct > 75 ? "#b7791f" : "#1f9d55");
   document.getElementById("memory-pct").textContent = pct + "%";
-  document.getElementById("memory-used").textContent = mib(status.memory_used_bytes);
-  document.getElementById("memory-budget").textContent = mib(budget);
+  const used = document.getElementById("memory-used");
+  used.textContent = size(status.memory_used_bytes);
+  used.dataset.bytes = String(status.memory_used_bytes);
+  document.getElementById("memory-budget").textContent = size(budget);
   document.getElementById("cpu-kernel").textContent = status.cpu_kernel || "–";
   document.getElementById("backend").textContent = status.backend || "–";
   document.getElementById("gpu-active").textContent = status.gpu_backend_active ? "active" : "inactive";
