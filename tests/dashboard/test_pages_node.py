@@ -67,29 +67,37 @@ def test_network_rows_fragment_returns_only_the_asked_rows() -> None:
     assert html.count("data-provider=") == 2 and "<html" not in html
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_gossip_merge_pushes_the_stored_ids_and_expiry_the_dropped_ones(pushes, settings) -> None:
-    ids = _gossip_providers(2)
+@pytest.mark.django_db
+def test_a_gossip_merge_pushes_the_stored_ids_and_expiry_the_dropped_ones(
+        pushes, settings, django_capture_on_commit_callbacks) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        ids = _gossip_providers(2)
     changed = [p for e, p in pushes if e == "network.changed"]
     assert sorted(pid for p in changed for pid in p["changed"]) == sorted(ids)
     pushes.clear()
-    provider_services.gossip_receive(records=[], heartbeats=[])  # nothing stored: nothing pushed
-    assert pushes == []
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        provider_services.gossip_receive(records=[], heartbeats=[])  # nothing stored: nothing pushed
+    assert (pushes, callbacks) == ([], [])
     settings.TENZRO_GOSSIP_TTL_S = -1  # everything is now too old
-    gone = provider_services.gossip_expire()
+    with django_capture_on_commit_callbacks(execute=True):
+        gone = provider_services.gossip_expire()
     assert sorted(gone) == sorted(ids)
     assert pushes == [("network.changed", {"changed": [], "removed": sorted(ids)})]
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_worker_publish_and_heartbeat_push_the_runtime_status(pushes) -> None:
+@pytest.mark.django_db
+def test_a_worker_publish_and_heartbeat_push_the_runtime_status(pushes, django_capture_on_commit_callbacks) -> None:
     import datetime as dt
     status = {"experts": [{"model_id": MODEL, "layer": 0, "expert": 1, "tier": "memory", "memory_bytes": 10,
                            "disk_bytes": 20, "d_model": 4, "d_ff": 8, "formats": {"w1": "q8_0"}, "blob_uri": None}],
               "gates": [], "memory_budget_bytes": 100, "memory_used_bytes": 10, "committed_tps": 7,
               "backend": "cpu", "cpu_kernel": "numpy", "gpu_backend_active": False}
-    worker_services.worker_state_publish(provider_id="p", pid=1, started_at=dt.datetime.now(dt.UTC), status=status)
-    worker_services.worker_state_heartbeat(pid=1, status={**status, "committed_tps": 9})
+    with django_capture_on_commit_callbacks(execute=True):
+        worker_services.worker_state_publish(provider_id="p", pid=1, started_at=dt.datetime.now(dt.UTC),
+                                             status=status)
+        assert pushes == []  # nothing before the commit
+    with django_capture_on_commit_callbacks(execute=True):
+        worker_services.worker_state_heartbeat(pid=1, status={**status, "committed_tps": 9})
     runtime = [p for e, p in pushes if e == "runtime.status"]
     assert [r["committed_tps"] for r in runtime] == [7, 9]
     assert runtime[0]["experts"][0]["expert"] == 1
