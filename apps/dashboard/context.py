@@ -9,9 +9,9 @@ from django.http import HttpRequest
 from apps.node.selectors import node_identity
 
 # (path, label) of every page, in the navigation's order; a page is added here once it exists.
-NAV_PAGES: list[tuple[str, str]] = [("/", "Node"), ("/shardmap/", "Shard map"), ("/dispatch/", "Dispatch"),
-                                    ("/forwards/", "Forwards"), ("/receipts/", "Receipts"), ("/prepare/", "Prepare"),
-                                    ("/repair/", "Repair")]
+NAV_PAGES: list[tuple[str, str]] = [("/", "Node"), ("/network/", "Network"), ("/runtime/", "Runtime"),
+                                    ("/shardmap/", "Shard map"), ("/dispatch/", "Dispatch"), ("/forwards/", "Forwards"),
+                                    ("/receipts/", "Receipts"), ("/prepare/", "Prepare"), ("/repair/", "Repair")]
 
 
 def dashboard(request: HttpRequest) -> dict[str, Any]:

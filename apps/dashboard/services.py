@@ -59,3 +59,18 @@ def push_prepare_progress(*, job: dict[str, Any], **_: Any) -> None:
 def push_forward_done(*, forward: dict[str, Any], **_: Any) -> None:
     """Receiver of forward's forward_recorded: the forwards page lists each forward as it ends."""
     dashboard_push(event="forward.done", payload={"forward": forward})
+
+
+def push_node_processes(*, processes: dict[str, Any], **_: Any) -> None:
+    """Receiver of node's node_processes_read: the node page's process list, pushed every tick."""
+    dashboard_push(event="node.processes", payload=processes)
+
+
+def push_runtime_status(*, status: dict[str, Any], **_: Any) -> None:
+    """Receiver of worker's worker_state_published: the runtime card/page, after each publish or heartbeat."""
+    dashboard_push(event="runtime.status", payload=status)
+
+
+def push_providers_changed(*, changed: list[str], removed: list[str], **_: Any) -> None:
+    """Receiver of providers' providers_changed: ids only; the network page fetches their rows."""
+    dashboard_push(event="network.changed", payload={"changed": changed, "removed": removed})

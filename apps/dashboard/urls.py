@@ -1,9 +1,12 @@
 from django.urls import path
 
-from apps.dashboard import pages_shards, pages_work, views
+from apps.dashboard import pages_node, pages_shards, pages_work, views
 
 urlpatterns = [
     path("", views.home, name="dashboard-home"),
+    path("network/", pages_node.network, name="dashboard-network"),
+    path("network/rows/", pages_node.network_rows, name="dashboard-network-rows"),
+    path("runtime/", pages_node.runtime, name="dashboard-runtime"),
     path("shardmap/", pages_shards.shardmap, name="dashboard-shardmap"),
     path("shardmap/data.json", pages_shards.shardmap_data, name="dashboard-shardmap-data"),
     path("shardmap/cell.json", pages_shards.shardmap_cell, name="dashboard-shardmap-cell"),

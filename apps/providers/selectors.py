@@ -119,3 +119,18 @@ def gossip_status() -> dict[str, Any]:
         "not_announced_as_holder": not_announced,
         "verdicts": dict(GossipCount.objects.values_list("verdict", "count")),
     }
+
+
+def provider_rows(provider_ids: list[str] | None = None) -> list[dict[str, Any]]:
+    """The gossip view as the dashboard's network page lists it: roles, endpoints, GPU flag, last
+    liveness (alive_ms), holdings count and reputation. Two queries whatever the number of providers
+    (providers with their holdings counted, then their scores); `provider_ids` narrows it."""
+    rows = Provider.objects.annotate(holdings_count=Count("holdings")).order_by("-is_self", "provider_id")
+    if provider_ids is not None:
+        rows = rows.filter(provider_id__in=provider_ids)
+    values = list(rows.values("provider_id", "is_self", "seq", "roles", "http_endpoint", "quic_endpoint", "moe_gpu",
+                              "alive_ms", "latency_ms", "holdings_count"))
+    scores = reputation_scores([v["provider_id"] for v in values]) if provider_ids is not None else reputation_scores()
+    for v in values:
+        v["reputation"] = scores.get(v["provider_id"], 0.0)
+    return values

@@ -22,7 +22,7 @@ from apps.providers.gossip import Gossip, Limits, parse_digest
 from apps.providers.models import GossipCount, Provider, Reachability
 from apps.providers.records import ProviderRecord, SignedRecord, sign_heartbeat, sign_record
 from apps.providers.selectors import announcement
-from apps.providers.signals import holdings_changed
+from apps.providers.signals import holdings_changed, providers_changed
 
 
 def now_ms() -> int:
@@ -43,14 +43,6 @@ def gossip_engine(*, lock: bool = False) -> Gossip:
     return Gossip(DbStore(self_id=self_id, lock=lock), self_id=self_id, limits=gossip_limits())
 
 
-def _announce_holdings(engine: Gossip) -> None:
-    """After this transaction commits, tell receivers (the dashboard) which models' holdings the
-    merge changed; a rolled-back merge announces nothing."""
-    changed = sorted(getattr(engine.store, "changed_models", ()))
-    if changed:
-        transaction.on_commit(lambda: holdings_changed.send(sender=Gossip, model_ids=changed))
-
-
 def _count(verdicts: Counter[str]) -> None:
     for verdict, n in verdicts.items():
         if n and not GossipCount.objects.filter(verdict=verdict).update(count=F("count") + n):
@@ -61,13 +53,25 @@ def _count(verdicts: Counter[str]) -> None:
                 GossipCount.objects.filter(verdict=verdict).update(count=F("count") + n)
 
 
+def _announce(*, engine: Gossip, removed: Sequence[str] = ()) -> None:
+    """Inside a merge's transaction: once it commits, say which providers it stored or dropped and
+    which models' holdings it changed (the dashboard's network page and shard map); a rolled-back
+    merge announces nothing."""
+    changed = sorted(getattr(engine.store, "stored_records", ()))
+    if changed or removed:
+        transaction.on_commit(lambda: providers_changed.send(sender=Provider, changed=changed, removed=list(removed)))
+    models = sorted(getattr(engine.store, "changed_models", ()))
+    if models:
+        transaction.on_commit(lambda: holdings_changed.send(sender=Gossip, model_ids=models))
+
+
 def gossip_receive(*, records: Sequence[Any], heartbeats: Sequence[Any]) -> dict[str, int]:
     """Merge a push (or a sync answer, or an ack2); returns the verdict counts of this message."""
     with transaction.atomic():
         engine = gossip_engine(lock=True)
         verdicts = engine.receive(records, heartbeats, now_ms=now_ms())
         _count(verdicts)
-        _announce_holdings(engine)
+        _announce(engine=engine)
     return dict(verdicts)
 
 
@@ -77,7 +81,7 @@ def gossip_answer_push(*, message: dict[str, Any]) -> dict[str, Any]:
         engine = gossip_engine(lock=True)
         answer = engine.answer_push(message, now_ms=now_ms())
         _count(Counter(answer["verdicts"]))
-        _announce_holdings(engine)
+        _announce(engine=engine)
     return answer
 
 
@@ -102,7 +106,7 @@ def gossip_expire() -> list[str]:
         engine = gossip_engine(lock=True)
         gone = engine.expire(now_ms=now_ms())
         _count(Counter({"expired_removed": len(gone)}))
-        _announce_holdings(engine)
+        _announce(engine=engine, removed=gone)
     return gone
 
 
@@ -152,7 +156,7 @@ def local_record_refresh() -> SignedRecord | None:
         beat = sign_heartbeat(provider_id=identity.provider_id, seq=record_now.seq, at_ms=at,
                               key=identity.signing_key)
         engine.issue(record_now, beat)
-        _announce_holdings(engine)
+        _announce(engine=engine)
     return signed
 
 

@@ -1,6 +1,12 @@
-"""Signals of the gossip view: the dashboard redraws a shard map without providers knowing it."""
+"""Signals of the gossip view: the dashboard shows membership and holdings changes live, without
+gossip knowing it."""
 
 from django.dispatch import Signal
+
+# Sent after a merge that stored new records, or an expiry that dropped providers, commits;
+# kwargs: changed (provider ids whose record was stored: new members or new seqs), removed
+# (provider ids dropped). Heartbeat-only merges send nothing: they are the bulk of gossip traffic.
+providers_changed = Signal()
 
 # Sent after a merge that changed some holdings commits; kwargs: model_ids (sorted list of str),
 # the models whose holders changed (added, replaced or removed).

@@ -68,6 +68,8 @@ class DbStore:
         # Models whose holdings this store changed (added, replaced or removed): the service
         # announces them once its transaction commits (the dashboard's live shard map).
         self.changed_models: set[str] = set()
+        # Provider ids whose record this store wrote (created or newer seq): what a merge changed.
+        self.stored_records: set[str] = set()
 
     def _rows(self):
         rows = Provider.objects.all()
@@ -120,6 +122,7 @@ class DbStore:
             Provider.objects.bulk_update(update, [*_LIVENESS_FIELDS, *_RECORD_FIELDS])
         if replaced:
             self._replace_holdings(replaced)
+            self.stored_records.update(e.provider_id for e in replaced)
 
     def _replace_holdings(self, entries: Sequence[Entry]) -> None:
         ids = dict(Provider.objects.filter(provider_id__in=[e.provider_id for e in entries])

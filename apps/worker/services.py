@@ -15,6 +15,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.worker.models import HeldExpert, HeldGate, Residency, WorkerState
+from apps.worker.selectors import worker_status_published
+from apps.worker.signals import worker_state_published
 
 _EXPERT_FIELDS = ("residency", "memory_bytes", "disk_bytes", "d_model", "d_ff", "formats", "blob_uri")
 _GATE_FIELDS = ("router", "n_routed", "n_shared_experts", "top_k", "d_model", "memory_bytes", "blob_uri")
@@ -77,7 +79,13 @@ def worker_state_publish(*, provider_id: str, pid: int, started_at: dt.datetime,
         "provider_id": provider_id, "pid": pid, "started_at": started_at, "published_at": now,
         **_state_values(status, now),
     })
+    transaction.on_commit(_announce)
     return changed
+
+
+def _announce() -> None:
+    """After a publish or heartbeat commits: send what a reader now sees (three queries)."""
+    worker_state_published.send(sender=WorkerState, status=worker_status_published())
 
 
 def worker_state_heartbeat(*, pid: int, status: dict[str, Any]) -> None:
@@ -85,6 +93,7 @@ def worker_state_heartbeat(*, pid: int, status: dict[str, Any]) -> None:
     now = timezone.now()
     values = _state_values(status, now)
     WorkerState.objects.filter(pk=1, pid=pid).update(**values)
+    transaction.on_commit(_announce)  # committed_tps and memory used move between publishes
 
 
 def worker_state_stopped(*, pid: int) -> None:

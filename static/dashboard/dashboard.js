@@ -1,5 +1,8 @@
-// The node page: policy changes, kept receipts and repair passes arrive over the websocket
-// (live.js); process states, the runtime and the network summary are still polled.
+// The node page: everything live arrives over the websocket (live.js), nothing is polled:
+// policy changes, kept receipts, repair passes, the process list (node.processes, every beat
+// tick), the runtime (runtime.status, each worker publish and heartbeat). The network summary is
+// fetched once per network.changed push (a gossip merge stored or dropped records). First paint
+// of the runtime and network cards comes from the server (json_script).
 import { onEvent } from "./live.js";
 
   function showPolicy(policy) {
@@ -106,13 +109,18 @@ import { onEvent } from "./live.js";
   onEvent("receipts.kept", function (payload) { showReceiptsKept(payload.receipts); });
   onEvent("repair.pass", function (payload) { showRepairPass(payload.pass); });
 
-  function poll() {
-    fetch("/api/node/processes").then(function (r) { return r.json(); }).then(showProcesses).catch(function () {});
-    fetch("/api/moe/status").then(function (r) { return r.ok ? r.json() : null; })
-      .then(function (s) { if (s) showRuntime(s); }).catch(function () {});
+  let gossipTimer = null;
+  function refreshNetwork() {
+    gossipTimer = null;
     fetch("/api/network/gossip").then(function (r) { return r.ok ? r.json() : null; })
       .then(function (s) { if (s) showNetwork(s); }).catch(function () {});
   }
 
-  poll();
-  setInterval(poll, 5000);
+  onEvent("node.processes", showProcesses);
+  onEvent("runtime.status", showRuntime);
+  onEvent("network.changed", function () {
+    if (gossipTimer === null) gossipTimer = setTimeout(refreshNetwork, 200);  // coalesce a burst of merges
+  });
+
+  showRuntime(JSON.parse(document.getElementById("runtime-initial").textContent));
+  showNetwork(JSON.parse(document.getElementById("gossip-initial").textContent));

@@ -223,6 +223,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "node-heartbeat": {"task": "tenzro.node.heartbeat", "schedule": env_int("TENZRO_HEARTBEAT_S", 10)},
+    # Open dashboards get the process list pushed this often (apps/node/services.py), never polled.
+    "dashboard-processes": {"task": "tenzro.node.processes_announce",
+                            "schedule": env_float("TENZRO_DASHBOARD_PROCESSES_S", 3.0)},
     "gossip-round": {"task": "tenzro.providers.gossip_round", "schedule": TENZRO_GOSSIP_INTERVAL_S},
     # The repair interval is the governance policy's, read at every tick (apps/repair/services.py).
     "repair-tick": {"task": "tenzro.repair.tick", "schedule": TENZRO_REPAIR_TICK_S},

@@ -1,0 +1,45 @@
+"""The network and runtime pages: server-rendered first paint, then live over the websocket (live.js)."""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from apps.dashboard.access import dashboard_page
+from apps.providers.selectors import provider_rows
+from apps.worker.selectors import worker_status_published
+
+# A network.changed push names at most this many ids; more is a whole-view refresh anyway.
+MAX_IDS_PER_FETCH = 200
+
+
+def _network_context(rows: list[dict]) -> dict:
+    now_ms = int(time.time() * 1000)
+    for row in rows:
+        row["age_s"] = max(0.0, (now_ms - row["alive_ms"]) / 1000)
+    return {"providers": rows, "now_ms": now_ms, "ttl_s": settings.TENZRO_GOSSIP_TTL_S}
+
+
+@dashboard_page
+def network(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/network.html", _network_context(provider_rows()))
+
+
+@dashboard_page
+def network_rows(request: HttpRequest) -> HttpResponse:
+    """The rows of the providers named in ?ids=a,b (all of them without ?ids): what network.js
+    fetches after a network.changed push. Ids not in the view come back as no row."""
+    raw = request.GET.get("ids")
+    ids = None if raw is None else [i for i in raw.split(",") if i][:MAX_IDS_PER_FETCH]
+    return render(request, "dashboard/_network_rows.html", _network_context(provider_rows(ids)))
+
+
+@dashboard_page
+def runtime(request: HttpRequest) -> HttpResponse:
+    status = worker_status_published()
+    budget = status["memory_budget_bytes"]
+    context = {"status": status, "used_pct": round(100 * status["memory_used_bytes"] / budget, 1) if budget else 0}
+    return render(request, "dashboard/runtime.html", context)

@@ -1,0 +1,210 @@
+"""The node, network and runtime pages: server-rendered (Django test client, bounded queries), what
+their services push on commit, and live in a real browser against real nodes (no polling)."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from django.test import Client
+from playwright.sync_api import expect
+
+from apps.providers import services as provider_services
+from apps.providers.records import Holding as RecordHolding
+from apps.worker import services as worker_services
+from testkit.nodes import TOKEN
+from testkit.records import new_key, signed_record
+from tests.dashboard.test_browser import page  # noqa: F401  (the Playwright page fixture)
+from tests.experts.factories import expert_payload, expert_weights
+
+SCREENSHOTS = Path(__file__).resolve().parents[1] / "e2e" / "screenshots"
+MODEL = "test/moe-tiny"
+
+
+@pytest.fixture
+def pushes(monkeypatch):
+    sent: list[tuple[str, dict]] = []
+    monkeypatch.setattr("apps.dashboard.services.dashboard_push",
+                        lambda *, event, payload: sent.append((event, payload)))
+    return sent
+
+
+def _gossip_providers(n: int) -> list[str]:
+    now = provider_services.now_ms()
+    envelopes, ids = [], []
+    for seed in range(n):
+        key = new_key(1000 + seed)
+        holdings = tuple(RecordHolding(MODEL, 0, e, "Warm", 800, None) for e in range(seed % 3))
+        envelopes.append(signed_record(key, seq=now, at_ms=now, holdings=holdings).envelope())
+        ids.append(key.verify_key.encode().hex())
+    for start in range(0, n, 20):  # a message carries a bounded number of records
+        provider_services.gossip_receive(records=envelopes[start:start + 20], heartbeats=[])
+    return ids
+
+
+# -- Django test client ------------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_network_page_lists_every_provider_in_bounded_queries(django_assert_max_num_queries) -> None:
+    ids = _gossip_providers(50)
+    with django_assert_max_num_queries(6):
+        response = Client().get("/network/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert html.count("data-provider=") == 50
+    for pid in ids[:3]:
+        assert f'data-provider="{pid}"' in html
+    assert 'href="/network/"' in html and 'href="/runtime/"' in html  # in the navigation
+
+
+@pytest.mark.django_db
+def test_network_rows_fragment_returns_only_the_asked_rows() -> None:
+    ids = _gossip_providers(3)
+    html = Client().get("/network/rows/", {"ids": ",".join(ids[:2]) + ",unknown"}).content.decode()
+    assert html.count("data-provider=") == 2 and "<html" not in html
+
+
+@pytest.mark.django_db
+def test_a_gossip_merge_pushes_the_stored_ids_and_expiry_the_dropped_ones(
+        pushes, settings, django_capture_on_commit_callbacks) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        ids = _gossip_providers(2)
+    changed = [p for e, p in pushes if e == "network.changed"]
+    assert sorted(pid for p in changed for pid in p["changed"]) == sorted(ids)
+    pushes.clear()
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        provider_services.gossip_receive(records=[], heartbeats=[])  # nothing stored: nothing pushed
+    assert (pushes, callbacks) == ([], [])
+    settings.TENZRO_GOSSIP_TTL_S = -1  # everything is now too old
+    with django_capture_on_commit_callbacks(execute=True):
+        gone = provider_services.gossip_expire()
+    assert sorted(gone) == sorted(ids)
+    assert pushes == [("network.changed", {"changed": [], "removed": sorted(ids)})]
+
+
+@pytest.mark.django_db
+def test_a_worker_publish_and_heartbeat_push_the_runtime_status(pushes, django_capture_on_commit_callbacks) -> None:
+    import datetime as dt
+    status = {"experts": [{"model_id": MODEL, "layer": 0, "expert": 1, "tier": "memory", "memory_bytes": 10,
+                           "disk_bytes": 20, "d_model": 4, "d_ff": 8, "formats": {"w1": "q8_0"}, "blob_uri": None}],
+              "gates": [], "memory_budget_bytes": 100, "memory_used_bytes": 10, "committed_tps": 7,
+              "backend": "cpu", "cpu_kernel": "numpy", "gpu_backend_active": False}
+    with django_capture_on_commit_callbacks(execute=True):
+        worker_services.worker_state_publish(provider_id="p", pid=1, started_at=dt.datetime.now(dt.UTC),
+                                             status=status)
+        assert pushes == []  # nothing before the commit
+    with django_capture_on_commit_callbacks(execute=True):
+        worker_services.worker_state_heartbeat(pid=1, status={**status, "committed_tps": 9})
+    runtime = [p for e, p in pushes if e == "runtime.status"]
+    assert [r["committed_tps"] for r in runtime] == [7, 9]
+    assert runtime[0]["experts"][0]["expert"] == 1
+
+
+@pytest.mark.django_db
+def test_runtime_page_renders_the_published_state() -> None:
+    import datetime as dt
+    status = {"experts": [{"model_id": MODEL, "layer": 2, "expert": 5, "tier": "disk", "memory_bytes": 0,
+                           "disk_bytes": 2048, "d_model": 4, "d_ff": 8, "formats": {"w1": "q8_0"}, "blob_uri": None}],
+              "gates": [], "memory_budget_bytes": 1000, "memory_used_bytes": 250, "committed_tps": 3,
+              "backend": "cpu", "cpu_kernel": "numpy", "gpu_backend_active": False}
+    worker_services.worker_state_publish(provider_id="p", pid=1, started_at=dt.datetime.now(dt.UTC), status=status)
+    html = Client().get("/runtime/").content.decode()
+    assert 'data-key="test/moe-tiny/2/5"' in html and "25.0%" in html and 'id="runtime-initial"' in html
+
+
+@pytest.mark.django_db
+def test_pages_need_login_when_the_dashboard_is_not_public(settings) -> None:
+    settings.TENZRO_DASHBOARD_PUBLIC = False
+    for path in ("/", "/network/", "/network/rows/", "/runtime/"):
+        response = Client().get(path)
+        assert response.status_code == 302 and response["Location"].startswith("/accounts/login/"), path
+
+
+# -- real browser, real nodes ------------------------------------------------------------------
+
+def _watch(page) -> tuple[list[str], list[str]]:  # noqa: F811
+    errors: list[str] = []
+    requests: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: requests.append(r.url))
+    page.on("response", lambda r: errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    return errors, requests
+
+
+def _screenshots(page, name: str) -> None:  # noqa: F811
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for width in (1280, 390):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.wait_for_timeout(200)
+        page.screenshot(path=str(SCREENSHOTS / f"{name}-{width}.png"), full_page=True)
+        assert page.evaluate("document.documentElement.scrollWidth") <= width + 4, (name, width)
+
+
+@pytest.mark.e2e
+@pytest.mark.browser
+def test_node_page_process_list_is_pushed_not_polled(start_node, page) -> None:  # noqa: F811
+    node = start_node()
+    errors, requests = _watch(page)
+    page.goto(node.url + "/")
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live", timeout=15000)
+    up = page.locator('#processes tr[data-process="web"] td').nth(3)
+    first = up.text_content()
+    expect(up).not_to_have_text(first, timeout=15000)  # a node.processes push, no reload
+    page.wait_for_timeout(6000)  # longer than the old 5 s poll
+    # Processes and the runtime are never fetched; the gossip summary only after a network.changed push.
+    polled = [u for u in requests if "/api/node/processes" in u or "/api/moe/status" in u]
+    assert polled == [], polled
+    _screenshots(page, "node")
+    assert errors == [], errors
+
+
+@pytest.mark.e2e
+@pytest.mark.browser
+def test_network_page_shows_a_joining_node_live(start_node, page) -> None:  # noqa: F811
+    first = start_node()
+    errors, _ = _watch(page)
+    page.goto(first.url + "/network/")
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live", timeout=15000)
+    rows = page.locator("#providers tbody tr[data-provider]")
+    before = rows.count()
+    second = start_node(peers=[first.url])
+    second_id = second.result("tenzro_nodeInfo")["provider_id"]
+    expect(page.locator(f'#providers tr[data-provider="{second_id}"]')).to_have_count(1, timeout=45000)
+    assert rows.count() >= max(before, 1)
+    expect(page.locator(f'#providers tr[data-provider="{second_id}"] td').nth(2)).to_contain_text("127.0.0.1")
+    _screenshots(page, "network")
+    assert errors == [], errors
+
+
+@pytest.mark.e2e
+@pytest.mark.browser
+def test_runtime_page_shows_a_loaded_expert_live(start_node, page) -> None:  # noqa: F811
+    node = start_node()
+    errors, _ = _watch(page)
+    page.goto(node.url + "/runtime/")
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live", timeout=15000)
+    expect(page.locator("#runtime-experts tbody tr.empty")).to_have_count(1)
+    rng = np.random.default_rng(0)
+    payload = expert_payload(expert_weights(rng, 64, 32), expert=3, quant="q8_0")
+    node.result("tenzro_moeExpertLoad", {"payload": base64.b64encode(payload).decode()}, token=TOKEN)
+    row = page.locator("#runtime-experts tbody tr[data-key]")
+    expect(row).to_have_count(1, timeout=15000)
+    expect(row.locator("td").nth(2)).to_have_text("3")
+    expect(row.locator("td").nth(3)).to_have_text("memory")
+    expect(page.locator("#memory-used")).not_to_have_attribute("data-bytes", "0")
+    # Heartbeats keep adding committed_tps points to the sparkline (every TENZRO_WORKER_HEARTBEAT_S).
+    expect(row.locator("svg.spark")).to_have_attribute("data-points", "2", timeout=15000)
+    _screenshots(page, "runtime")
+    assert errors == [], errors
+
+
+@pytest.mark.e2e
+def test_anonymous_is_sent_to_login_when_the_dashboard_is_private(start_node) -> None:
+    node = start_node(env={"TENZRO_DASHBOARD_PUBLIC": "0"})
+    response = httpx.get(node.url + "/network/", follow_redirects=False)
+    assert response.status_code == 302
+    assert response.headers["location"].startswith("/accounts/login/?next=/network/")
