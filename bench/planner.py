@@ -33,7 +33,6 @@ bench/results/planner.json under their names.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +48,7 @@ from testkit.records import holdings as record_holdings
 from testkit.records import new_key, signed_record
 from testkit.shard_views import MODEL, POLICY, routings_json, routings_pairs, skewed_routings, synthetic_view
 
-from .report import print_table, write_results
+from .report import print_table, timed, write_results
 
 PLAN_TARGET_S = 0.020
 SHARD_MAP_TARGET_S = 1.0
@@ -75,30 +74,6 @@ QWEN3_30B = Model("Qwen3-30B-A3B", layers=48, routed=128, top_k=8, shared=0)
 KIMI_K3 = Model("Kimi-K3-sized", layers=61, routed=896, top_k=16, shared=2)
 # The issue's planning target is stated for top-8 on both layers; Kimi K3 itself routes 16.
 KIMI_K3_TOP8 = Model("Kimi-K3-sized", layers=61, routed=896, top_k=8, shared=2)
-
-
-@dataclass(frozen=True)
-class Timing:
-    median_s: float  # wall clock
-    best_s: float  # wall clock
-    cpu_s: float  # median process CPU time: what a busy machine inflates least (time waiting for a core is not in it)
-
-    def cell(self) -> str:
-        return f"{self.median_s * 1e3:.4g} [{self.best_s * 1e3:.4g}] cpu {self.cpu_s * 1e3:.4g}"
-
-    def to_dict(self) -> dict[str, float]:
-        return {"median_ms": self.median_s * 1e3, "best_ms": self.best_s * 1e3, "cpu_median_ms": self.cpu_s * 1e3}
-
-
-def timed(fn: Callable[[], Any], repeat: int) -> tuple[Timing, Any]:
-    """Timing of `repeat` calls, and the last call's result."""
-    wall, cpu, result = [], [], None
-    for _ in range(repeat):
-        t0, c0 = time.perf_counter(), time.process_time()
-        result = fn()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return Timing(float(np.median(wall)), min(wall), float(np.median(cpu))), result
 
 
 def view_of(model: Model, seed: int):

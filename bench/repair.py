@@ -27,7 +27,6 @@ import hashlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ import numpy as np
 from apps.experts.backends import cpu_isa
 from apps.repair.selection import ExpertView, RepairRules, _keys, _scores, key64, select_repairs
 
-from .report import print_table, write_results
+from .report import print_table, timed, write_results
 
 TARGET_S = 0.5
 LAYERS, EXPERTS = 61, 898  # Kimi K3: 896 routed + 2 shared per layer (bench/planner.py's KIMI_K3)
@@ -46,30 +45,6 @@ MODEL_ID = "kimi-k3"
 BLOB = "tenzro://blob/" + "0" * 64
 REPEAT = 5
 MASK = (1 << 64) - 1
-
-
-@dataclass(frozen=True)
-class Timing:
-    median_s: float  # wall clock
-    best_s: float  # wall clock
-    cpu_s: float  # median process CPU time
-
-    def cell(self) -> str:
-        return f"{self.median_s * 1e3:.4g} [{self.best_s * 1e3:.4g}] cpu {self.cpu_s * 1e3:.4g}"
-
-    def to_dict(self) -> dict[str, float]:
-        return {"median_ms": self.median_s * 1e3, "best_ms": self.best_s * 1e3, "cpu_median_ms": self.cpu_s * 1e3}
-
-
-def timed(fn: Callable[[], Any], repeat: int) -> tuple[Timing, Any]:
-    """Timing of `repeat` calls, and the last call's result."""
-    wall, cpu, result = [], [], None
-    for _ in range(repeat):
-        t0, c0 = time.perf_counter(), time.process_time()
-        result = fn()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return Timing(float(np.median(wall)), min(wall), float(np.median(cpu))), result
 
 
 def providers(rng: np.random.Generator) -> list[str]:

@@ -10,8 +10,12 @@ from __future__ import annotations
 import json
 import platform
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -47,3 +51,27 @@ def write_results(name: str, payload: dict[str, Any]) -> Path:
     path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
     print(f"\nwrote {path.relative_to(RESULTS_DIR.parent.parent)}")
     return path
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_s: float  # wall clock
+    best_s: float  # wall clock
+    cpu_s: float  # median process CPU time: what a busy machine inflates least (time waiting for a core is not in it)
+
+    def cell(self) -> str:
+        return f"{self.median_s * 1e3:.4g} [{self.best_s * 1e3:.4g}] cpu {self.cpu_s * 1e3:.4g}"
+
+    def to_dict(self) -> dict[str, float]:
+        return {"median_ms": self.median_s * 1e3, "best_ms": self.best_s * 1e3, "cpu_median_ms": self.cpu_s * 1e3}
+
+
+def timed(fn: Callable[[], Any], repeat: int) -> tuple[Timing, Any]:
+    """Timing of `repeat` calls, and the last call's result."""
+    wall, cpu, result = [], [], None
+    for _ in range(repeat):
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = fn()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return Timing(float(np.median(wall)), min(wall), float(np.median(cpu))), result
