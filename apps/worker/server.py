@@ -11,6 +11,7 @@ method (apps/worker/doors.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -41,6 +42,7 @@ from apps.worker.client import WORKER_CHANNEL
 from apps.worker.control_plane import ControlPlaneView
 from apps.worker.doors import CallContext, Door, MethodTable, WorkerParts, contributed_handlers
 from apps.worker.publisher import StatePublisher
+from apps.worker.warmup import warm_kernels
 from tenzro_site.settings.env import split_host_port
 
 logger = logging.getLogger("tenzro.worker")
@@ -187,6 +189,11 @@ class WorkerServer:
                     status["memory_budget_bytes"], status["backend"], status["cpu_kernel"])
         self._spawn(self.publisher.run())
         await self.publisher.flush(timeout_s=30.0)  # readers see this run's holdings from the start
+        started = time.monotonic()  # compile the kernels before the doors open (apps/worker/warmup.py)
+        seconds = await self._loop.run_in_executor(self.executor, functools.partial(
+            warm_kernels, self.runtime.backend, receipt_topk=settings.TENZRO_RECEIPT_TOPK))
+        logger.info("kernels warm in %.2f s (%s)", time.monotonic() - started,
+                    ", ".join(f"{path} {s:.2f}" for path, s in seconds.items()))
         host, port = split_host_port(settings.TENZRO_QUIC, what="TENZRO_QUIC")
         self._quic = await start_server(
             host=host, port=port, cert_path=str(self.identity.cert_path), key_path=str(self.identity.cert_key_path),

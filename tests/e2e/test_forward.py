@@ -2,7 +2,9 @@
 
 Node a gates (it holds both layers' gates) and holds experts itself; b, c and d hold the rest.
 Expert e of each layer is held by nodes[e % 4] and nodes[(e + 1) % 4]. b advertises only HTTP
-(its QUIC endpoint is announced on a port nobody serves, so the dial-back refuses it). The
+(its QUIC endpoint is announced on a port nobody serves, so the dial-back refuses it); it alone
+holds the experts of a third model, so that its HTTP path is exercised whatever the planner's
+latency estimates prefer for the shared experts. The
 reference is the single-node local forward: the same runtime code in this process holding
 every expert (ExpertRuntime.forward_local).
 """
@@ -26,6 +28,7 @@ from tests.experts.factories import deepseek_gate, expert_payload, expert_weight
 pytestmark = pytest.mark.e2e
 D_MODEL, D_FF, N_ROUTED, TOP_K = 64, 32, 8, 2
 QWEN, DEEPSEEK = "test/qwen3-moe-tiny", "test/deepseek-v3-tiny"
+HTTP_ONLY, N_HTTP_ONLY = "test/qwen3-moe-http-only", 4  # held by b alone
 # Killed holders stay in the view (TTL 60 s): the forward itself must route around them.
 ENV = {**FAST, "TENZRO_GOSSIP_TTL_S": "60", "TENZRO_FORWARD_ATTEMPT_TIMEOUT_S": "10",
        "TENZRO_FORWARD_HEDGE_DEFAULT_S": "0.5", "TENZRO_FORWARD_FAILURE_COOLDOWN_S": "15"}
@@ -44,9 +47,12 @@ class Layers:
             QWEN: qwen_gate(rng, d_model=D_MODEL, n_routed=N_ROUTED, top_k=TOP_K, norm=True, model_id=QWEN)[0],
             DEEPSEEK: deepseek_gate(rng, d_model=D_MODEL, n_routed=N_ROUTED, top_k=TOP_K, n_group=4, topk_group=2,
                                     n_shared=1, model_id=DEEPSEEK)[0],
+            HTTP_ONLY: qwen_gate(rng, d_model=D_MODEL, n_routed=N_HTTP_ONLY, top_k=TOP_K, norm=True,
+                                 model_id=HTTP_ONLY)[0],
         }
         self.experts = {(model, e): expert_payload(expert_weights(rng, D_MODEL, D_FF), expert=e, model_id=model)
-                        for model, n in ((QWEN, N_ROUTED), (DEEPSEEK, N_ROUTED + 1)) for e in range(n)}
+                        for model, n in ((QWEN, N_ROUTED), (DEEPSEEK, N_ROUTED + 1), (HTTP_ONLY, N_HTTP_ONLY))
+                        for e in range(n)}
         self.local = ExpertRuntime(data_dir=tmp_path)
         for payload in self.gates.values():
             self.local.gate_load(payload=payload)
@@ -87,8 +93,8 @@ def network(start_module_node, layers) -> dict[str, NodeProcess]:
     nodes = [a, b, c, d]
     for payload in layers.gates.values():
         a.result("tenzro_moeGateLoad", {"payload": b64(payload)}, token=TOKEN)
-    for (_, e), payload in layers.experts.items():
-        for node in (nodes[e % 4], nodes[(e + 1) % 4]):
+    for (model, e), payload in layers.experts.items():
+        for node in (b,) if model == HTTP_ONLY else (nodes[e % 4], nodes[(e + 1) % 4]):
             node.result("tenzro_moeExpertLoad", {"payload": b64(payload)}, token=TOKEN)
 
     def holders_seen() -> bool:
@@ -96,7 +102,7 @@ def network(start_module_node, layers) -> dict[str, NodeProcess]:
             experts = a.result("tenzro_moeShardMap", {"model_id": model})["holders"]
             if len(experts) != n or any(len(e["holders"]) != 2 for e in experts):
                 return False
-        return True
+        return len(a.result("tenzro_moeShardMap", {"model_id": HTTP_ONLY})["holders"]) == N_HTTP_ONLY
 
     wait_for(holders_seen, 90, "a to see every expert at replication 2")
     return dict(zip("abcd", nodes, strict=True))
@@ -156,15 +162,9 @@ def test_the_distributed_forward_equals_the_local_one(network, layers) -> None:
                 wire[codec][1] += h["rows"]
         return stats
 
-    for model in (QWEN, DEEPSEEK):
+    for model in (QWEN, DEEPSEEK, HTTP_ONLY):
         for codec in ("f32", "q8_0"):
             run(model, codec)
-    def b_served() -> bool:  # the planner spreads load, so b gets batches, if not in the first forwards
-        if pid_b not in transports:
-            run(QWEN, "f32")
-        return pid_b in transports
-
-    wait_for(b_served, 60, "the HTTP-only holder to serve a batch")
     assert transports[pid_a] == {"local"}  # a's own experts never cross the wire
     assert transports[pid_b] == {"http"}
     assert set().union(*(t for pid, t in transports.items() if pid not in (pid_a, pid_b))) == {"quic"}
