@@ -109,6 +109,7 @@ def rpc(obj: CliContext, method: str, params: str) -> None:
     print_json(obj.call(method, parsed))
 
 
+from apps.cli import generate as _generate  # noqa: E402, F401  (registers load-dense and generate on moe)
 from apps.cli.moe import moe  # noqa: E402  (the moe group registers its commands on import)
 
 cli.add_command(moe)

@@ -33,6 +33,7 @@ from apps.forward.callers import HolderCaller
 from apps.forward.combine import ForwardIncomplete, StreamingCombine
 from apps.forward.engine import ForwardLimits, ForwardReport, run_forward
 from apps.forward.hedging import HedgePolicy, LatencyBook
+from apps.generation.handlers import WholeModelHandlers
 from apps.governance.selectors import policy_active
 from apps.providers.selectors import holding_views, provider_views, replication_policy
 from apps.receipts.sampling import keep_receipt
@@ -50,7 +51,9 @@ View = tuple[list[ProviderView], list[HoldingView], Any, int]  # providers, hold
 
 
 def forward_handlers(parts: WorkerParts) -> dict[str, Any]:
-    return {"moe/forward": DistributedForward(parts).forward}
+    """moe/forward, and the whole-model methods that drive it layer by layer (apps/generation)."""
+    forward = DistributedForward(parts)
+    return {"moe/forward": forward.forward, **WholeModelHandlers(parts, forward.forward_layer).table()}
 
 
 def _flag(params: dict[str, Any], name: str) -> bool:
@@ -121,7 +124,6 @@ class DistributedForward:
                                 [*(h for h in holdings if h.provider_id != self.self_id), *mine], policy)
 
     async def forward(self, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Result:
-        started = time.monotonic()
         model_id, layer = str_param(params, "model_id"), params.get("layer", 0)
         if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
             raise InvalidInput(f"param 'layer' must be a non-negative integer, got {layer!r}")
@@ -131,8 +133,21 @@ class DistributedForward:
         if wire is not None and wire not in WIRE_CODECS:
             raise InvalidInput(f"param 'wire' must be one of {list(WIRE_CODECS)}, got {wire!r}",
                                reason="unsupported_encoding")
-        codecs = (wire,) if wire else tuple(c for c in settings.TENZRO_ACTIVATION_CODECS if c in WIRE_CODECS)
         hidden = hidden_param(params, body)
+        result, out = await self.forward_layer(model_id, layer, hidden, ctx, allow_partial=allow_partial,
+                                               allow_cold=allow_cold, min_gate_mass=min_gate_mass,
+                                               codecs=(wire,) if wire else ())
+        return result, rows_to_bytes(out)
+
+    async def forward_layer(self, model_id: str, layer: int, hidden: np.ndarray, ctx: CallContext, *,
+                            allow_partial: bool = False, allow_cold: bool = False, min_gate_mass: float = 0.0,
+                            codecs: tuple[str, ...] = ()) -> tuple[dict[str, Any], np.ndarray]:
+        """One layer's distributed forward of hidden f32 [tokens, d_model] (validated rows): the
+        answer's JSON part (tokens, d_model, missing, lost_gate_mass, stats) and the combined
+        rows f32 [tokens, d_model]. `codecs`: the wire codecs to offer, () for the node's own.
+        Raises ForwardIncomplete (naming what is missing) when it fails closed."""
+        started = time.monotonic()
+        codecs = codecs or tuple(c for c in settings.TENZRO_ACTIVATION_CODECS if c in WIRE_CODECS)
         gate = self.runtime.gate_spec(model_id, layer)
         routing = await ctx.run_blocking(self.executor, self.runtime.route, model_id=model_id, layer=layer,
                                          hidden=hidden)
@@ -187,7 +202,7 @@ class DistributedForward:
         self._record(model_id, report, view, forward_id, stats, tokens=n_tokens, missing=len(result.missing))
         return {"tokens": n_tokens, "d_model": gate.d_model, "missing": result.missing,
                 "lost_gate_mass": [round(float(x), 6) for x in result.lost_share] if result.missing else [],
-                "stats": stats}, rows_to_bytes(result.out)
+                "stats": stats}, result.out
 
     def _record(self, model_id: str, report: ForwardReport, view: View, forward_id: str,
                 forward_stats: dict[str, Any], *, tokens: int, missing: int) -> None:

@@ -60,6 +60,9 @@ METHOD_DOORS: dict[str, frozenset[Door]] = {
     "moe/route": OPERATOR_ONLY,
     "moe/forward_local": OPERATOR_ONLY,
     "moe/forward": OPERATOR_ONLY,  # dispatches to peers on this node's behalf: the operator door decides
+    "moe/load_dense": OPERATOR_ONLY,  # reads a checkpoint into this node's memory
+    "moe/generate": OPERATOR_ONLY,  # a whole model over the network, paid by this node
+    "moe/model_forward": OPERATOR_ONLY,  # the same, one forward's logits
 }
 
 

@@ -65,6 +65,17 @@ TENZRO_FORWARD_HEDGE_FLOOR_S = env_float("TENZRO_FORWARD_HEDGE_FLOOR_S", 0.005)
 TENZRO_FORWARD_FAILURE_COOLDOWN_S = env_float("TENZRO_FORWARD_FAILURE_COOLDOWN_S", 30.0)
 # The dashboard's Forwards page: this many of the most recent forwards' stats are kept.
 TENZRO_FORWARD_RECORDS_KEPT = env_int("TENZRO_FORWARD_RECORDS_KEPT", 500)
+# Whole-model generation (docs/operations.md, "Generation"): the longest prompt and the most new
+# tokens one generation may ask for, how many run at once on this router, and how many of the
+# most recent generations' records are kept.
+TENZRO_GENERATE_MAX_PROMPT_TOKENS = env_int("TENZRO_GENERATE_MAX_PROMPT_TOKENS", 4096)
+TENZRO_GENERATE_MAX_NEW_TOKENS = env_int("TENZRO_GENERATE_MAX_NEW_TOKENS", 1024)
+TENZRO_GENERATE_MAX_CONCURRENT = env_int("TENZRO_GENERATE_MAX_CONCURRENT", 2)
+TENZRO_GENERATIONS_KEPT = env_int("TENZRO_GENERATIONS_KEPT", 200)
+# Seconds tenzro_moeLoadDense waits for the worker to read a checkpoint's dense tensors, and a
+# waiting tenzro_moeGenerate for its generation to end (past it, it answers with the record so far).
+TENZRO_LOAD_DENSE_TIMEOUT_S = env_float("TENZRO_LOAD_DENSE_TIMEOUT_S", 600.0)
+TENZRO_GENERATE_WAIT_S = env_float("TENZRO_GENERATE_WAIT_S", 600.0)
 # Receipts (docs/protocol.md, "Receipts"): this holder signs each moe/execute answer with its
 # node key (off: it serves receiptless, and remote routers refuse its answers); a router asks
 # holders to commit to this many features per row, and a dispute tolerates an honest holder's
@@ -137,6 +148,7 @@ INSTALLED_APPS = [
     "apps.reputation",
     "apps.settlement",
     "apps.forward",
+    "apps.generation",
     "apps.receipts",
     "apps.repair",
     "apps.blobs",

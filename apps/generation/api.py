@@ -1,0 +1,176 @@
+"""JSON-RPC/REST of whole-model generation.
+
+`tenzro_moeLoadDense` and `tenzro_moeGenerate` change the node (they fill its memory; a
+generation pays the holders it uses), so they need the operator token and go to the expert
+worker over the operator door. The records of generations are open reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime
+from typing import Any, Literal
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from ninja import Field
+
+from apps.api.b64 import b64_encode, base64_field
+from apps.api.registry import rpc_method
+from apps.api.schemas import Out, Params, QueryParams
+from apps.catalog.selectors import default_checkpoint
+from apps.errors import InvalidInput
+from apps.generation import selectors
+from apps.worker.client import worker_call
+
+_MODEL_ID = {"min_length": 1, "max_length": 200}
+WAIT_POLL_S = 0.1  # how often a waiting tenzro_moeGenerate reads the record
+
+
+class LoadDenseParams(Params):
+    model_id: str = Field(**_MODEL_ID)
+    checkpoint: str | None = Field(None, min_length=1, max_length=4096, description=(
+        "A local folder or an http(s) URL of a Hugging Face-layout checkpoint; default: the catalog's source."))
+
+
+class LoadDenseOut(Out):
+    model_id: str
+    family: str
+    checkpoint: str
+    n_layers: int
+    moe_layers: list[int]
+    vocab_size: int
+    d_model: int
+    dense_bytes: int = Field(description="Bytes of f32 dense weights now held in this router's memory.")
+    gates_loaded: int = Field(description="MoE layers whose gate was loaded from the checkpoint.")
+    eos_token_ids: list[int]
+    elapsed_ms: float
+
+
+class GenerateParams(Params):
+    model_id: str = Field(**_MODEL_ID)
+    prompt_ids: list[int] = Field(min_length=1, description="The prompt's token ids (the tokenizer is the caller's).")
+    max_new_tokens: int = Field(16, ge=1, description="At most TENZRO_GENERATE_MAX_NEW_TOKENS.")
+    allow_partial: bool = Field(False, description="Accept a layer whose lost experts' gate mass is renormalized "
+                                                   "away, instead of failing the generation.")
+    wire: Literal["q8_0", "f32"] | None = Field(None, description="Activation codec on the wire; default: "
+                                                                  "TENZRO_ACTIVATION_CODECS, Q8_0 first.")
+    stop_at_eos: bool = Field(True, description="End at the config's eos_token_id, as transformers' generate does.")
+    wait: bool = Field(True, description="Answer when the generation ends (or after TENZRO_GENERATE_WAIT_S, "
+                                         "still running); false answers at once with its id.")
+
+
+class LayerStep(Out):
+    layer: int
+    ms: float
+    lost_gate_mass: float | None
+    missing: int
+    failures: int
+    holders: list[dict[str, Any]] = Field(description="[{provider, transport, rows, batches}]: the layer's fan-out.")
+
+
+class Step(Out):
+    index: int
+    phase: Literal["prefill", "decode"]
+    tokens_in: int
+    token: int
+    ms: float
+    layers: list[LayerStep]
+
+
+class GenerationOut(Out):
+    generation_id: str
+    model_id: str
+    state: Literal["running", "done", "failed"]
+    prompt_ids: list[int]
+    max_new_tokens: int
+    options: dict[str, Any]
+    tokens: list[int]
+    ttft_ms: float | None = Field(description="Time to the first new token: the prefill.")
+    decode_tokens_per_s: float | None
+    error: dict[str, str] | None
+    created_at: datetime
+    finished_at: datetime | None
+    steps: list[Step] = Field(default_factory=list)
+
+
+class ModelForwardParams(Params):
+    model_id: str = Field(**_MODEL_ID)
+    token_ids: list[int] = Field(min_length=1, description="Token ids at positions 0 … t-1.")
+    allow_partial: bool = False
+    wire: Literal["q8_0", "f32"] | None = None
+
+
+class ModelForwardOut(Out):
+    model_id: str
+    tokens: int
+    vocab_size: int
+    logits: str = Field(json_schema_extra=base64_field("Little-endian f32 [tokens, vocab_size], base64."))
+    layers: list[LayerStep]
+    elapsed_ms: float
+
+
+class GenerationParams(QueryParams):
+    generation_id: str = Field(min_length=1, max_length=32)
+
+
+class GenerationsParams(QueryParams):
+    limit: int = Field(20, ge=0, le=500, description="How many of the most recent generations.")
+
+
+@rpc_method("tenzro_moeLoadDense", rest="/moe/dense/load", tag="moe", params=LoadDenseParams,
+            response=LoadDenseOut, errors=(404, 503), operator_only=True)
+async def load_dense(params: LoadDenseParams) -> dict[str, Any]:
+    """Read a model's non-expert tensors (embeddings, attention, norms, dense FFN layers, LM head)
+    into this router's memory with ranged reads, and load every MoE layer's gate from the checkpoint."""
+    checkpoint = params.checkpoint or await sync_to_async(default_checkpoint)(params.model_id)
+    if not checkpoint:
+        raise InvalidInput(f"no checkpoint given and the catalog knows no source of {params.model_id!r}",
+                           reason="checkpoint_required")
+    result, _ = await worker_call("moe/load_dense", {"model_id": params.model_id, "checkpoint": checkpoint},
+                                  timeout_s=settings.TENZRO_LOAD_DENSE_TIMEOUT_S)
+    return result
+
+
+@rpc_method("tenzro_moeGenerate", rest="/moe/generate", tag="moe", params=GenerateParams, response=GenerationOut,
+            errors=(404, 429, 503), operator_only=True)
+async def generate(params: GenerateParams) -> dict[str, Any]:
+    """Greedy generation over the network: prefill the prompt as one batch, then one token per
+    step with the KV cache; every MoE layer runs through the distributed forward."""
+    options = params.model_dump(exclude={"wait"}, exclude_none=True)
+    started, _ = await worker_call("moe/generate", options)
+    read = sync_to_async(selectors.generation_get)
+    generation = await read(generation_id=started["generation_id"])
+    until = time.monotonic() + settings.TENZRO_GENERATE_WAIT_S
+    while params.wait and generation["state"] == "running" and time.monotonic() < until:
+        await asyncio.sleep(WAIT_POLL_S)
+        generation = await read(generation_id=started["generation_id"])
+    return generation
+
+
+@rpc_method("tenzro_moeModelForward", rest="/moe/model-forward", tag="moe", params=ModelForwardParams,
+            response=ModelForwardOut, errors=(404, 503), operator_only=True)
+async def model_forward(params: ModelForwardParams) -> dict[str, Any]:
+    """One whole-model forward (no KV cache kept): every position's logits, each MoE layer's fan-out."""
+    result, body = await worker_call("moe/model_forward", params.model_dump(exclude_none=True),
+                                     timeout_s=settings.TENZRO_GENERATE_WAIT_S)
+    return {**result, "logits": b64_encode(body)}
+
+
+@rpc_method("tenzro_moeGeneration", rest="/moe/generation", http_method="GET", tag="moe",
+            params=GenerationParams, response=GenerationOut, errors=(404,))
+def generation(params: GenerationParams) -> dict[str, Any]:
+    """One generation: its tokens so far, state, and each step's per-layer fan-out."""
+    return selectors.generation_get(generation_id=params.generation_id)
+
+
+class GenerationsOut(Out):
+    generations: list[GenerationOut]
+
+
+@rpc_method("tenzro_moeGenerations", rest="/moe/generations", http_method="GET", tag="moe",
+            params=GenerationsParams, response=GenerationsOut)
+def generations(params: GenerationsParams) -> dict[str, Any]:
+    """The most recent generations on this router (without their steps)."""
+    return {"generations": selectors.generations_recent(limit=params.limit)}

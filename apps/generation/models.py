@@ -1,0 +1,37 @@
+"""Generations this router ran: the prompt, the tokens as they arrived, and each step's stats."""
+
+from django.db import models
+
+
+class GenerationState(models.TextChoices):
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Generation(models.Model):
+    """One greedy generation over the network (tenzro_moeGenerate).
+
+    Written only by apps.generation.services, from the expert worker after each step; only the
+    last TENZRO_GENERATIONS_KEPT are kept."""
+
+    generation_id = models.CharField(max_length=32, unique=True)
+    model_id = models.CharField(max_length=200)
+    prompt_ids = models.JSONField(help_text="The prompt's token ids.")
+    max_new_tokens = models.PositiveIntegerField()
+    options = models.JSONField(default=dict, help_text="allow_partial, wire.")
+    state = models.CharField(max_length=8, choices=GenerationState.choices, default=GenerationState.RUNNING)
+    tokens = models.JSONField(default=list, help_text="The new token ids, in order.")
+    steps = models.JSONField(default=list, help_text="Per step: phase, token, ms, and each MoE layer's fan-out.")
+    ttft_ms = models.FloatField(null=True, blank=True, help_text="Time to the first new token (the prefill).")
+    decode_tokens_per_s = models.FloatField(null=True, blank=True)
+    error_reason = models.CharField(max_length=64, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-id",)
+
+    def __str__(self) -> str:
+        return f"generation {self.generation_id[:12]} {self.model_id} ({self.state}, {len(self.tokens)} tokens)"

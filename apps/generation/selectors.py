@@ -1,0 +1,32 @@
+"""Reads of the generations this router ran."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apps.errors import NotFound
+from apps.generation.models import Generation
+
+
+def generation_to_dict(row: Generation, *, steps: bool = True) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "generation_id": row.generation_id, "model_id": row.model_id, "state": row.state,
+        "prompt_ids": row.prompt_ids, "max_new_tokens": row.max_new_tokens, "options": row.options,
+        "tokens": row.tokens, "ttft_ms": row.ttft_ms, "decode_tokens_per_s": row.decode_tokens_per_s,
+        "error": {"reason": row.error_reason, "message": row.error_message} if row.error_reason else None,
+        "created_at": row.created_at, "finished_at": row.finished_at,
+    }
+    if steps:
+        out["steps"] = row.steps
+    return out
+
+
+def generation_get(*, generation_id: str) -> dict[str, Any]:
+    row = Generation.objects.filter(generation_id=generation_id).first()
+    if row is None:
+        raise NotFound(f"no generation {generation_id!r} on this node", reason="unknown_generation")
+    return generation_to_dict(row)
+
+
+def generations_recent(*, limit: int = 20) -> list[dict[str, Any]]:
+    return [generation_to_dict(row, steps=False) for row in Generation.objects.all()[:limit]]

@@ -1,0 +1,62 @@
+"""Writes of the generation records; called from the expert worker's database thread only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from apps.generation.models import Generation, GenerationState
+from apps.generation.selectors import generation_to_dict
+from apps.generation.signals import generation_progressed
+
+
+def _sent(row: Generation, step: dict[str, Any] | None) -> None:
+    view = {**generation_to_dict(row, steps=False), "step": step}
+    transaction.on_commit(lambda: generation_progressed.send(sender=Generation, generation=view))
+
+
+def generation_start(*, generation_id: str, model_id: str, prompt_ids: list[int], max_new_tokens: int,
+                     options: dict[str, Any], running: set[str] = frozenset()) -> Generation:
+    """A running generation's record; records beyond the newest TENZRO_GENERATIONS_KEPT are deleted.
+
+    `running`: the generations the worker is running now. Any other record still marked running
+    was cut off by a worker stop: it is closed as failed ("interrupted"), its tokens kept."""
+    with transaction.atomic():
+        Generation.objects.filter(state=GenerationState.RUNNING).exclude(generation_id__in=running).update(
+            state=GenerationState.FAILED, error_reason="interrupted", finished_at=timezone.now(),
+            error_message="the expert worker stopped while this generation ran")
+        row = Generation.objects.create(generation_id=generation_id, model_id=model_id, prompt_ids=prompt_ids,
+                                        max_new_tokens=max_new_tokens, options=options)
+        bound = Generation.objects.values_list("id", flat=True)[settings.TENZRO_GENERATIONS_KEPT:][:1]
+        if bound:
+            Generation.objects.filter(id__lte=bound[0]).delete()
+        _sent(row, None)
+    return row
+
+
+def generation_step(*, generation_id: str, step: dict[str, Any], ttft_ms: float | None = None) -> None:
+    """Append one step (its new token under step["token"]); the first step sets the time to first token."""
+    with transaction.atomic():
+        row = Generation.objects.select_for_update().get(generation_id=generation_id)
+        row.steps = [*row.steps, step]
+        row.tokens = [*row.tokens, step["token"]]
+        if ttft_ms is not None:
+            row.ttft_ms = ttft_ms
+        row.save(update_fields=["steps", "tokens", "ttft_ms"])
+        _sent(row, step)
+
+
+def generation_finish(*, generation_id: str, decode_tokens_per_s: float | None = None, error_reason: str = "",
+                      error_message: str = "") -> None:
+    """Done, or failed with a reason when error_reason is given; the tokens so far are kept either way."""
+    with transaction.atomic():
+        row = Generation.objects.select_for_update().get(generation_id=generation_id)
+        row.state = GenerationState.FAILED if error_reason else GenerationState.DONE
+        row.decode_tokens_per_s = decode_tokens_per_s
+        row.error_reason, row.error_message = error_reason, error_message[:2000]
+        row.finished_at = timezone.now()
+        row.save(update_fields=["state", "decode_tokens_per_s", "error_reason", "error_message", "finished_at"])
+        _sent(row, None)

@@ -1,0 +1,139 @@
+"""A whole model answers a prompt over three real nodes on loopback, experts at replication 2.
+
+Node a is the router: it loads each model's dense part and gates from the checkpoint
+(`tenzro_moeLoadDense`) and holds experts too; expert e of every MoE layer is held by
+nodes[e % 3] and nodes[(e + 1) % 3]. The reference is transformers itself: the fixtures under
+tests/fixtures/generation hold each tiny checkpoint with the logits and greedy tokens that
+transformers computed from it (scripts/make_generation_fixtures.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from apps.catalog.checkpoint import CheckpointReader
+from apps.catalog.shapes import shape_from_config
+from apps.catalog.slicing import prepare_layer
+from testkit.nodes import TOKEN, NodeProcess
+from tests.e2e.test_forward import ENV
+from tests.e2e.test_gossip import wait_for
+
+pytestmark = pytest.mark.e2e
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "generation"
+MODELS = {"qwen3_moe": "test/gen-qwen3-moe", "deepseek_v3": "test/gen-deepseek-v3"}
+
+
+def expected(name: str) -> tuple[dict, np.ndarray]:
+    meta = json.loads((FIXTURES / name / "expected.json").read_text())
+    return meta, np.load(FIXTURES / name / meta["logits_file"])
+
+
+@pytest.fixture(scope="module")
+def network(start_module_node) -> list[NodeProcess]:
+    a = start_module_node(env=ENV)
+    nodes = [a, start_module_node(env=ENV, peers=[a.url]), start_module_node(env=ENV, peers=[a.url])]
+    counts = {}
+    for name, model_id in MODELS.items():
+        folder = FIXTURES / name
+        with CheckpointReader.open(folder) as reader:
+            shape = shape_from_config(model_id, reader.config)
+            for layer in shape.moe_layers:
+                prepared = prepare_layer(reader, shape, model_id=model_id, layer=layer,
+                                         experts=range(shape.n_experts_total), quant=None)  # f32 experts
+                for e, payload in prepared.experts.items():
+                    for node in (nodes[e % 3], nodes[(e + 1) % 3]):
+                        node.result("tenzro_moeExpertLoad", {"payload": base64.b64encode(payload).decode()},
+                                    token=TOKEN)
+            counts[model_id] = shape.n_experts_total * len(shape.moe_layers)
+        loaded = a.result("tenzro_moeLoadDense", {"model_id": model_id, "checkpoint": str(folder)}, token=TOKEN)
+        assert loaded["gates_loaded"] == len(shape.moe_layers) and loaded["dense_bytes"] > 0
+
+    def replicated() -> bool:
+        for model_id, n in counts.items():
+            experts = a.result("tenzro_moeShardMap", {"model_id": model_id})["holders"]
+            if len(experts) != n or any(len(e["holders"]) != 2 for e in experts):
+                return False
+        return True
+
+    wait_for(replicated, 90, "the router to see every expert at replication 2")
+    return nodes
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_logits_equal_transformers(network, name) -> None:
+    meta, want = expected(name)
+    answer = network[0].result("tenzro_moeModelForward", {"model_id": MODELS[name], "token_ids": meta["prompt_ids"],
+                                                          "wire": "f32"}, token=TOKEN)
+    got = np.frombuffer(base64.b64decode(answer["logits"]), dtype="<f4").reshape(answer["tokens"], -1)
+    assert got.shape == want.shape
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-4
+    assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
+    moe_layers = [layer["layer"] for layer in answer["layers"]]
+    assert moe_layers == sorted(moe_layers) and moe_layers  # every MoE layer went over the network, in order
+    providers = {h["provider"] for layer in answer["layers"] for h in layer["holders"]}
+    assert len(providers) >= 2, answer["layers"]  # the fan-out reached other nodes
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_greedy_generation_equals_transformers(network, name) -> None:
+    meta, _ = expected(name)
+    generation = network[0].result("tenzro_moeGenerate", {
+        "model_id": MODELS[name], "prompt_ids": meta["prompt_ids"], "max_new_tokens": len(meta["greedy_ids"]),
+        "wire": "f32"}, token=TOKEN)
+    assert generation["state"] == "done", generation
+    assert generation["tokens"] == meta["greedy_ids"]
+    steps = generation["steps"]
+    assert [s["phase"] for s in steps] == ["prefill"] + ["decode"] * (len(steps) - 1)
+    assert steps[0]["tokens_in"] == len(meta["prompt_ids"]) and all(s["tokens_in"] == 1 for s in steps[1:])
+    assert all(layer["lost_gate_mass"] == 0 and layer["holders"] for s in steps for layer in s["layers"])
+    assert generation["ttft_ms"] > 0 and generation["decode_tokens_per_s"] > 0
+
+
+def test_outsiders_cannot_generate_and_can_read(network) -> None:
+    a = network[0]
+    meta, _ = expected("qwen3_moe")
+    params = {"model_id": MODELS["qwen3_moe"], "prompt_ids": meta["prompt_ids"], "max_new_tokens": 1}
+    refused = httpx.post(f"{a.url}/api/moe/generate", json=params, timeout=30)
+    assert refused.status_code == 401, refused.text
+    bad = a.rpc("tenzro_moeGenerate", {**params, "prompt_ids": [10**6]}, token=TOKEN)
+    assert bad["error"]["data"]["reason"] == "invalid_input" and "prompt_ids[0]" in bad["error"]["message"]
+    unknown = a.rpc("tenzro_moeGenerate", {**params, "model_id": "test/nothing-loaded"}, token=TOKEN)
+    assert unknown["error"]["data"]["reason"] == "dense_not_loaded", unknown
+    listed = httpx.get(f"{a.url}/api/moe/generations", timeout=30).json()["generations"]
+    assert listed and all(g["state"] in ("done", "failed", "running") for g in listed)
+    one = httpx.get(f"{a.url}/api/moe/generation", params={"generation_id": listed[0]["generation_id"]}, timeout=30)
+    assert one.status_code == 200 and one.json()["generation_id"] == listed[0]["generation_id"]
+
+
+def test_killing_a_holder_mid_generation_changes_no_token(network) -> None:
+    a, c = network[0], network[2]
+    meta, _ = expected("qwen3_moe")
+    n = len(meta["greedy_ids"])
+    started = a.result("tenzro_moeGenerate", {"model_id": MODELS["qwen3_moe"], "prompt_ids": meta["prompt_ids"],
+                                              "max_new_tokens": n, "wire": "f32", "wait": False}, token=TOKEN)
+    gid = started["generation_id"]
+
+    deadline = time.monotonic() + 60
+    at_kill = a.result("tenzro_moeGeneration", {"generation_id": gid})
+    while not at_kill["tokens"] and time.monotonic() < deadline:  # polled tightly: a step takes ~0.1 s
+        time.sleep(0.02)
+        at_kill = a.result("tenzro_moeGeneration", {"generation_id": gid})
+    os.killpg(c.process.pid, signal.SIGKILL)
+    c.process.wait()
+    assert at_kill["state"] == "running" and len(at_kill["tokens"]) < n, "the kill must land mid-generation"
+    deadline = time.monotonic() + 120
+    generation = at_kill
+    while generation["state"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+        generation = a.result("tenzro_moeGeneration", {"generation_id": gid})
+    assert generation["state"] == "done", generation.get("error")
+    assert generation["tokens"] == meta["greedy_ids"]
