@@ -35,7 +35,7 @@ test: install chromium
 POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/tenzro
 test-postgres: install
 	REDIS_URL=redis://127.0.0.1:6379/15 scripts/ensure-redis.sh
-	DATABASE_URL=$(POSTGRES_URL) REDIS_URL=redis://127.0.0.1:6379/15 $(BIN)/pytest -q tests/api tests/governance tests/catalog/test_api.py tests/worker tests/providers/test_services.py
+	DATABASE_URL=$(POSTGRES_URL) REDIS_URL=redis://127.0.0.1:6379/15 $(BIN)/pytest -q tests/api tests/governance tests/catalog/test_api.py tests/worker tests/providers/test_services.py tests/generation/test_records.py
 
 ## Pure cores only (no services needed).
 test-fast: install

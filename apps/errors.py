@@ -147,10 +147,10 @@ REASONS: dict[str, type[TenzroError]] = {
              "expert_unavailable"),
     **_kinds(NotFound, "not_found", "expert_not_loaded", "gate_not_loaded", "method_not_found", "blob_not_found",
              "job_not_found", "receipt_not_found", "policy_not_found", "no_active_policy", "unknown_model",
-             "file_not_found"),
+             "file_not_found", "dense_not_loaded", "unknown_generation"),
     **_kinds(Conflict, "conflict", "policy_not_proposed", "state_not_published"),
     **_kinds(PayloadTooLarge, "payload_too_large", "too_large", "over_budget"),
-    **_kinds(RateLimited, "rate_limited", "too_many_streams"),
+    **_kinds(RateLimited, "rate_limited", "too_many_streams", "busy"),
     **_kinds(InternalError, "internal_error"),
 }
 

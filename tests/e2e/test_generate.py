@@ -13,6 +13,8 @@ import base64
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -98,6 +100,20 @@ def test_greedy_generation_equals_transformers(network, name) -> None:
     assert generation["ttft_ms"] > 0 and generation["decode_tokens_per_s"] > 0
 
 
+def test_the_cli_generates_and_prints_the_record(network) -> None:
+    meta, _ = expected("deepseek_v3")
+    cli = [sys.executable, "-m", "apps.cli.main", "--node", network[0].url, "--token", TOKEN, "moe"]
+    done = subprocess.run([*cli, "generate", "--model", MODELS["deepseek_v3"], "--prompt-ids",
+                           ",".join(map(str, meta["prompt_ids"])), "--max-new-tokens", "4", "--wire", "f32",
+                           "--steps"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["tokens"] == meta["greedy_ids"][:4] and len(record["steps"]) == 4
+    bad = subprocess.run([*cli, "generate", "--model", MODELS["deepseek_v3"], "--prompt-ids", "1,x"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "comma-separated list of token ids" in bad.stderr
+
+
 def test_outsiders_cannot_generate_and_can_read(network) -> None:
     a = network[0]
     meta, _ = expected("qwen3_moe")
@@ -106,8 +122,9 @@ def test_outsiders_cannot_generate_and_can_read(network) -> None:
     assert refused.status_code == 401, refused.text
     bad = a.rpc("tenzro_moeGenerate", {**params, "prompt_ids": [10**6]}, token=TOKEN)
     assert bad["error"]["data"]["reason"] == "invalid_input" and "prompt_ids[0]" in bad["error"]["message"]
-    unknown = a.rpc("tenzro_moeGenerate", {**params, "model_id": "test/nothing-loaded"}, token=TOKEN)
-    assert unknown["error"]["data"]["reason"] == "dense_not_loaded", unknown
+    unknown = httpx.post(f"{a.url}/api/moe/generate", json={**params, "model_id": "test/nothing-loaded"},
+                         headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+    assert unknown.status_code == 404 and unknown.json()["reason"] == "dense_not_loaded", unknown.text
     listed = httpx.get(f"{a.url}/api/moe/generations", timeout=30).json()["generations"]
     assert listed and all(g["state"] in ("done", "failed", "running") for g in listed)
     one = httpx.get(f"{a.url}/api/moe/generation", params={"generation_id": listed[0]["generation_id"]}, timeout=30)

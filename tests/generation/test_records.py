@@ -1,0 +1,54 @@
+"""Generation records: steps appended in order, a worker stop's leftovers closed, the newest kept."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import override_settings
+
+from apps.generation import selectors, services
+from apps.generation.models import Generation
+
+pytestmark = pytest.mark.django_db
+
+
+def _start(gid: str, running: set[str] = frozenset()) -> None:
+    services.generation_start(generation_id=gid, model_id="m", prompt_ids=[1, 2], max_new_tokens=3,
+                              options={"wire": "f32"}, running=running)
+
+
+def test_steps_accumulate_tokens_and_the_first_sets_ttft() -> None:
+    _start("g1")
+    services.generation_step(generation_id="g1", step={"index": 0, "token": 7}, ttft_ms=12.5)
+    services.generation_step(generation_id="g1", step={"index": 1, "token": 9})
+    services.generation_finish(generation_id="g1", decode_tokens_per_s=4.0)
+    record = selectors.generation_get(generation_id="g1")
+    assert record["tokens"] == [7, 9] and [s["index"] for s in record["steps"]] == [0, 1]
+    assert record["ttft_ms"] == 12.5 and record["state"] == "done" and record["error"] is None
+
+
+def test_a_failure_keeps_the_tokens_so_far_and_names_the_reason() -> None:
+    _start("g1")
+    services.generation_step(generation_id="g1", step={"index": 0, "token": 7}, ttft_ms=1.0)
+    services.generation_finish(generation_id="g1", error_reason="forward_incomplete", error_message="expert 3 lost")
+    record = selectors.generation_get(generation_id="g1")
+    assert record["state"] == "failed" and record["tokens"] == [7]
+    assert record["error"] == {"reason": "forward_incomplete", "message": "expert 3 lost"}
+
+
+def test_a_generation_cut_off_by_a_worker_stop_is_closed_when_the_next_starts() -> None:
+    _start("old")
+    _start("alive", running={"old"})  # still running in this worker: left alone
+    assert Generation.objects.get(generation_id="old").state == "running"
+    _start("new", running={"alive"})  # the worker restarted: "old" is no longer its own
+    old = selectors.generation_get(generation_id="old")
+    assert old["state"] == "failed" and old["error"]["reason"] == "interrupted"
+    assert Generation.objects.get(generation_id="alive").state == "running"
+
+
+@override_settings(TENZRO_GENERATIONS_KEPT=2)
+def test_only_the_newest_records_are_kept_and_unknown_ids_are_named() -> None:
+    for gid in ("a", "b", "c"):
+        _start(gid, running={"a", "b", "c"})
+    assert [g["generation_id"] for g in selectors.generations_recent()] == ["c", "b"]
+    with pytest.raises(Exception, match="no generation 'a'"):
+        selectors.generation_get(generation_id="a")
