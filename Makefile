@@ -41,7 +41,8 @@ test-postgres: install
 test-fast: install
 	$(BIN)/pytest -m "not e2e"
 
-## Every benchmark in bench/ (forward: five real nodes and a redis-server of its own, ~10 min),
+## Every benchmark in bench/ (forward and generate: five real nodes and a redis-server of their own,
+## ~10 and ~8 min),
 ## or only some: `make bench BENCH="forward transport"`.
 BENCH ?= $(filter-out report,$(basename $(notdir $(wildcard bench/[a-z]*.py))))
 bench: install

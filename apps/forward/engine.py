@@ -99,6 +99,7 @@ class HolderStats:
     bytes_received: int = 0
     latencies_s: list[float] = field(default_factory=list)
     overheads_s: list[float] = field(default_factory=list)  # latency minus the holder's compute: the wire's share
+    computes_s: list[float] = field(default_factory=list)  # the compute each answer reported (compute_ms)
     failures: int = 0
     receipts: list[Any] = field(default_factory=list)  # the verified receipts of the batches it won
 
@@ -109,7 +110,9 @@ class HolderStats:
                 "latency_ms_median": round(float(np.median(lat)), 3) if lat.size else None,
                 "latency_ms_max": round(float(lat.max()), 3) if lat.size else None,
                 "overhead_ms_median": round(float(np.median(self.overheads_s)) * 1000.0, 3)
-                if self.overheads_s else None, "receipts": len(self.receipts)}
+                if self.overheads_s else None,
+                "compute_ms": round(float(sum(self.computes_s)) * 1000.0, 3) if self.computes_s else None,
+                "receipts": len(self.receipts)}
 
 
 @dataclass
@@ -253,6 +256,7 @@ async def _race(batch: Batch, rows: np.ndarray, tokens: np.ndarray, execute: Bat
                     stats.receipts.append(answer.receipt)
                 if answer.compute_s is not None:
                     stats.overheads_s.append(max(0.0, elapsed - answer.compute_s))
+                    stats.computes_s.append(answer.compute_s)
                 if stalled is not None and holder is not stalled:
                     report.hedges_won += 1
                     if any(h is stalled for h, _ in running.values()):

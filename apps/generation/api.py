@@ -67,7 +67,9 @@ class LayerStep(Out):
     lost_gate_mass: float | None
     missing: int
     failures: int
-    holders: list[dict[str, Any]] = Field(description="[{provider, transport, rows, batches}]: the layer's fan-out.")
+    holders: list[dict[str, Any]] = Field(description=(
+        "[{provider, transport, rows, batches, latency_ms_max, compute_ms}]: the layer's fan-out; compute_ms: "
+        "the compute its answers reported, summed."))
 
 
 class Step(Out):

@@ -80,7 +80,8 @@ def _layer_stats(layer: int, result: dict[str, Any]) -> dict[str, Any]:
     return {"layer": layer, "ms": stats["elapsed_ms"], "lost_gate_mass": stats["lost_gate_mass"],
             "missing": len(result["missing"]), "failures": len(stats["failures"]),
             "holders": [{"provider": h["provider"], "transport": h["transport"], "rows": h["rows"],
-                         "batches": h["batches"]} for h in stats["holders"] if h["rows"]]}
+                         "batches": h["batches"], "latency_ms_max": h["latency_ms_max"],
+                         "compute_ms": h.get("compute_ms")} for h in stats["holders"] if h["rows"]]}
 
 
 class WholeModelHandlers:

@@ -168,6 +168,8 @@ class HolderForwardStats(Out):
     latency_ms_median: float | None
     latency_ms_max: float | None
     overhead_ms_median: float | None = Field(description="Latency minus the holder's reported compute.")
+    compute_ms: float | None = Field(None, description="The compute_ms its accepted batches' answers reported, "
+                                                       "summed (null when none reported it).")
     receipts: int = Field(description="Its batches accepted with a verified receipt (0 for this node's own).")
 
 
