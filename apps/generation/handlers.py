@@ -84,6 +84,11 @@ def _layer_stats(layer: int, result: dict[str, Any]) -> dict[str, Any]:
                          "compute_ms": h.get("compute_ms")} for h in stats["holders"] if h["rows"]]}
 
 
+def _log_failed_write(future: asyncio.Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        logger.error("could not record a generation step: %s", future.exception())
+
+
 class WholeModelHandlers:
     def __init__(self, parts: WorkerParts, forward_layer: LayerForward) -> None:
         self.runtime, self.executor = parts.runtime, parts.executor
@@ -96,12 +101,16 @@ class WholeModelHandlers:
         return {"moe/load_dense": self.load_dense, "moe/generate": self.generate,
                 "moe/model_forward": self.model_forward}
 
-    async def _write(self, func: Callable[..., Any], /, **kwargs: Any) -> Any:
+    def _write(self, func: Callable[..., Any], /, **kwargs: Any) -> asyncio.Future:
+        """Run a service on the one database thread: writes land in the order they were asked for,
+        so a step's write need not be awaited before the next step computes."""
         def run() -> Any:
             close_old_connections()
             return func(**kwargs)
 
-        return await asyncio.get_running_loop().run_in_executor(self._db, run)
+        future = asyncio.get_running_loop().run_in_executor(self._db, run)
+        future.add_done_callback(_log_failed_write)
+        return future
 
     # -- moe/load_dense ------------------------------------------------------------------------
 
@@ -238,8 +247,8 @@ class WholeModelHandlers:
                     decode_started = now
                 else:
                     decoded += 1
-                await self._write(services.generation_step, generation_id=generation_id, step=step,
-                                  ttft_ms=round((now - started) * 1000.0, 3) if index == 0 else None)
+                self._write(services.generation_step, generation_id=generation_id, step=step,
+                            ttft_ms=round((now - started) * 1000.0, 3) if index == 0 else None)
                 if options["stop_at_eos"] and token in loaded.eos_ids:
                     break
                 ids = np.array([token], dtype=np.int64)

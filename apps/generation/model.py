@@ -158,7 +158,8 @@ class WholeModel:
         """sans-I/O forward of token_ids int [t] at positions cache.length .. cache.length+t-1.
 
         Yields (layer, x f32 [t, d_model]) at each MoE layer (x: the post-attention-normed hidden
-        states) and expects the MoE block's output y f32 [t, d_model] sent back. Returns logits
+        states; [1, d_model], the last position, at the last layer when `last_only`) and expects the
+        MoE block's output y of x's shape sent back. Returns logits
         f32 [t, vocab], or [1, vocab] (the last position) when `last_only`. The cache grows by t
         positions only when the generator returns. ValueError for bad ids, a cache of another model,
         or a y of the wrong shape or with NaN/inf.
@@ -166,7 +167,7 @@ class WholeModel:
         if not isinstance(cache, KVCache) or cache.spec != self.spec:
             raise ValueError("cache was not made by this model's new_cache()")
         ids = self._check_ids(token_ids)
-        spec, start, t = self.spec, cache.length, ids.shape[0]
+        spec, start = self.spec, cache.length
         h = self._embed[ids]  # (t, d_model)
         new_rows: list[tuple[np.ndarray, np.ndarray]] = []
         for layer in range(spec.n_layers):
@@ -179,12 +180,16 @@ class WholeModel:
                 a, ra, rb = mla_attention(spec, w, self._rope, x, start, *cache.past(layer))
             new_rows.append((ra, rb))
             h = h + a
+            if last_only and layer == spec.n_layers - 1:
+                # Every position's keys and values are in the cache now; only the last row goes on to
+                # the logits, so the last FFN (a whole network round for an MoE layer) sees that row alone.
+                h = h[-1:]
             x = rms_norm(h, ln_post, spec.rms_norm_eps)
             if layer in self._mlp:
                 gate, up, down = self._mlp[layer]
                 y = (_silu(x @ gate.T) * (x @ up.T)) @ down.T
             else:
-                y = self._check_moe_output(layer, (yield layer, np.ascontiguousarray(x)), t)
+                y = self._check_moe_output(layer, (yield layer, np.ascontiguousarray(x)), len(x))
             h = h + y
         cache._commit(new_rows)
         if last_only:

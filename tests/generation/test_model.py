@@ -59,6 +59,20 @@ def test_last_only_is_the_last_row(fixture):
     last = model.forward(prompt, model.new_cache(), fixture.moe, last_only=True)
     assert last.shape == (1, model.spec.vocab_size)
     np.testing.assert_allclose(last[0], full[-1], rtol=1e-6, atol=1e-6)
+    rows = []  # the last layer's MoE gets only the last row (its keys and values are cached already)
+
+    def moe(layer, x):
+        rows.append((layer, len(x)))
+        return fixture.moe(layer, x)
+
+    cache = model.new_cache()
+    model.forward(prompt, cache, moe, last_only=True)
+    last_layer = model.spec.n_layers - 1
+    assert rows == [(layer, 1 if layer == last_layer else len(prompt)) for layer in model.spec.moe_layers]
+    assert cache.length == len(prompt)
+    np.testing.assert_allclose(model.forward(np.array([7]), cache, fixture.moe, last_only=True)[0],
+                               model.forward(np.r_[prompt, 7], model.new_cache(), fixture.moe)[-1],
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_run_yields_each_moe_layer_and_commits_the_cache_on_return(fixture):
