@@ -149,7 +149,7 @@ REASONS: dict[str, type[TenzroError]] = {
              "job_not_found", "receipt_not_found", "policy_not_found", "no_active_policy", "unknown_model",
              "file_not_found"),
     **_kinds(Conflict, "conflict", "policy_not_proposed", "state_not_published"),
-    **_kinds(PayloadTooLarge, "payload_too_large", "too_large"),
+    **_kinds(PayloadTooLarge, "payload_too_large", "too_large", "over_budget"),
     **_kinds(RateLimited, "rate_limited", "too_many_streams"),
     **_kinds(InternalError, "internal_error"),
 }

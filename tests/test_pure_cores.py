@@ -30,6 +30,8 @@ PURE_CORES = {
     "receipts": ["apps.receipts.commitment", "apps.receipts.topk_kernel", "apps.receipts.sampling",
                  "apps.receipts.verdict"],
     "repair selection": ["apps.repair.selection"],
+    "whole-model generation": ["apps.generation.spec", "apps.generation.rope", "apps.generation.attention",
+                               "apps.generation.model", "apps.generation.weights"],
 }
 
 

@@ -1,0 +1,169 @@
+"""Causal self-attention of one layer over a KV cache: GQA with q/k norm (Qwen3) and MLA (DeepSeek-V3).
+
+Pure module (numpy, f32). Each function takes the layer's prepared weights, the normed hidden rows
+x f32 [t, d_model] at positions start .. start+t-1, the cached entries of positions 0 .. start-1,
+and returns the attention output [t, d_model] plus the new rows to append to the cache. The caller
+appends them (apps/generation/model.py), so a failed step leaves the cache as it was.
+
+Cache entries:
+  GQA  k, v            f32 [T, n_kv_heads, head_dim] each, k after q/k-norm and RoPE
+  MLA  latent, k_rot   f32 [T, kv_lora_rank] (kv_a_layernorm applied) and [T, qk_rope_head_dim] (RoPE
+                       applied): transformers' own MLA cache, n_heads·(nope+v)/(rank+rope) times smaller
+                       than the per-head keys and values (4.3x for DeepSeek-V3's 128 heads: 576 vs 32,768
+                       floats per position and layer).
+
+MLA scores and values are computed in the latent ("weight absorption", DeepSeek-V2 §2.1.2):
+kv_b_proj [n_heads·(nope+v), rank] splits per head into W_UK [nope, rank] and W_UV [v, rank];
+q_nope·k_nope = (q_nope·W_UK)·latent and Σ p·v = (Σ p·latent)·W_UVᵀ, so the per-head keys and values
+are never materialized. Mathematically the transformers computation; f32 rounding differs at ~1e-7.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from apps.generation.rope import RopeTables
+from apps.generation.spec import TransformerSpec
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x f32 [..., n] -> weight · x / sqrt(mean(x²) + eps), over the last axis, in f32 (as transformers)."""
+    variance = np.mean(np.square(x), axis=-1, keepdims=True)
+    return weight * (x / np.sqrt(variance + np.float32(eps)))
+
+
+def softmax_causal(scores: np.ndarray, start: int) -> np.ndarray:
+    """scores f32 [..., t, T] of queries at start .. start+t-1 over keys 0 .. T-1 -> causal softmax."""
+    t, total = scores.shape[-2:]
+    # query i sees keys j <= start + i; a query never sees a later position
+    visible = np.arange(total)[None, :] <= (start + np.arange(t))[:, None]  # (t, T)
+    scores = np.where(visible, scores, np.float32(-np.inf))
+    scores = scores - scores.max(axis=-1, keepdims=True)  # each row sees at least key 0: max is finite
+    e = np.exp(scores)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@dataclass(frozen=True)
+class GqaWeights:
+    q: np.ndarray  # (n_heads·head_dim, d_model)
+    k: np.ndarray  # (n_kv_heads·head_dim, d_model)
+    v: np.ndarray  # (n_kv_heads·head_dim, d_model)
+    o: np.ndarray  # (d_model, n_heads·head_dim)
+    q_norm: np.ndarray | None  # (head_dim,)
+    k_norm: np.ndarray | None  # (head_dim,)
+
+
+@dataclass(frozen=True)
+class MlaWeights:
+    q: np.ndarray | None  # (n_heads·qk_head_dim, d_model) when q_lora_rank is None
+    q_a: np.ndarray | None  # (q_lora_rank, d_model)
+    q_a_norm: np.ndarray | None  # (q_lora_rank,)
+    q_b: np.ndarray | None  # (n_heads·qk_head_dim, q_lora_rank)
+    kv_a: np.ndarray  # (kv_lora_rank + rope, d_model)
+    kv_a_norm: np.ndarray  # (kv_lora_rank,)
+    w_uk: np.ndarray  # (n_heads, nope, kv_lora_rank): kv_b_proj's key rows per head
+    w_uv_t: np.ndarray  # (n_heads, kv_lora_rank, v_head_dim): kv_b_proj's value rows per head, transposed
+    o: np.ndarray  # (d_model, n_heads·v_head_dim)
+
+
+def attention_tensor_shapes(spec: TransformerSpec, layer: int) -> dict[str, tuple[int, ...]]:
+    """Hub names and shapes of one layer's attention tensors (norms of the decoder layer excluded)."""
+    p = f"model.layers.{layer}.self_attn."
+    d, h = spec.d_model, spec.n_heads
+    if spec.attention == "gqa":
+        hd, kvh = spec.head_dim, spec.n_kv_heads
+        out = {p + "q_proj.weight": (h * hd, d), p + "k_proj.weight": (kvh * hd, d),
+               p + "v_proj.weight": (kvh * hd, d), p + "o_proj.weight": (d, h * hd)}
+        if spec.qk_norm:
+            out |= {p + "q_norm.weight": (hd,), p + "k_norm.weight": (hd,)}
+        return out
+    rank, rope, nope, v = spec.kv_lora_rank, spec.qk_rope_head_dim, spec.qk_nope_head_dim, spec.v_head_dim
+    out = {}
+    if spec.q_lora_rank is None:
+        out[p + "q_proj.weight"] = (h * spec.head_dim, d)
+    else:
+        out |= {p + "q_a_proj.weight": (spec.q_lora_rank, d), p + "q_a_layernorm.weight": (spec.q_lora_rank,),
+                p + "q_b_proj.weight": (h * spec.head_dim, spec.q_lora_rank)}
+    return out | {p + "kv_a_proj_with_mqa.weight": (rank + rope, d), p + "kv_a_layernorm.weight": (rank,),
+                  p + "kv_b_proj.weight": (h * (nope + v), rank), p + "o_proj.weight": (d, h * v)}
+
+
+def gqa_weights(spec: TransformerSpec, tensors: Mapping[str, np.ndarray], layer: int) -> GqaWeights:
+    p = f"model.layers.{layer}.self_attn."
+    return GqaWeights(q=tensors[p + "q_proj.weight"], k=tensors[p + "k_proj.weight"], v=tensors[p + "v_proj.weight"],
+                      o=tensors[p + "o_proj.weight"], q_norm=tensors.get(p + "q_norm.weight") if spec.qk_norm else None,
+                      k_norm=tensors.get(p + "k_norm.weight") if spec.qk_norm else None)
+
+
+def mla_weights(spec: TransformerSpec, tensors: Mapping[str, np.ndarray], layer: int) -> MlaWeights:
+    p = f"model.layers.{layer}.self_attn."
+    nope = spec.qk_nope_head_dim
+    kv_b = tensors[p + "kv_b_proj.weight"].reshape(spec.n_heads, nope + spec.v_head_dim, spec.kv_lora_rank)
+    lora = spec.q_lora_rank is not None
+    return MlaWeights(
+        q=None if lora else tensors[p + "q_proj.weight"], q_a=tensors[p + "q_a_proj.weight"] if lora else None,
+        q_a_norm=tensors[p + "q_a_layernorm.weight"] if lora else None,
+        q_b=tensors[p + "q_b_proj.weight"] if lora else None,
+        kv_a=tensors[p + "kv_a_proj_with_mqa.weight"], kv_a_norm=tensors[p + "kv_a_layernorm.weight"],
+        w_uk=np.ascontiguousarray(kv_b[:, :nope, :]),
+        w_uv_t=np.ascontiguousarray(kv_b[:, nope:, :].transpose(0, 2, 1)),
+        o=tensors[p + "o_proj.weight"],
+    )
+
+
+def gqa_attention(spec: TransformerSpec, w: GqaWeights, rope: RopeTables, x: np.ndarray, start: int,
+                  past_k: np.ndarray, past_v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x f32 [t, d_model] -> (out [t, d_model], k [t, kvh, hd], v [t, kvh, hd]) (new cache rows).
+
+    past_k, past_v f32 [start, kvh, hd]."""
+    t, h, kvh, hd = x.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
+    q = (x @ w.q.T).reshape(t, h, hd)
+    k = (x @ w.k.T).reshape(t, kvh, hd)
+    v = (x @ w.v.T).reshape(t, kvh, hd)
+    if w.q_norm is not None:  # Qwen3: RMSNorm over each head's dims, before RoPE
+        q = rms_norm(q, w.q_norm, spec.rms_norm_eps)
+        k = rms_norm(k, w.k_norm, spec.rms_norm_eps)
+    cos, sin = rope.cos_sin(np.arange(start, start + t))
+    q, k = rope.apply(q, cos, sin), rope.apply(k, cos, sin)
+    keys = np.concatenate([past_k, k]) if start else k  # (T, kvh, hd)
+    values = np.concatenate([past_v, v]) if start else v
+    rep = h // kvh
+    # query head g·rep + r reads kv head g (transformers repeat_kv)
+    qg = q.reshape(t, kvh, rep, hd).transpose(1, 2, 0, 3).reshape(kvh, rep * t, hd)  # (kvh, rep·t, hd)
+    scores = (qg @ keys.transpose(1, 2, 0)) * np.float32(spec.attn_scale)  # (kvh, rep·t, T)
+    probs = softmax_causal(scores.reshape(kvh, rep, t, -1), start)  # (kvh, rep, t, T)
+    ctx = probs.reshape(kvh, rep * t, -1) @ values.transpose(1, 0, 2)  # (kvh, rep·t, hd)
+    ctx = ctx.reshape(kvh, rep, t, hd).transpose(2, 0, 1, 3).reshape(t, h * hd)
+    return ctx @ w.o.T, k, v
+
+
+def mla_attention(spec: TransformerSpec, w: MlaWeights, rope: RopeTables, x: np.ndarray, start: int,
+                  past_latent: np.ndarray, past_k_rot: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x f32 [t, d_model] -> (out [t, d_model], latent [t, rank], k_rot [t, rope]) (new cache rows).
+
+    past_latent f32 [start, rank], past_k_rot f32 [start, rope]."""
+    t, h, nope, rank = x.shape[0], spec.n_heads, spec.qk_nope_head_dim, spec.kv_lora_rank
+    # q_lora_rank set (V3, K2): a low-rank bottleneck with its own RMSNorm; None (V2-Lite): one projection
+    q = x @ w.q.T if w.q is not None else rms_norm(x @ w.q_a.T, w.q_a_norm, spec.rms_norm_eps) @ w.q_b.T
+    q = q.reshape(t, h, spec.head_dim)
+    q_nope, q_rot = q[..., :nope], q[..., nope:]
+    compressed = x @ w.kv_a.T  # (t, rank + rope)
+    latent = rms_norm(compressed[:, :rank], w.kv_a_norm, spec.rms_norm_eps)  # (t, rank)
+    cos, sin = rope.cos_sin(np.arange(start, start + t))
+    q_rot = rope.apply(q_rot, cos, sin)  # (t, h, rope)
+    k_rot = rope.apply(compressed[:, None, rank:], cos, sin)[:, 0, :]  # one rope key shared by all heads
+    lat = np.concatenate([past_latent, latent]) if start else latent  # (T, rank)
+    kr = np.concatenate([past_k_rot, k_rot]) if start else k_rot  # (T, rope)
+    q_lat = q_nope.transpose(1, 0, 2) @ w.w_uk  # (h, t, rank)
+    scores = q_lat @ lat.T + q_rot.transpose(1, 0, 2) @ kr.T  # (h, t, T)
+    probs = softmax_causal(scores * np.float32(spec.attn_scale), start)
+    ctx = (probs @ lat) @ w.w_uv_t  # (h, t, v)
+    ctx = ctx.transpose(1, 0, 2).reshape(t, h * spec.v_head_dim)
+    return ctx @ w.o.T, latent, k_rot
+
+
+__all__ = ["GqaWeights", "MlaWeights", "attention_tensor_shapes", "gqa_attention", "gqa_weights", "mla_attention",
+           "mla_weights", "rms_norm", "softmax_causal"]

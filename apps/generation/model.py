@@ -1,0 +1,224 @@
+"""The whole model with its MoE blocks outside: a sans-I/O forward and greedy generation.
+
+Pure module (numpy, f32). The router holds the dense part (apps/generation/weights.py) and runs every
+decoder layer here; at each MoE layer the forward stops and hands the post-attention-normed hidden
+states out, and resumes with the MoE block's output (routed experts weighted by the gate plus the
+shared experts: what ExpertRuntime.forward_local or the distributed forward returns). One layer::
+
+    h ─┬─ input_layernorm ─ attention (KV cache) ─(+)─┬─ post_attention_layernorm ─ FFN ─(+)─ h'
+       └──────────────────────────────────────────────┘└─────────────────────────────────┘
+                                         FFN = dense SwiGLU here, or  yield (layer, x) / send(y)
+
+Final: logits = lm_head(norm(h)) (embed_tokens when tie_word_embeddings). Every step is the math of
+transformers' Qwen3MoeForCausalLM / DeepseekV3ForCausalLM (apps/generation/attention.py for attention).
+
+The generator form (`WholeModel.run`) lets an asyncio caller await the network between layers
+without this module knowing about I/O; `forward` drives it with a plain callable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+
+import numpy as np
+
+from apps.generation.attention import (
+    GqaWeights,
+    MlaWeights,
+    gqa_attention,
+    gqa_weights,
+    mla_attention,
+    mla_weights,
+    rms_norm,
+)
+from apps.generation.rope import RopeTables
+from apps.generation.spec import TransformerSpec
+from apps.generation.weights import DenseWeights, dense_tensor_shapes
+
+MoeStep = Generator[tuple[int, np.ndarray], np.ndarray, np.ndarray]
+
+
+class _Rows:
+    """A growable f32 array [n, *row_shape]; capacity doubles so appending T rows one by one copies O(T)."""
+
+    def __init__(self, row_shape: tuple[int, ...]) -> None:
+        self._data = np.empty((0, *row_shape), dtype=np.float32)
+        self.n = 0
+
+    def view(self) -> np.ndarray:
+        return self._data[: self.n]
+
+    def append(self, rows: np.ndarray) -> None:
+        need = self.n + rows.shape[0]
+        if need > self._data.shape[0]:
+            grown = np.empty((max(need, 2 * self._data.shape[0], 16), *self._data.shape[1:]), dtype=np.float32)
+            grown[: self.n] = self._data[: self.n]
+            self._data = grown
+        self._data[self.n: need] = rows
+        self.n = need
+
+    @property
+    def nbytes(self) -> int:
+        return self._data.nbytes
+
+
+class KVCache:
+    """Per-layer cached attention entries of positions [0, length) (see apps/generation/attention.py):
+    GQA keeps k and v [T, n_kv_heads, head_dim]; MLA keeps the kv latent [T, kv_lora_rank] and the
+    roped shared key [T, qk_rope_head_dim]. Grows only through WholeModel.run, all layers at once."""
+
+    def __init__(self, spec: TransformerSpec) -> None:
+        self.spec = spec
+        if spec.attention == "gqa":
+            shapes = ((spec.n_kv_heads, spec.head_dim), (spec.n_kv_heads, spec.v_head_dim))
+        else:
+            shapes = ((spec.kv_lora_rank,), (spec.qk_rope_head_dim,))
+        self._layers = [(_Rows(shapes[0]), _Rows(shapes[1])) for _ in range(spec.n_layers)]
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated (capacity, which runs ahead of length by at most 2x)."""
+        return sum(a.nbytes + b.nbytes for a, b in self._layers)
+
+    def past(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        a, b = self._layers[layer]
+        return a.view(), b.view()
+
+    def _commit(self, rows: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        # every layer's rows at once, after the whole step succeeded: an abandoned or failed step
+        # (a MoE call that raised) leaves the cache exactly as it was
+        for (a, b), (ra, rb) in zip(self._layers, rows, strict=True):
+            a.append(ra)
+            b.append(rb)
+        self._length += rows[0][0].shape[0]
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):  # exp(-x) overflows to inf for x < -88: silu -> -0, as torch
+        return x / (1.0 + np.exp(-x))
+
+
+class WholeModel:
+    """The dense part of one model, ready to run. Stateless between calls: state lives in KVCache."""
+
+    def __init__(self, weights: DenseWeights) -> None:
+        spec = weights.spec
+        want = dense_tensor_shapes(spec)
+        missing = [n for n in want if n not in weights.tensors]
+        wrong = [n for n, s in want.items() if n in weights.tensors and weights.tensors[n].shape != s]
+        if missing or wrong:
+            raise ValueError(f"dense weights of {spec.model_id} do not fit its spec: missing {missing[:5]}, "
+                             f"wrong shape {wrong[:5]}")
+        self.spec = spec
+        t = {n: np.ascontiguousarray(weights.tensors[n], dtype=np.float32) for n in want}
+        self._embed = t["model.embed_tokens.weight"]  # (vocab, d_model)
+        self._lm_head = self._embed if spec.tie_word_embeddings else t["lm_head.weight"]  # (vocab, d_model)
+        self._norm = t["model.norm.weight"]
+        self._rope = RopeTables(spec.rope)
+        prepare = gqa_weights if spec.attention == "gqa" else mla_weights
+        self._attn: list[GqaWeights | MlaWeights] = [prepare(spec, t, i) for i in range(spec.n_layers)]
+        self._ln = [(t[f"model.layers.{i}.input_layernorm.weight"],
+                     t[f"model.layers.{i}.post_attention_layernorm.weight"]) for i in range(spec.n_layers)]
+        self._mlp = {i: tuple(t[f"model.layers.{i}.mlp.{p}_proj.weight"] for p in ("gate", "up", "down"))
+                     for i in range(spec.n_layers) if not spec.is_moe(i)}
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.spec)
+
+    def _check_ids(self, token_ids: np.ndarray | Sequence[int]) -> np.ndarray:
+        ids = np.asarray(token_ids)
+        if ids.ndim != 1 or ids.size == 0:
+            raise ValueError(f"token_ids must be a non-empty 1-D sequence of ids, received shape {ids.shape}")
+        if ids.dtype.kind not in "iu":
+            raise ValueError(f"token_ids must be integers, received dtype {ids.dtype}")
+        bad = ids[(ids < 0) | (ids >= self.spec.vocab_size)]
+        if bad.size:
+            raise ValueError(f"token id {int(bad[0])} out of range 0..{self.spec.vocab_size - 1} "
+                             f"({bad.size} id(s) out of range)")
+        return ids.astype(np.int64)
+
+    def _check_moe_output(self, layer: int, y: object, t: int) -> np.ndarray:
+        try:
+            arr = np.asarray(y, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise ValueError(f"MoE output of layer {layer} must be a float array [t, d_model], received "
+                             f"{type(y).__name__}") from None
+        if arr.shape != (t, self.spec.d_model):
+            raise ValueError(f"MoE output of layer {layer} has shape {arr.shape}, expected {(t, self.spec.d_model)}")
+        if not np.isfinite(arr).all():
+            raise ValueError(f"MoE output of layer {layer} holds {int((~np.isfinite(arr)).sum())} NaN/inf value(s)")
+        return arr
+
+    def run(self, token_ids: np.ndarray, cache: KVCache, *, last_only: bool = False) -> MoeStep:
+        """sans-I/O forward of token_ids int [t] at positions cache.length .. cache.length+t-1.
+
+        Yields (layer, x f32 [t, d_model]) at each MoE layer (x: the post-attention-normed hidden
+        states) and expects the MoE block's output y f32 [t, d_model] sent back. Returns logits
+        f32 [t, vocab], or [1, vocab] (the last position) when `last_only`. The cache grows by t
+        positions only when the generator returns. ValueError for bad ids, a cache of another model,
+        or a y of the wrong shape or with NaN/inf.
+        """
+        if not isinstance(cache, KVCache) or cache.spec != self.spec:
+            raise ValueError("cache was not made by this model's new_cache()")
+        ids = self._check_ids(token_ids)
+        spec, start, t = self.spec, cache.length, ids.shape[0]
+        h = self._embed[ids]  # (t, d_model)
+        new_rows: list[tuple[np.ndarray, np.ndarray]] = []
+        for layer in range(spec.n_layers):
+            ln_in, ln_post = self._ln[layer]
+            x = rms_norm(h, ln_in, spec.rms_norm_eps)
+            w = self._attn[layer]
+            if isinstance(w, GqaWeights):
+                a, ra, rb = gqa_attention(spec, w, self._rope, x, start, *cache.past(layer))
+            else:
+                a, ra, rb = mla_attention(spec, w, self._rope, x, start, *cache.past(layer))
+            new_rows.append((ra, rb))
+            h = h + a
+            x = rms_norm(h, ln_post, spec.rms_norm_eps)
+            if layer in self._mlp:
+                gate, up, down = self._mlp[layer]
+                y = (_silu(x @ gate.T) * (x @ up.T)) @ down.T
+            else:
+                y = self._check_moe_output(layer, (yield layer, np.ascontiguousarray(x)), t)
+            h = h + y
+        cache._commit(new_rows)
+        if last_only:
+            h = h[-1:]
+        return rms_norm(h, self._norm, spec.rms_norm_eps) @ self._lm_head.T
+
+    def forward(self, token_ids: np.ndarray, cache: KVCache, moe: Callable[[int, np.ndarray], np.ndarray],
+                *, last_only: bool = False) -> np.ndarray:
+        """run() driven synchronously: moe(layer, x f32 [t, d_model]) -> y f32 [t, d_model]."""
+        steps = self.run(token_ids, cache, last_only=last_only)
+        try:
+            layer, x = next(steps)
+            while True:
+                layer, x = steps.send(moe(layer, x))
+        except StopIteration as done:
+            return done.value
+
+
+def greedy_generate(model: WholeModel, prompt_ids: Sequence[int], max_new_tokens: int,
+                    moe: Callable[[int, np.ndarray], np.ndarray]) -> list[int]:
+    """max_new_tokens ids by argmax (ties to the lower id): the prompt in one prefill, then one token a step
+    through the KV cache. No stop token: the caller trims at its end-of-sequence id."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a non-negative integer, received {max_new_tokens!r}")
+    prompt = model._check_ids(list(prompt_ids) if not isinstance(prompt_ids, np.ndarray) else prompt_ids)
+    if max_new_tokens == 0:
+        return []
+    cache = model.new_cache()
+    logits = model.forward(prompt, cache, moe, last_only=True)
+    out = [int(np.argmax(logits[-1]))]  # np.argmax returns the first maximum: the lower id on a tie
+    while len(out) < max_new_tokens:
+        logits = model.forward(np.array([out[-1]]), cache, moe, last_only=True)
+        out.append(int(np.argmax(logits[-1])))
+    return out
+
+
+__all__ = ["KVCache", "WholeModel", "greedy_generate"]

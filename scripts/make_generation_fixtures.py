@@ -1,0 +1,231 @@
+"""Write the whole-model generation fixtures: two tiny random-weight MoE models and their transformers outputs.
+
+The fixtures (tests/fixtures/generation/<name>/) are checked in; this script is how they were made and how
+to remake them. It needs torch and transformers, which the node never imports, so it runs in its own venv:
+
+    python3 -m venv /work/genenv && /work/genenv/bin/pip install torch==2.13.0 transformers safetensors
+    /work/genenv/bin/python scripts/make_generation_fixtures.py [--out tests/fixtures/generation]
+
+Per model it writes:
+  config.json        the keys a Hugging Face hub config.json of that family has (Qwen/Qwen3-30B-A3B,
+                     deepseek-ai/DeepSeek-V3: ``num_experts``, ``rope_theta`` + ``rope_scaling`` with
+                     ``type: yarn``), not the 5.x save_pretrained spelling (``num_local_experts``,
+                     ``rope_parameters``), so the node reads the config the hub serves.
+  model.safetensors  F32, hub tensor names: per-expert ``mlp.experts.{E}.{gate,up,down}_proj.weight`` unfused
+                     from transformers 5.x's 3-D ``experts.gate_up_proj`` / ``experts.down_proj`` (gate is
+                     the first moe_intermediate_size rows of gate_up, as ``.chunk(2, dim=-1)`` splits it).
+  expected.json      prompt ids, greedy ids of ``generate(do_sample=False, max_new_tokens=16)``, versions.
+  logits.npy         f32 [prompt_len, vocab]: one forward over the prompt.
+
+Checks before writing (the script fails rather than write a fixture a float32 port could not match):
+reloading the folder with ``from_pretrained`` gives bit-identical logits; every argmax (each prompt position,
+each greedy step) beats the runner-up by MARGIN of the logit scale; every router decision (top-k, and
+DeepSeek's top groups) beats the next candidate by ROUTER_MARGIN, so f32 rounding cannot flip an expert.
+Weights are drawn from numpy with fixed seeds (not torch's init), scaled ~1/sqrt(fan_in) so the logits
+are far from uniform.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM
+
+ROOT = Path(__file__).resolve().parents[1]
+MARGIN = 1e-3  # top-1 minus top-2 logit, relative to max |logit| of that row
+ROUTER_MARGIN = 1e-4  # gap between the last chosen and the first unchosen router score (probability units)
+NEW_TOKENS = 16
+PROMPT_LEN = 8
+
+QWEN3_MOE: dict[str, Any] = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+    "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 0, "eos_token_id": 1,
+    "decoder_sparse_step": 1, "head_dim": 16, "hidden_act": "silu", "hidden_size": 64,
+    "initializer_range": 0.02, "intermediate_size": 96, "max_position_embeddings": 256, "max_window_layers": 3,
+    "mlp_only_layers": [], "moe_intermediate_size": 32, "norm_topk_prob": True, "num_attention_heads": 4,
+    "num_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 3, "num_key_value_heads": 2,
+    "output_router_logits": False, "rms_norm_eps": 1e-6, "rope_scaling": None, "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "float32",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 256,
+}
+
+DEEPSEEK_V3: dict[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+    "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 0, "eos_token_id": 1,
+    "ep_size": 1, "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 64,
+    "initializer_range": 0.02, "intermediate_size": 96, "kv_lora_rank": 32, "max_position_embeddings": 256,
+    "moe_intermediate_size": 32, "moe_layer_freq": 1, "n_group": 4, "n_routed_experts": 8, "n_shared_experts": 1,
+    "norm_topk_prob": True, "num_attention_heads": 4, "num_experts_per_tok": 2, "num_hidden_layers": 3,
+    "num_key_value_heads": 4, "num_nextn_predict_layers": 0, "q_lora_rank": 48, "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8, "rms_norm_eps": 1e-6,
+    # DeepSeek-V3's keys; mscale_all_dim differs from mscale (V3 has 1.0 and 1.0) so that YaRN's cos/sin
+    # attention_factor is not 1 and both mscale paths are exercised.
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.8,
+                     "original_max_position_embeddings": 64, "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "tie_word_embeddings": False,
+    "topk_group": 2, "topk_method": "noaux_tc", "torch_dtype": "float32", "use_cache": True, "v_head_dim": 16,
+    "vocab_size": 256,
+}
+
+MODELS = {"qwen3_moe": (QWEN3_MOE, 1234), "deepseek_v3": (DEEPSEEK_V3, 4321)}
+
+
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    """Overwrite every parameter/buffer that is a weight with seeded numpy draws (names sorted: stable order)."""
+    rng = np.random.default_rng(seed)
+    state = dict(model.named_parameters())
+    state.update({n: b for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")})
+    with torch.no_grad():
+        for name in sorted(state):
+            t = state[name]
+            if name.endswith("e_score_correction_bias"):
+                # Larger than the sigmoid scores' spread, so the bias really changes the groups chosen.
+                value = rng.normal(0.0, 0.3, t.shape)
+            elif "norm" in name:
+                value = 1.0 + 0.2 * rng.standard_normal(t.shape)
+            elif name.endswith("embed_tokens.weight"):
+                value = rng.standard_normal(t.shape)
+            elif name.endswith("mlp.gate.weight"):
+                value = 2.0 * rng.standard_normal(t.shape) / math.sqrt(t.shape[-1])
+            else:
+                value = rng.standard_normal(t.shape) / math.sqrt(t.shape[-1])
+            t.copy_(torch.from_numpy(np.asarray(value, dtype=np.float32)))
+
+
+def hub_state_dict(model: torch.nn.Module, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The model's tensors under hub names: 5.x's fused 3-D experts split back into per-expert 2-D ones."""
+    d_ff = config["moe_intermediate_size"]
+    out: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        if name.endswith("mlp.experts.gate_up_proj"):  # (E, 2*d_ff, d_model): gate rows then up rows
+            prefix = name[: -len("gate_up_proj")]
+            for e in range(t.shape[0]):
+                out[f"{prefix}{e}.gate_proj.weight"] = t[e, :d_ff].clone().contiguous()
+                out[f"{prefix}{e}.up_proj.weight"] = t[e, d_ff:].clone().contiguous()
+        elif name.endswith("mlp.experts.down_proj"):  # (E, d_model, d_ff)
+            prefix = name[: -len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{prefix}{e}.down_proj.weight"] = t[e].clone().contiguous()
+        elif name.endswith("rotary_emb.inv_freq") or name.endswith("original_inv_freq"):
+            continue
+        else:
+            out[name] = t.detach().clone().contiguous()
+    assert not any(n.endswith(("gate_up_proj", "experts.down_proj")) for n in out), "fused experts left"
+    return out
+
+
+def check_argmax_margins(logits: np.ndarray, what: str) -> float:
+    """Smallest (top1 - top2) / max|row| over rows of logits [n, vocab]; raises when below MARGIN."""
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    rel = (top2[:, 1] - top2[:, 0]) / np.abs(logits).max(axis=1)
+    if rel.min() < MARGIN:
+        raise SystemExit(f"{what}: argmax margin {rel.min():.2e} < {MARGIN}; change the seed or prompt")
+    return float(rel.min())
+
+
+def check_router_margins(logits: np.ndarray, config: dict[str, Any], bias: np.ndarray | None) -> float:
+    """Smallest gap between a chosen and an unchosen candidate of one router, logits f32 [t, n_routed]."""
+    k = config["num_experts_per_tok"]
+    if config["model_type"] == "qwen3_moe":
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        s = np.sort(p, axis=1)[:, ::-1]
+        return float((s[:, k - 1] - s[:, k]).min())
+    choice = 1.0 / (1.0 + np.exp(-logits)) + bias
+    t, n = choice.shape
+    g, kg = config["n_group"], config["topk_group"]
+    grouped = np.sort(choice.reshape(t, g, n // g), axis=2)[:, :, -2:].sum(axis=2)
+    gs = np.sort(grouped, axis=1)[:, ::-1]
+    gap_groups = (gs[:, kg - 1] - gs[:, kg]).min()
+    keep = np.argsort(-grouped, axis=1)[:, :kg]
+    mask = np.zeros((t, g), dtype=bool)
+    np.put_along_axis(mask, keep, True, axis=1)
+    masked = np.where(np.repeat(mask, n // g, axis=1), choice, -np.inf)
+    cs = np.sort(masked, axis=1)[:, ::-1]
+    return float(min(gap_groups, (cs[:, k - 1] - cs[:, k]).min()))
+
+
+def router_margin(model: torch.nn.Module, ids: torch.Tensor, config: dict[str, Any]) -> float:
+    """Run `ids` once with hooks on every router; the smallest decision gap over all layers and positions."""
+    seen: list[tuple[np.ndarray, np.ndarray | None]] = []
+    hooks = []
+    for name, mod in model.named_modules():
+        if name.endswith("mlp.gate"):
+            bias = getattr(mod, "e_score_correction_bias", None)
+            b = None if bias is None else bias.detach().numpy().copy()
+            hooks.append(mod.register_forward_hook(
+                lambda _m, _i, out, b=b: seen.append((out[0].detach().float().numpy(), b))))
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    gap = min(check_router_margins(logits, config, b) for logits, b in seen)
+    if gap < ROUTER_MARGIN:
+        raise SystemExit(f"router decision gap {gap:.2e} < {ROUTER_MARGIN}; change the seed or prompt")
+    return gap
+
+
+def build(name: str, config: dict[str, Any], seed: int, out: Path) -> None:
+    folder = out / name
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg_dir = Path(tmp)
+        (cfg_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        hf_config = AutoConfig.from_pretrained(cfg_dir)
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
+        randomize(model, seed)
+        tensors = hub_state_dict(model, config)
+        save_file(tensors, str(cfg_dir / "model.safetensors"), metadata={"format": "pt"})
+        reloaded = AutoModelForCausalLM.from_pretrained(cfg_dir, dtype=torch.float32).eval()
+        prompt = np.random.default_rng(seed + 1).integers(2, config["vocab_size"], PROMPT_LEN)
+        ids = torch.tensor(prompt[None, :], dtype=torch.long)
+        with torch.no_grad():
+            logits = model(ids).logits[0].numpy()
+            again = reloaded(ids).logits[0].numpy()
+        if not np.array_equal(logits, again):
+            raise SystemExit(f"{name}: logits after from_pretrained differ by {np.abs(logits - again).max():.3e}")
+        with torch.no_grad():
+            gen = reloaded.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=0,
+                                    pad_token_id=config["eos_token_id"])
+        greedy = gen[0, PROMPT_LEN:].tolist()
+        if len(greedy) != NEW_TOKENS or config["eos_token_id"] in greedy:
+            raise SystemExit(f"{name}: generate stopped early or produced eos: {greedy}")
+        with torch.no_grad():  # every position of prompt + generated tokens: the argmax each step took
+            full = reloaded(gen).logits[0].numpy()
+        m1 = check_argmax_margins(logits, f"{name} prompt")
+        m2 = check_argmax_margins(full[PROMPT_LEN - 1:-1], f"{name} greedy steps")
+        if not (full[PROMPT_LEN - 1:-1].argmax(axis=1) == np.array(greedy)).all():
+            raise SystemExit(f"{name}: one-shot forward over the generated ids disagrees with generate()")
+        gap = router_margin(reloaded, gen, config)
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(cfg_dir / "config.json", folder / "config.json")
+        shutil.copyfile(cfg_dir / "model.safetensors", folder / "model.safetensors")
+    np.save(folder / "logits.npy", logits.astype(np.float32))
+    expected = {"prompt_ids": prompt.tolist(), "logits_file": "logits.npy", "greedy_ids": greedy,
+                "transformers": transformers.__version__, "torch": torch.__version__}
+    (folder / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
+    size = sum(p.stat().st_size for p in folder.iterdir())
+    print(f"{name}: {size / 1024:.0f} KiB, argmax margins {m1:.2e} (prompt) {m2:.2e} (greedy), "
+          f"router gap {gap:.2e}, greedy {greedy}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "generation")
+    args = parser.parse_args()
+    for name, (config, seed) in MODELS.items():
+        build(name, config, seed, args.out)
+
+
+if __name__ == "__main__":
+    main()
