@@ -1,0 +1,60 @@
+"""The generation fixtures (tests/fixtures/generation, made by scripts/make_generation_fixtures.py) opened
+with the project's own prepare path: the experts and gates of every MoE layer sliced at F32 and loaded
+into an ExpertRuntime, whose forward_local is the MoE callback of the whole-model forward."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from apps.catalog.checkpoint import CheckpointReader
+from apps.catalog.shapes import shape_from_config
+from apps.catalog.slicing import prepare_layer
+from apps.experts.backends import CpuBackend
+from apps.experts.runtime import ExpertRuntime
+from apps.generation.model import WholeModel
+from apps.generation.spec import spec_from_config
+from apps.generation.weights import load_dense_weights
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "generation"
+NAMES = ("qwen3_moe", "deepseek_v3")
+
+
+@dataclass
+class Fixture:
+    name: str
+    folder: Path
+    model: WholeModel
+    runtime: ExpertRuntime
+    expected: dict
+    logits: np.ndarray  # f32 [prompt_len, vocab] from transformers
+    calls: list[tuple[int, tuple[int, ...]]]  # (layer, x.shape) of every MoE call, for protocol tests
+
+    def moe(self, layer: int, x: np.ndarray) -> np.ndarray:
+        self.calls.append((layer, x.shape))
+        return self.runtime.forward_local(model_id=self.name, layer=layer, hidden=x)
+
+
+@pytest.fixture(scope="session", params=NAMES)
+def fixture(request, tmp_path_factory) -> Fixture:
+    name = request.param
+    folder = FIXTURES / name
+    with CheckpointReader.open(folder) as reader:
+        shape = shape_from_config(name, reader.config)
+        spec = spec_from_config(reader.config, model_id=name)
+        runtime = ExpertRuntime(data_dir=tmp_path_factory.mktemp(name), memory_budget_bytes=64 << 20,
+                                backend=CpuBackend(use_numba=False))
+        for layer in shape.moe_layers:
+            prepared = prepare_layer(reader, shape, model_id=name, layer=layer,
+                                     experts=range(shape.n_experts_total), quant="F32")
+            runtime.gate_load(payload=prepared.gate_payload)
+            for payload in prepared.experts.values():
+                runtime.expert_load(payload=payload)
+        weights = load_dense_weights(reader, spec)
+    expected = json.loads((folder / "expected.json").read_text())
+    return Fixture(name=name, folder=folder, model=WholeModel(weights), runtime=runtime, expected=expected,
+                   logits=np.load(folder / expected["logits_file"]), calls=[])

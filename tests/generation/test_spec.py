@@ -1,0 +1,95 @@
+"""TransformerSpec from config.json: both hub spellings of RoPE, the DeepSeek family's aliases and
+softmax scale, and refusals that name the key."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from apps.catalog.shapes import CatalogError
+from apps.generation.rope import RopeTables, inv_freq
+from apps.generation.spec import spec_from_config
+from tests.generation.conftest import FIXTURES
+
+
+def config(name: str) -> dict:
+    return json.loads((FIXTURES / name / "config.json").read_text())
+
+
+def test_qwen3_moe_fixture():
+    spec = spec_from_config(config("qwen3_moe"), model_id="q")
+    assert (spec.family, spec.attention, spec.n_heads, spec.n_kv_heads, spec.head_dim) == ("qwen3_moe", "gqa", 4, 2, 16)
+    assert spec.qk_norm and spec.moe_layers == (0, 1, 2) and spec.rope.kind == "default" and not spec.rope.interleave
+    assert spec.attn_scale == 16 ** -0.5 and spec.is_moe(2)
+    with pytest.raises(ValueError, match=r"layer 3 outside 0\.\.2"):
+        spec.is_moe(3)
+
+
+def test_deepseek_v3_fixture_mla_and_yarn_scale():
+    spec = spec_from_config(config("deepseek_v3"), model_id="d")
+    assert (spec.attention, spec.q_lora_rank, spec.kv_lora_rank, spec.head_dim, spec.v_head_dim) == \
+        ("mla", 48, 32, 24, 16)
+    assert spec.moe_layers == (1, 2) and not spec.is_moe(0) and spec.dense_d_ff == 96
+    assert spec.rope.kind == "yarn" and spec.rope.interleave and spec.rope.dim == 8
+    # transformers yarn_apply_mscale: qk_head_dim^-0.5 · (0.1 · mscale_all_dim · ln factor + 1)²
+    assert spec.attn_scale == pytest.approx(24 ** -0.5 * (0.1 * 0.8 * math.log(4.0) + 1) ** 2, rel=1e-12)
+    freqs, attention_factor = inv_freq(spec.rope)
+    # mscale 1.0 over mscale_all_dim 0.8: cos/sin are scaled by the ratio of the two mscales
+    assert attention_factor == pytest.approx((0.1 * math.log(4) + 1) / (0.08 * math.log(4) + 1))
+    plain = 1.0 / 10000 ** (np.arange(0, 8, 2) / 8)
+    # YaRN keeps the fastest dims (extrapolation) and divides the slowest by factor (interpolation)
+    assert freqs[0] == pytest.approx(plain[0]) and freqs[-1] == pytest.approx(plain[-1] / 4.0)
+
+
+def test_kimi_and_5x_spellings_read_the_same():
+    hub = config("deepseek_v3")
+    ref = spec_from_config(hub, model_id="d")
+    kimi = spec_from_config(dict(hub, model_type="kimi_k2"), model_id="d")
+    assert kimi.family == "deepseek_v3" and kimi.attn_scale == ref.attn_scale and kimi.rope == ref.rope
+    five = {k: v for k, v in hub.items() if k not in ("rope_scaling", "rope_theta")}
+    five["rope_parameters"] = {**{k: v for k, v in hub["rope_scaling"].items() if k != "type"},
+                               "rope_type": "yarn", "rope_theta": hub["rope_theta"]}
+    assert spec_from_config(five, model_id="d") == ref
+    wrapped = {"model_type": "kimi_k25", "text_config": dict(hub, model_type="kimi_k2")}
+    assert spec_from_config(wrapped, model_id="d").rope == ref.rope
+
+
+def test_rotate_half_and_interleaved_pairs_turn_the_same_pairs():
+    spec = spec_from_config(config("deepseek_v3"), model_id="d")
+    tables = RopeTables(spec.rope)
+    x = np.random.default_rng(0).standard_normal((3, 2, 8)).astype(np.float32)
+    cos, sin = tables.cos_sin(np.arange(5, 8))
+    inter = tables.apply(x, cos, sin)
+    # de-interleave the input first and rotate-half it: the same numbers
+    half = RopeTables(type(spec.rope)(**{**spec.rope.__dict__, "interleave": False}))
+    flat = half.apply(np.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1), cos, sin)
+    np.testing.assert_array_equal(inter, flat)
+
+
+@pytest.mark.parametrize(("change", "reason", "match"), [
+    ({"model_type": "llama"}, "unknown_model", "unsupported model_type 'llama'"),
+    ({"model_type": "glm4_moe"}, "unknown_model", "unsupported model_type 'glm4_moe'"),
+    ({"qk_rope_head_dim": None}, "shape_incomplete", "no 'qk_rope_head_dim'"),
+    ({"kv_lora_rank": 0}, "shape_incomplete", "'kv_lora_rank' must be a positive integer"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "shape_incomplete", "rope type 'dynamic'"),
+    ({"rope_theta": None}, "shape_incomplete", "no 'rope_theta'"),
+    ({"attention_bias": True}, "shape_incomplete", "attention_bias"),
+    ({"hidden_act": "gelu"}, "shape_incomplete", "hidden_act 'gelu'"),
+    ({"n_group": None}, "shape_incomplete", "n_group"),
+])
+def test_bad_configs_name_the_key(change, reason, match):
+    with pytest.raises(CatalogError, match=match) as err:
+        spec_from_config(dict(config("deepseek_v3"), **change), model_id="d")
+    assert err.value.reason == reason
+
+
+def test_qwen_refusals():
+    with pytest.raises(CatalogError, match="not a multiple of num_key_value_heads 3"):
+        spec_from_config(dict(config("qwen3_moe"), num_key_value_heads=3), model_id="q")
+    with pytest.raises(CatalogError, match="use_sliding_window"):
+        spec_from_config(dict(config("qwen3_moe"), use_sliding_window=True), model_id="q")
+    with pytest.raises(CatalogError, match="JSON object"):
+        spec_from_config([], model_id="q")
