@@ -10,6 +10,7 @@ class DashboardConfig(AppConfig):
         from apps.dashboard.services import (
             push_dispute_decided,
             push_forward_done,
+            push_generation_progress,
             push_holdings_changed,
             push_node_processes,
             push_policy_activated,
@@ -20,6 +21,7 @@ class DashboardConfig(AppConfig):
             push_runtime_status,
         )
         from apps.forward.signals import forward_recorded
+        from apps.generation.signals import generation_progressed
         from apps.governance.signals import policy_activated
         from apps.node.signals import node_processes_read
         from apps.providers.signals import holdings_changed, providers_changed
@@ -37,3 +39,4 @@ class DashboardConfig(AppConfig):
         node_processes_read.connect(push_node_processes, dispatch_uid="dashboard-node-processes")
         worker_state_published.connect(push_runtime_status, dispatch_uid="dashboard-runtime-status")
         providers_changed.connect(push_providers_changed, dispatch_uid="dashboard-providers-changed")
+        generation_progressed.connect(push_generation_progress, dispatch_uid="dashboard-generation-progress")

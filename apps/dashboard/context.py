@@ -11,7 +11,8 @@ from apps.node.selectors import node_identity
 # (path, label) of every page, in the navigation's order; a page is added here once it exists.
 NAV_PAGES: list[tuple[str, str]] = [("/", "Node"), ("/network/", "Network"), ("/runtime/", "Runtime"),
                                     ("/shardmap/", "Shard map"), ("/dispatch/", "Dispatch"), ("/forwards/", "Forwards"),
-                                    ("/receipts/", "Receipts"), ("/prepare/", "Prepare"), ("/repair/", "Repair")]
+                                    ("/generate/", "Generate"), ("/receipts/", "Receipts"), ("/prepare/", "Prepare"),
+                                    ("/repair/", "Repair")]
 
 
 def dashboard(request: HttpRequest) -> dict[str, Any]:

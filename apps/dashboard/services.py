@@ -74,3 +74,9 @@ def push_runtime_status(*, status: dict[str, Any], **_: Any) -> None:
 def push_providers_changed(*, changed: list[str], removed: list[str], **_: Any) -> None:
     """Receiver of providers' providers_changed: ids only; the network page fetches their rows."""
     dashboard_push(event="network.changed", payload={"changed": changed, "removed": removed})
+
+
+def push_generation_progress(*, generation: dict[str, Any], **_: Any) -> None:
+    """Receiver of generation's generation_progressed (sent from the expert worker after each step's
+    commit): the generate page appends the step's token and fan-out live."""
+    dashboard_push(event="generation.progress", payload={"generation": generation})

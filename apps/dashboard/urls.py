@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.dashboard import pages_node, pages_shards, pages_work, views
+from apps.dashboard import pages_generate, pages_node, pages_shards, pages_work, views
 
 urlpatterns = [
     path("", views.home, name="dashboard-home"),
@@ -16,5 +16,8 @@ urlpatterns = [
     path("prepare/", pages_work.prepare, name="dashboard-prepare"),
     path("prepare/start/", pages_work.prepare_start, name="dashboard-prepare-start"),
     path("forwards/", pages_work.forwards, name="dashboard-forwards"),
+    path("generate/", pages_generate.generate, name="dashboard-generate"),
+    path("generate/data.json", pages_generate.generate_data, name="dashboard-generate-data"),
+    path("generate/start/", pages_generate.generate_start, name="dashboard-generate-start"),
     path("repair/", pages_work.repair, name="dashboard-repair"),
 ]

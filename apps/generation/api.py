@@ -135,19 +135,28 @@ async def load_dense(params: LoadDenseParams) -> dict[str, Any]:
     return result
 
 
+async def generation_begin(params: GenerateParams) -> str:
+    """Ask the expert worker to start a generation; its id, once its record exists.
+
+    Shared by tenzro_moeGenerate and the dashboard's form: the schema checked the params' form,
+    the worker checks the rest (the dense part is loaded, ids within the vocabulary, not busy)
+    and raises the same errors for both."""
+    started, _ = await worker_call("moe/generate", params.model_dump(exclude={"wait"}, exclude_none=True))
+    return started["generation_id"]
+
+
 @rpc_method("tenzro_moeGenerate", rest="/moe/generate", tag="moe", params=GenerateParams, response=GenerationOut,
             errors=(404, 429, 503), operator_only=True)
 async def generate(params: GenerateParams) -> dict[str, Any]:
     """Greedy generation over the network: prefill the prompt as one batch, then one token per
     step with the KV cache; every MoE layer runs through the distributed forward."""
-    options = params.model_dump(exclude={"wait"}, exclude_none=True)
-    started, _ = await worker_call("moe/generate", options)
+    generation_id = await generation_begin(params)
     read = sync_to_async(selectors.generation_get)
-    generation = await read(generation_id=started["generation_id"])
+    generation = await read(generation_id=generation_id)
     until = time.monotonic() + settings.TENZRO_GENERATE_WAIT_S
     while params.wait and generation["state"] == "running" and time.monotonic() < until:
         await asyncio.sleep(WAIT_POLL_S)
-        generation = await read(generation_id=started["generation_id"])
+        generation = await read(generation_id=generation_id)
     return generation
 
 

@@ -30,3 +30,9 @@ def generation_get(*, generation_id: str) -> dict[str, Any]:
 
 def generations_recent(*, limit: int = 20) -> list[dict[str, Any]]:
     return [generation_to_dict(row, steps=False) for row in Generation.objects.all()[:limit]]
+
+
+def generation_models(*, limit: int = 200) -> list[str]:
+    """The models of the most recent generations, newest first, once each."""
+    ids = Generation.objects.values_list("model_id", flat=True)[:limit]
+    return list(dict.fromkeys(ids))

@@ -14,7 +14,10 @@ from apps.generation.signals import generation_progressed
 
 
 def _sent(row: Generation, step: dict[str, Any] | None) -> None:
+    # JSON-ready, as the signal promises: the dashboard's channel layer (msgpack) refuses datetimes.
     view = {**generation_to_dict(row, steps=False), "step": step}
+    for name in ("created_at", "finished_at"):
+        view[name] = view[name].isoformat() if view[name] is not None else None
     transaction.on_commit(lambda: generation_progressed.send(sender=Generation, generation=view))
 
 
