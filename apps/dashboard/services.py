@@ -4,22 +4,41 @@ Called from other apps' services inside `transaction.on_commit`, so a page never
 a change that was rolled back.
 """
 
+import asyncio
 import logging
+import os
+import threading
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 DASHBOARD_GROUP = "dashboard"
+PUSH_TIMEOUT_S = 5.0
 logger = logging.getLogger(__name__)
+_push_loop: tuple[int, asyncio.AbstractEventLoop] | None = None
+_push_lock = threading.Lock()
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    """This process's push loop, on a thread of its own. The channel layer keeps its Redis
+    connections per event loop, and async_to_sync ran each push on a new loop: a new connection
+    per push (a generation pushes every step). A forked child (Celery's pool) starts its own."""
+    global _push_loop
+    with _push_lock:
+        if _push_loop is None or _push_loop[0] != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="dashboard-push", daemon=True).start()
+            _push_loop = (os.getpid(), loop)
+        return _push_loop[1]
 
 
 def dashboard_push(*, event: str, payload: dict[str, Any]) -> None:
-    """Send `event` to all dashboards; a Redis outage is logged, never raised into the caller."""
+    """Send `event` to all dashboards (sent when this returns); a Redis outage is logged, never
+    raised into the caller."""
     layer = get_channel_layer()
     try:
         message = {"type": "dashboard.event", "event": event, "payload": payload}
-        async_to_sync(layer.group_send)(DASHBOARD_GROUP, message)
+        asyncio.run_coroutine_threadsafe(layer.group_send(DASHBOARD_GROUP, message), _loop()).result(PUSH_TIMEOUT_S)
     except Exception:
         logger.exception("could not push %s to dashboards", event)
 

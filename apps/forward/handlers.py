@@ -141,11 +141,14 @@ class DistributedForward:
 
     async def forward_layer(self, model_id: str, layer: int, hidden: np.ndarray, ctx: CallContext, *,
                             allow_partial: bool = False, allow_cold: bool = False, min_gate_mass: float = 0.0,
-                            codecs: tuple[str, ...] = ()) -> tuple[dict[str, Any], np.ndarray]:
+                            codecs: tuple[str, ...] = (), keep_record: bool = True
+                            ) -> tuple[dict[str, Any], np.ndarray]:
         """One layer's distributed forward of hidden f32 [tokens, d_model] (validated rows): the
         answer's JSON part (tokens, d_model, missing, lost_gate_mass, stats) and the combined
         rows f32 [tokens, d_model]. `codecs`: the wire codecs to offer, () for the node's own.
-        Raises ForwardIncomplete (naming what is missing) when it fails closed."""
+        Raises ForwardIncomplete (naming what is missing) when it fails closed. `keep_record`
+        false: no ForwardRecord of its stats (a generation keeps them in its steps instead);
+        penalties, latencies, receipts and settlement are recorded either way."""
         started = time.monotonic()
         codecs = codecs or tuple(c for c in settings.TENZRO_ACTIVATION_CODECS if c in WIRE_CODECS)
         gate = self.runtime.gate_spec(model_id, layer)
@@ -186,7 +189,7 @@ class DistributedForward:
         except ForwardIncomplete as exc:  # say why: which experts had no holder, which holders failed
             failed = _stats(report, np.zeros(0), elapsed_s=time.monotonic() - started,
                             dispatch_s=time.monotonic() - planned_at, codecs=codecs)
-            self._record(model_id, report, view, forward_id, failed, tokens=n_tokens,
+            self._record(model_id, report, view, forward_id, failed if keep_record else None, tokens=n_tokens,
                          missing=len(exc.details["missing"]) or 1)
             message = exc.message
             if report.unroutable:
@@ -199,15 +202,16 @@ class DistributedForward:
                        dispatch_s=time.monotonic() - planned_at, codecs=codecs)
         stats["forward_id"] = forward_id
         # Recorded once the stats exist (the finish above is synchronous: nothing awaits in between).
-        self._record(model_id, report, view, forward_id, stats, tokens=n_tokens, missing=len(result.missing))
+        self._record(model_id, report, view, forward_id, stats if keep_record else None, tokens=n_tokens,
+                     missing=len(result.missing))
         return {"tokens": n_tokens, "d_model": gate.d_model, "missing": result.missing,
                 "lost_gate_mass": [round(float(x), 6) for x in result.lost_share] if result.missing else [],
                 "stats": stats}, result.out
 
     def _record(self, model_id: str, report: ForwardReport, view: View, forward_id: str,
-                forward_stats: dict[str, Any], *, tokens: int, missing: int) -> None:
-        """Penalties, latencies, kept receipts, the settlement and the forward's stats go to the
-        control plane after the answer, never delaying it."""
+                forward_stats: dict[str, Any] | None, *, tokens: int, missing: int) -> None:
+        """Penalties, latencies, kept receipts, the settlement and the forward's stats (unless None)
+        go to the control plane after the answer, never delaying it."""
         until = time.monotonic() + settings.TENZRO_FORWARD_FAILURE_COOLDOWN_S
         for failure in report.failures:
             self._cooling[failure.provider] = until
@@ -219,8 +223,9 @@ class DistributedForward:
         latencies = {pid: float(np.median(s.overheads_s or s.latencies_s)) * 1000.0
                      for pid, s in report.holders.items() if s.latencies_s}
         remote = {pid: s for pid, s in report.holders.items() if pid != self.self_id and s.receipts}
-        self._write(lambda: services.forward_stats_record(forward_id=forward_id, model_id=model_id, tokens=tokens,
-                                                          stats=forward_stats, missing=missing))
+        if forward_stats is not None:
+            self._write(lambda: services.forward_stats_record(forward_id=forward_id, model_id=model_id,
+                                                              tokens=tokens, stats=forward_stats, missing=missing))
         if not report.failures and not remote:
             return
         providers, holdings, _, _ = view

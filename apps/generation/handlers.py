@@ -48,7 +48,8 @@ class LayerForward(Protocol):
 
     def __call__(self, model_id: str, layer: int, hidden: np.ndarray, ctx: CallContext, *,
                  allow_partial: bool = ..., allow_cold: bool = ..., min_gate_mass: float = ...,
-                 codecs: tuple[str, ...] = ...) -> Awaitable[tuple[dict[str, Any], np.ndarray]]: ...
+                 codecs: tuple[str, ...] = ..., keep_record: bool = ...
+                 ) -> Awaitable[tuple[dict[str, Any], np.ndarray]]: ...
 
 
 class LoadedModel:
@@ -222,8 +223,10 @@ class WholeModelHandlers:
         done, value = await ctx.run_blocking(self.executor, _advance, gen, None)
         while not done:
             layer, x = value
+            # the step's record keeps this layer's stats: no ForwardRecord per layer and token
             result, out = await self.forward_layer(model_id, layer, x, ctx, allow_partial=options["allow_partial"],
-                                                   codecs=(options["wire"],) if options["wire"] else ())
+                                                   codecs=(options["wire"],) if options["wire"] else (),
+                                                   keep_record=False)
             layers.append(_layer_stats(layer, result))
             done, value = await ctx.run_blocking(self.executor, _advance, gen, out)
         return value, layers

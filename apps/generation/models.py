@@ -22,7 +22,6 @@ class Generation(models.Model):
     options = models.JSONField(default=dict, help_text="allow_partial, wire.")
     state = models.CharField(max_length=8, choices=GenerationState.choices, default=GenerationState.RUNNING)
     tokens = models.JSONField(default=list, help_text="The new token ids, in order.")
-    steps = models.JSONField(default=list, help_text="Per step: phase, token, ms, and each MoE layer's fan-out.")
     ttft_ms = models.FloatField(null=True, blank=True, help_text="Time to the first new token (the prefill).")
     decode_tokens_per_s = models.FloatField(null=True, blank=True)
     error_reason = models.CharField(max_length=64, blank=True, default="")
@@ -35,3 +34,20 @@ class Generation(models.Model):
 
     def __str__(self) -> str:
         return f"generation {self.generation_id[:12]} {self.model_id} ({self.state}, {len(self.tokens)} tokens)"
+
+
+class GenerationStep(models.Model):
+    """One step of a generation: phase, token, time and each MoE layer's fan-out (`data`).
+
+    A row per step, so that a step's write does not rewrite the steps before it."""
+
+    generation = models.ForeignKey(Generation, on_delete=models.CASCADE, related_name="step_rows")
+    index = models.PositiveIntegerField()
+    data = models.JSONField(help_text="{index, phase, tokens_in, token, ms, layers: [...]}")
+
+    class Meta:
+        ordering = ("generation", "index")
+        constraints = [models.UniqueConstraint(fields=("generation", "index"), name="generation_step_once")]
+
+    def __str__(self) -> str:
+        return f"step {self.index} of {self.generation_id}"

@@ -17,7 +17,7 @@ def generation_to_dict(row: Generation, *, steps: bool = True) -> dict[str, Any]
         "created_at": row.created_at, "finished_at": row.finished_at,
     }
     if steps:
-        out["steps"] = row.steps
+        out["steps"] = [data for data in row.step_rows.order_by("index").values_list("data", flat=True)]
     return out
 
 

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.generation.models import Generation, GenerationState
+from apps.generation.models import Generation, GenerationState, GenerationStep
 from apps.generation.selectors import generation_to_dict
 from apps.generation.signals import generation_progressed
 
@@ -44,11 +44,11 @@ def generation_step(*, generation_id: str, step: dict[str, Any], ttft_ms: float 
     """Append one step (its new token under step["token"]); the first step sets the time to first token."""
     with transaction.atomic():
         row = Generation.objects.select_for_update().get(generation_id=generation_id)
-        row.steps = [*row.steps, step]
+        GenerationStep.objects.create(generation=row, index=step["index"], data=step)
         row.tokens = [*row.tokens, step["token"]]
         if ttft_ms is not None:
             row.ttft_ms = ttft_ms
-        row.save(update_fields=["steps", "tokens", "ttft_ms"])
+        row.save(update_fields=["tokens", "ttft_ms"])
         _sent(row, step)
 
 
