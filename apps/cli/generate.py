@@ -48,7 +48,8 @@ def _follow(obj: CliContext, generation: dict[str, Any]) -> dict[str, Any]:
             if generation["state"] != "running":
                 return generation
             time.sleep(POLL_S)
-            generation = obj.call("tenzro_moeGeneration", {"generation_id": generation["generation_id"]})
+            generation = obj.call("tenzro_moeGeneration", {"generation_id": generation["generation_id"],
+                                                           "steps": False})
     finally:
         if bar is not None:
             bar.render_finish()
@@ -72,7 +73,7 @@ def generate(obj: CliContext, model: str, prompt_ids: list[int], max_new_tokens:
               "allow_partial": allow_partial, "stop_at_eos": not no_stop_at_eos, "wait": False,
               **({"wire": wire} if wire else {})}
     generation = _follow(obj, obj.call("tenzro_moeGenerate", params))
-    if show_steps:  # a polled record carries its steps; the first answer of a one-step run may not
+    if show_steps:  # polled without them
         generation = obj.call("tenzro_moeGeneration", {"generation_id": generation["generation_id"]})
     else:
         generation.pop("steps", None)

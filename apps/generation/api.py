@@ -115,6 +115,7 @@ class ModelForwardOut(Out):
 
 class GenerationParams(QueryParams):
     generation_id: str = Field(min_length=1, max_length=32)
+    steps: bool = Field(True, description="false leaves the steps out: what a client following the tokens polls.")
 
 
 class GenerationsParams(QueryParams):
@@ -151,13 +152,11 @@ async def generate(params: GenerateParams) -> dict[str, Any]:
     """Greedy generation over the network: prefill the prompt as one batch, then one token per
     step with the KV cache; every MoE layer runs through the distributed forward."""
     generation_id = await generation_begin(params)
-    read = sync_to_async(selectors.generation_get)
-    generation = await read(generation_id=generation_id)
+    running = sync_to_async(selectors.generation_running)
     until = time.monotonic() + settings.TENZRO_GENERATE_WAIT_S
-    while params.wait and generation["state"] == "running" and time.monotonic() < until:
+    while params.wait and time.monotonic() < until and await running(generation_id=generation_id):
         await asyncio.sleep(WAIT_POLL_S)
-        generation = await read(generation_id=generation_id)
-    return generation
+    return await sync_to_async(selectors.generation_get)(generation_id=generation_id)
 
 
 @rpc_method("tenzro_moeModelForward", rest="/moe/model-forward", tag="moe", params=ModelForwardParams,
@@ -173,7 +172,7 @@ async def model_forward(params: ModelForwardParams) -> dict[str, Any]:
             params=GenerationParams, response=GenerationOut, errors=(404,))
 def generation(params: GenerationParams) -> dict[str, Any]:
     """One generation: its tokens so far, state, and each step's per-layer fan-out."""
-    return selectors.generation_get(generation_id=params.generation_id)
+    return selectors.generation_get(generation_id=params.generation_id, steps=params.steps)
 
 
 class GenerationsOut(Out):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from apps.errors import NotFound
-from apps.generation.models import Generation
+from apps.generation.models import Generation, GenerationState
 
 
 def generation_to_dict(row: Generation, *, steps: bool = True) -> dict[str, Any]:
@@ -21,11 +21,16 @@ def generation_to_dict(row: Generation, *, steps: bool = True) -> dict[str, Any]
     return out
 
 
-def generation_get(*, generation_id: str) -> dict[str, Any]:
+def generation_get(*, generation_id: str, steps: bool = True) -> dict[str, Any]:
     row = Generation.objects.filter(generation_id=generation_id).first()
     if row is None:
         raise NotFound(f"no generation {generation_id!r} on this node", reason="unknown_generation")
-    return generation_to_dict(row)
+    return generation_to_dict(row, steps=steps)
+
+
+def generation_running(*, generation_id: str) -> bool:
+    """Whether it is still running (one indexed read of one column: what a waiting client polls)."""
+    return Generation.objects.filter(generation_id=generation_id, state=GenerationState.RUNNING).exists()
 
 
 def generations_recent(*, limit: int = 20) -> list[dict[str, Any]]:

@@ -140,10 +140,10 @@ def test_killing_a_holder_mid_generation_changes_no_token(network) -> None:
     gid = started["generation_id"]
 
     deadline = time.monotonic() + 60
-    at_kill = a.result("tenzro_moeGeneration", {"generation_id": gid})
+    at_kill = a.result("tenzro_moeGeneration", {"generation_id": gid, "steps": False})
     while not at_kill["tokens"] and time.monotonic() < deadline:  # polled tightly: a step takes ~0.1 s
         time.sleep(0.02)
-        at_kill = a.result("tenzro_moeGeneration", {"generation_id": gid})
+        at_kill = a.result("tenzro_moeGeneration", {"generation_id": gid, "steps": False})
     os.killpg(c.process.pid, signal.SIGKILL)
     c.process.wait()
     assert at_kill["state"] == "running" and len(at_kill["tokens"]) < n, "the kill must land mid-generation"
@@ -151,6 +151,6 @@ def test_killing_a_holder_mid_generation_changes_no_token(network) -> None:
     generation = at_kill
     while generation["state"] == "running" and time.monotonic() < deadline:
         time.sleep(0.2)
-        generation = a.result("tenzro_moeGeneration", {"generation_id": gid})
+        generation = a.result("tenzro_moeGeneration", {"generation_id": gid, "steps": False})
     assert generation["state"] == "done", generation.get("error")
     assert generation["tokens"] == meta["greedy_ids"]
