@@ -6,7 +6,7 @@ with a message naming what was wrong with the expected and received values.
 
 from __future__ import annotations
 
-from apps.errors import InvalidInput, NotFound, TenzroError
+from apps.errors import InvalidInput, NotFound, PayloadTooLarge, TenzroError
 
 
 class ExpertRuntimeError(TenzroError):
@@ -49,3 +49,9 @@ class ModelMismatch(ExpertRuntimeError, InvalidInput):
     """A gate and the experts of the same (model_id, layer) disagree (width, expert range)."""
 
     reason = "model_mismatch"
+
+
+class InsufficientMemory(ExpertRuntimeError, PayloadTooLarge):
+    """What was asked to be held does not fit in the memory budget."""
+
+    reason = "over_budget"

@@ -28,7 +28,7 @@ import numpy as np
 
 from apps.durable_files import link_or_write_atomic, write_atomic
 from apps.experts.backends import ComputeBackend, select_backend
-from apps.experts.errors import ExpertNotLoaded, GateNotLoaded, InvalidPayload, ModelMismatch
+from apps.experts.errors import ExpertNotLoaded, GateNotLoaded, InsufficientMemory, InvalidPayload, ModelMismatch
 from apps.experts.ffn import (
     ExpertHeader,
     ResidentExpert,
@@ -263,13 +263,23 @@ class ExpertRuntime:
             "experts": experts,
             "gates": gates,
             "memory_budget_bytes": self._cache.budget_bytes,
-            "memory_used_bytes": self._cache.used_bytes,
+            # the memory tier plus what is held outside it under the same budget (reserve_memory)
+            "memory_used_bytes": self._cache.used_bytes + self._cache.reserved_bytes,
             "counts": {"warm": warm, "cold": len(rows) - warm, "gates": len(gates)},
             "committed_tps": self.committed_tps(),
             "gpu_backend_active": bool(self.backend.is_gpu),
             "backend": self.backend.name,
             "cpu_kernel": self.backend.cpu_kernel,
         }
+
+    def reserve_memory(self, name: str, nbytes: int) -> None:
+        """Hold `nbytes` of the memory budget for something outside the expert tier (a router's
+        dense weights), moving experts to the disk tier as needed; 0 releases it. Raises
+        InsufficientMemory (over_budget) when the reservations would exceed the budget."""
+        try:
+            self._cache.reserve(name, nbytes)
+        except ValueError as exc:
+            raise InsufficientMemory(str(exc)) from None
 
     def held(self, model_id: str) -> list[tuple[int, int, bool, str | None]]:
         """(layer, expert, warm, blob_uri) of every expert of `model_id` held here, cheaply (no rows)."""

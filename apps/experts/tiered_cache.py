@@ -5,8 +5,10 @@ tier is the source of truth: eviction only drops the decoded copy, promotion dec
 file again, and a restart re-registers every file found (as Cold). Decoding is
 deterministic, so a spilled and re-promoted expert computes bit-identical results.
 
-Invariant, checked at every insertion: sum(nbytes of memory-tier experts) <= budget. An
-expert larger than the whole budget is never made resident; `get` decodes it for the call
+Invariant, checked at every insertion: sum(nbytes of memory-tier experts) + reserved <= budget,
+where `reserved` is memory the node holds outside the tier under the same budget (a router's
+dense weights, apps/generation): a reservation evicts experts to the disk tier, LRU first,
+until both fit. An expert larger than the budget left is never made resident; `get` decodes it for the call
 only (the caller's reference keeps it alive, the tier never counts it).
 
 Locking: one lock guards the tier state (records, LRU order, byte count). Disk reads and
@@ -90,6 +92,7 @@ class TieredCache:
         self._records: dict[Key, Record] = {}
         self._memory: OrderedDict[Key, ResidentExpert] = OrderedDict()  # LRU first, MRU last
         self._used = 0
+        self._reserved: dict[str, int] = {}  # name -> bytes held outside the tier under this budget
         self._generation = 0
         self._inflight: dict[Key, Future[ResidentExpert]] = {}
 
@@ -199,6 +202,29 @@ class TieredCache:
         with self._lock:
             return self._used
 
+    @property
+    def reserved_bytes(self) -> int:
+        with self._lock:
+            return sum(self._reserved.values())
+
+    def reserve(self, name: str, nbytes: int) -> None:
+        """Hold `nbytes` of the budget under `name` (replacing its earlier reservation; 0 releases
+        it), evicting memory-tier experts, LRU first, until the rest fits. ValueError when the
+        reservations together would exceed the budget: nothing changes then."""
+        with self._lock:
+            others = sum(v for k, v in self._reserved.items() if k != name)
+            if nbytes < 0 or others + nbytes > self.budget_bytes:
+                raise ValueError(f"{nbytes} bytes for {name} do not fit: the memory budget is {self.budget_bytes} "
+                                 f"bytes, {others} of them reserved already")
+            if nbytes:
+                self._reserved[name] = int(nbytes)
+            else:
+                self._reserved.pop(name, None)
+            evicted = self._evict_to(self.budget_bytes - others - nbytes)
+        if evicted:
+            log.info("reserving %d bytes for %s moved %d experts to the disk tier", nbytes, name, evicted)
+            self._changed()
+
     def get(self, key: Key) -> ResidentExpert:
         """The decoded expert, promoting it from disk when Cold (ExpertNotLoaded if unknown)."""
         with self._lock:
@@ -263,15 +289,23 @@ class TieredCache:
     # -- memory tier (callers hold the lock) ----------------------------------------------------
 
     def _insert(self, key: Key, expert: ResidentExpert) -> None:
-        if expert.nbytes > self.budget_bytes:
-            return  # can never fit: stays disk-tier, decoded per call by `get`
+        limit = self.budget_bytes - sum(self._reserved.values())
+        if expert.nbytes > limit:
+            return  # cannot fit: stays disk-tier, decoded per call by `get`
         self._drop_memory(key)
-        while self._memory and self._used + expert.nbytes > self.budget_bytes:
-            _, evicted = self._memory.popitem(last=False)
-            self._used -= evicted.nbytes
+        self._evict_to(limit - expert.nbytes)
         self._memory[key] = expert
         self._used += expert.nbytes
-        assert self._used <= self.budget_bytes
+        assert self._used <= limit
+
+    def _evict_to(self, limit: int) -> int:
+        """Drop memory-tier experts, LRU first, until they use at most `limit` bytes; how many went."""
+        evicted = 0
+        while self._memory and self._used > limit:
+            _, expert = self._memory.popitem(last=False)
+            self._used -= expert.nbytes
+            evicted += 1
+        return evicted
 
     def _drop_memory(self, key: Key) -> None:
         old = self._memory.pop(key, None)

@@ -115,12 +115,13 @@ class WholeModelHandlers:
 
     # -- moe/load_dense ------------------------------------------------------------------------
 
-    def _free_bytes(self, replacing: str) -> int:
-        """Memory budget left for dense weights: the budget less the experts' memory tier and the
-        other models' dense weights (a reload of the same model replaces its weights)."""
+    def _free_bytes(self, model_id: str) -> int:
+        """Memory budget the dense weights of `model_id` may take: the budget less what other
+        models' dense weights hold. Experts in the memory tier make room (they move to the disk
+        tier, LRU first, when the reservation is made), so they do not count against it."""
         status = self.runtime.status()
-        dense = sum(m.dense_bytes for mid, m in self.models.items() if mid != replacing)
-        return max(0, int(status["memory_budget_bytes"]) - int(status["memory_used_bytes"]) - dense)
+        others = sum(m.dense_bytes for mid, m in self.models.items() if mid != model_id)
+        return max(0, int(status["memory_budget_bytes"]) - others)
 
     async def load_dense(self, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Result:
         model_id, checkpoint = str_param(params, "model_id"), str_param(params, "checkpoint")
@@ -136,6 +137,8 @@ class WholeModelHandlers:
             return LoadedModel(WholeModel(weights), weights.nbytes, eos, checkpoint), gates
 
         loaded, gates = await ctx.run_blocking(self.executor, load)
+        # held under the node's memory budget: experts move to the disk tier to make room
+        self.runtime.reserve_memory(f"dense weights of {model_id}", loaded.dense_bytes)
         for payload in gates:  # the router gates every MoE layer itself
             await ctx.run_blocking(self.executor, self.runtime.gate_load, payload=payload)
         self.models[model_id] = loaded

@@ -154,3 +154,13 @@ def test_killing_a_holder_mid_generation_changes_no_token(network) -> None:
         generation = a.result("tenzro_moeGeneration", {"generation_id": gid, "steps": False})
     assert generation["state"] == "done", generation.get("error")
     assert generation["tokens"] == meta["greedy_ids"]
+
+
+def test_dense_weights_that_do_not_fit_the_memory_budget_are_refused(start_node) -> None:
+    node = start_node(env={"TENZRO_MEMORY_BUDGET_BYTES": "200000"})  # the qwen3_moe fixture's dense part: ~280 KB
+    folder = FIXTURES / "qwen3_moe"
+    refused = httpx.post(f"{node.url}/api/moe/dense/load", json={"model_id": MODELS["qwen3_moe"],
+                                                                  "checkpoint": str(folder)},
+                         headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+    assert refused.status_code == 413 and refused.json()["reason"] == "over_budget", refused.text
+    assert node.result("tenzro_moeExpertStatus", {"live": True})["memory_used_bytes"] == 0

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from apps.experts.errors import ExpertNotLoaded, InvalidPayload
+from apps.experts.errors import ExpertNotLoaded, InsufficientMemory, InvalidPayload
 from apps.experts.runtime import ExpertRuntime
 from apps.experts.tiered_cache import FALLBACK_BUDGET, default_memory_budget, model_dir_name
 from tests.experts.factories import MODEL, expert_payload, expert_weights
@@ -145,6 +145,26 @@ def test_concurrent_execution_under_tiny_budget(tmp_path):
     for th in threads:
         th.join()
     assert not errors, errors
+
+
+def test_a_reservation_moves_experts_to_disk_and_bounds_the_tier(tmp_path):
+    rt = ExpertRuntime(data_dir=tmp_path, memory_budget_bytes=int(3.5 * F32_BYTES))
+    weights = _load(rt, 3)
+    assert set(_tiers(rt).values()) == {"memory"}
+    rt.reserve_memory("dense weights of m", 2 * F32_BYTES)  # the LRU two make room
+    assert _tiers(rt) == {0: "disk", 1: "disk", 2: "memory"}
+    status = rt.status()
+    assert status["memory_used_bytes"] == 3 * F32_BYTES <= status["memory_budget_bytes"]
+    x = np.random.default_rng(2).standard_normal((2, D_MODEL)).astype(np.float32)
+    rt.execute(model_id=MODEL, layer=0, expert=0, hidden=x)  # promoted: another goes, the bound holds
+    assert sorted(_tiers(rt).values()) == ["disk", "disk", "memory"] and rt.status()["memory_used_bytes"] <= int(
+        3.5 * F32_BYTES)
+    with pytest.raises(InsufficientMemory, match="do not fit"):
+        rt.reserve_memory("dense weights of n", 2 * F32_BYTES)  # with m's: over the budget
+    assert rt.status()["memory_used_bytes"] == 3 * F32_BYTES  # refused: nothing changed
+    rt.reserve_memory("dense weights of m", 0)  # released: experts may come back
+    rt.execute(model_id=MODEL, layer=0, expert=1, hidden=x)
+    assert sorted(_tiers(rt).values()) == ["disk", "memory", "memory"] and len(weights) == 3
 
 
 def test_budget_defaults(monkeypatch):
