@@ -34,20 +34,6 @@ OPTIONS = {"allow_partial": False, "wire": "f32", "stop_at_eos": True}
 
 
 @pytest.fixture
-def pushed(monkeypatch):
-    sent: list[tuple[str, dict]] = []
-    monkeypatch.setattr("apps.dashboard.services.dashboard_push",
-                        lambda *, event, payload: sent.append((event, payload)))
-    return sent
-
-
-@pytest.fixture
-def operator(client):
-    client.force_login(User.objects.create_user("op", password="pw", is_staff=True))
-    return client
-
-
-@pytest.fixture
 def begun(monkeypatch):
     """What the page asked the worker to start (the expert worker is not running here)."""
     calls: list[dict] = []

@@ -34,22 +34,6 @@ JOB = {"model_id": "m", "layer": "0", "experts": "0-2,5", "quant": "q8_0", "chec
 
 
 @pytest.fixture
-def pushed(monkeypatch):
-    """What the dashboard receivers pushed: [(event, payload)]."""
-    sent: list[tuple[str, dict]] = []
-    monkeypatch.setattr("apps.dashboard.services.dashboard_push",
-                        lambda *, event, payload: sent.append((event, payload)))
-    return sent
-
-
-@pytest.fixture
-def operator(client):
-    user = User.objects.create_user("op", password="pw", is_staff=True)
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
 def receipt():
     from nacl.signing import SigningKey
     payload, uri = _store_expert()
