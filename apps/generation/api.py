@@ -18,13 +18,14 @@ from ninja import Field
 
 from apps.api.b64 import b64_encode, base64_field
 from apps.api.registry import rpc_method
-from apps.api.schemas import Out, Params, QueryParams
+from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams, bounded_int
 from apps.catalog.selectors import default_checkpoint
 from apps.errors import InvalidInput
 from apps.generation import selectors
 from apps.worker.client import worker_call
 
 _MODEL_ID = {"min_length": 1, "max_length": 200}
+TokenId = bounded_int(0, DB_INT_MAX)  # whether it is in the model's vocabulary only the worker knows
 WAIT_POLL_S = 0.1  # how often a waiting tenzro_moeGenerate reads the record
 
 
@@ -50,8 +51,10 @@ class LoadDenseOut(Out):
 
 class GenerateParams(Params):
     model_id: str = Field(**_MODEL_ID)
-    prompt_ids: list[int] = Field(min_length=1, description="The prompt's token ids (the tokenizer is the caller's).")
-    max_new_tokens: int = Field(16, ge=1, description="At most TENZRO_GENERATE_MAX_NEW_TOKENS.")
+    prompt_ids: list[TokenId] = Field(min_length=1, max_length=settings.TENZRO_GENERATE_MAX_PROMPT_TOKENS,
+                                      description="The prompt's token ids (the tokenizer is the caller's).")
+    max_new_tokens: Int = Field(16, ge=1, le=settings.TENZRO_GENERATE_MAX_NEW_TOKENS,
+                                description="At most TENZRO_GENERATE_MAX_NEW_TOKENS.")
     allow_partial: bool = Field(False, description="Accept a layer whose lost experts' gate mass is renormalized "
                                                    "away, instead of failing the generation.")
     wire: Literal["q8_0", "f32"] | None = Field(None, description="Activation codec on the wire; default: "
@@ -99,7 +102,8 @@ class GenerationOut(Out):
 
 class ModelForwardParams(Params):
     model_id: str = Field(**_MODEL_ID)
-    token_ids: list[int] = Field(min_length=1, description="Token ids at positions 0 … t-1.")
+    token_ids: list[TokenId] = Field(min_length=1, max_length=settings.TENZRO_GENERATE_MAX_PROMPT_TOKENS,
+                                     description="Token ids at positions 0 … t-1.")
     allow_partial: bool = False
     wire: Literal["q8_0", "f32"] | None = None
 

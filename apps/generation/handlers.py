@@ -171,7 +171,8 @@ class WholeModelHandlers:
             raise InvalidInput(f"param {name!r} must be a list of 1 to {limit} token ids")
         for i, t in enumerate(ids):
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                raise InvalidInput(f"{name}[{i}] = {t!r} is not a token id of this model (0 … {vocab - 1})")
+                raise InvalidInput(f"{name}[{i}] = {t!r} is not a token id of this model (0 … {vocab - 1})",
+                                   reason="token_out_of_range")
         return ids
 
     @staticmethod

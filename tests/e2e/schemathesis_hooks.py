@@ -14,6 +14,7 @@ CONTENT_REASONS = {
     "index_invalid", "header_corrupt", "header_too_large", "header_truncated", "offsets_invalid",
     "dtype_unsupported", "tensor_missing", "short_read", "range_ignored", "fetch_failed", "invalid_routings",
     "expert_out_of_range",  # prepare: slice ids beyond dense_slices (a relation JSON Schema cannot state)
+    "token_out_of_range", "shape_incomplete",  # generation: a vocabulary, a config only the checkpoint knows
 }
 
 

@@ -121,7 +121,7 @@ def test_outsiders_cannot_generate_and_can_read(network) -> None:
     refused = httpx.post(f"{a.url}/api/moe/generate", json=params, timeout=30)
     assert refused.status_code == 401, refused.text
     bad = a.rpc("tenzro_moeGenerate", {**params, "prompt_ids": [10**6]}, token=TOKEN)
-    assert bad["error"]["data"]["reason"] == "invalid_input" and "prompt_ids[0]" in bad["error"]["message"]
+    assert bad["error"]["data"]["reason"] == "token_out_of_range" and "prompt_ids[0]" in bad["error"]["message"]
     unknown = httpx.post(f"{a.url}/api/moe/generate", json={**params, "model_id": "test/nothing-loaded"},
                          headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
     assert unknown.status_code == 404 and unknown.json()["reason"] == "dense_not_loaded", unknown.text
