@@ -272,6 +272,10 @@ class ExpertRuntime:
             "cpu_kernel": self.backend.cpu_kernel,
         }
 
+    @property
+    def memory_budget_bytes(self) -> int:
+        return self._cache.budget_bytes
+
     def reserve_memory(self, name: str, nbytes: int) -> None:
         """Hold `nbytes` of the memory budget for something outside the expert tier (a router's
         dense weights), moving experts to the disk tier as needed; 0 releases it. Raises

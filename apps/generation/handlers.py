@@ -119,9 +119,8 @@ class WholeModelHandlers:
         """Memory budget the dense weights of `model_id` may take: the budget less what other
         models' dense weights hold. Experts in the memory tier make room (they move to the disk
         tier, LRU first, when the reservation is made), so they do not count against it."""
-        status = self.runtime.status()
         others = sum(m.dense_bytes for mid, m in self.models.items() if mid != model_id)
-        return max(0, int(status["memory_budget_bytes"]) - others)
+        return max(0, self.runtime.memory_budget_bytes - others)
 
     async def load_dense(self, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Result:
         model_id, checkpoint = str_param(params, "model_id"), str_param(params, "checkpoint")

@@ -24,14 +24,6 @@ SCREENSHOTS = Path(__file__).resolve().parents[1] / "e2e" / "screenshots"
 MODEL = "test/moe-tiny"
 
 
-@pytest.fixture
-def pushes(monkeypatch):
-    sent: list[tuple[str, dict]] = []
-    monkeypatch.setattr("apps.dashboard.services.dashboard_push",
-                        lambda *, event, payload: sent.append((event, payload)))
-    return sent
-
-
 def _gossip_providers(n: int) -> list[str]:
     now = provider_services.now_ms()
     envelopes, ids = [], []
@@ -69,25 +61,25 @@ def test_network_rows_fragment_returns_only_the_asked_rows() -> None:
 
 @pytest.mark.django_db
 def test_a_gossip_merge_pushes_the_stored_ids_and_expiry_the_dropped_ones(
-        pushes, settings, django_capture_on_commit_callbacks) -> None:
+        pushed, settings, django_capture_on_commit_callbacks) -> None:
     with django_capture_on_commit_callbacks(execute=True):
         ids = _gossip_providers(2)
-    changed = [p for e, p in pushes if e == "network.changed"]
+    changed = [p for e, p in pushed if e == "network.changed"]
     assert sorted(pid for p in changed for pid in p["changed"]) == sorted(ids)
-    pushes.clear()
+    pushed.clear()
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         provider_services.gossip_receive(records=[], heartbeats=[])  # nothing stored: nothing pushed
-    assert (pushes, callbacks) == ([], [])
+    assert (pushed, callbacks) == ([], [])
     settings.TENZRO_GOSSIP_TTL_S = -1  # everything is now too old
     with django_capture_on_commit_callbacks(execute=True):
         gone = provider_services.gossip_expire()
     assert sorted(gone) == sorted(ids)
-    assert [p for p in pushes if p[0] == "network.changed"] == [
+    assert [p for p in pushed if p[0] == "network.changed"] == [
         ("network.changed", {"changed": [], "removed": sorted(ids)})]
 
 
 @pytest.mark.django_db
-def test_a_worker_publish_and_heartbeat_push_the_runtime_status(pushes, django_capture_on_commit_callbacks) -> None:
+def test_a_worker_publish_and_heartbeat_push_the_runtime_status(pushed, django_capture_on_commit_callbacks) -> None:
     import datetime as dt
     status = {"experts": [{"model_id": MODEL, "layer": 0, "expert": 1, "tier": "memory", "memory_bytes": 10,
                            "disk_bytes": 20, "d_model": 4, "d_ff": 8, "formats": {"w1": "q8_0"}, "blob_uri": None}],
@@ -96,10 +88,10 @@ def test_a_worker_publish_and_heartbeat_push_the_runtime_status(pushes, django_c
     with django_capture_on_commit_callbacks(execute=True):
         worker_services.worker_state_publish(provider_id="p", pid=1, started_at=dt.datetime.now(dt.UTC),
                                              status=status)
-        assert pushes == []  # nothing before the commit
+        assert pushed == []  # nothing before the commit
     with django_capture_on_commit_callbacks(execute=True):
         worker_services.worker_state_heartbeat(pid=1, status={**status, "committed_tps": 9})
-    runtime = [p for e, p in pushes if e == "runtime.status"]
+    runtime = [p for e, p in pushed if e == "runtime.status"]
     assert [r["committed_tps"] for r in runtime] == [7, 9]
     assert runtime[0]["experts"][0]["expert"] == 1
 
