@@ -26,10 +26,13 @@ chromium:
 run: install redis
 	REDIS_URL=$(REDIS_URL) $(BIN)/tenzro node run
 
-## The whole test suite: unit, real multi-process nodes, and the dashboard in chromium.
+## The whole test suite: unit, real multi-process nodes, and the dashboard in chromium, on
+## TEST_WORKERS pytest-xdist workers (whole files per worker: a module's shared nodes start once;
+## every worker but the first gets a Redis server of its own, testkit/xdist_redis.py).
+TEST_WORKERS ?= 2
 test: install chromium
 	REDIS_URL=redis://127.0.0.1:6379/15 scripts/ensure-redis.sh
-	$(BIN)/pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -p testkit.xdist_redis
 
 ## The database-touching in-process tests again on PostgreSQL (needs a server at POSTGRES_URL).
 POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/tenzro

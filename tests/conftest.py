@@ -1,5 +1,6 @@
 """Fixtures shared by the whole suite: real node processes for multi-process tests."""
 
+import importlib
 import itertools
 
 import pytest
@@ -8,6 +9,23 @@ from testkit.nodes import NodeProcess
 
 # Redis databases 1-14 are for e2e nodes (0: `make run`, 15: in-process tests).
 _redis_dbs = itertools.cycle(range(1, 15))
+
+
+@pytest.fixture(autouse=True)
+def _genesis_policy(request):
+    """Every database holds the genesis policy, as the data migration leaves it.
+
+    A transactional test flushes the database when it ends, the migration's row with it.
+    pytest-django runs such tests after all the others, but a pytest-xdist worker runs the
+    files it is sent in the order they come, so a later file may find the table empty.
+    """
+    marker = request.node.get_closest_marker("django_db")
+    if marker is None or marker.kwargs.get("transaction") or (marker.args and marker.args[0]):
+        return  # no database, or a transactional test: serialized_rollback restores its rows
+    request.getfixturevalue("db")
+    from django.apps import apps
+
+    importlib.import_module("apps.governance.migrations.0002_seed_default_policy").seed(apps, None)
 
 
 @pytest.fixture
