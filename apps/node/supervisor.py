@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,10 +36,17 @@ import redis
 
 from apps.node import liveness
 from apps.node.identity import load_or_create_identity
-from tenzro_site.settings.env import BASE_DIR, OPERATOR_TOKEN_FILE, read_or_create_secret, split_host_port
+from tenzro_site.settings.env import (
+    BASE_DIR,
+    OPERATOR_TOKEN_FILE,
+    private_dir,
+    read_or_create_secret,
+    split_host_port,
+)
 
 STOP_GRACE_S = 15.0
 PIDS_FILE = "node.pids"
+METRICS_DIR = "metrics"
 LEFTOVER_GRACE_S = 5.0
 MAX_BACKOFF_S = 30.0
 # A child that stayed up this long is considered healthy again: its backoff resets.
@@ -95,6 +103,9 @@ def child_environment(options: NodeOptions) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
     )
     env.setdefault("DJANGO_SETTINGS_MODULE", "tenzro_site.settings.base")
+    # Every child counts its metrics in files here; the web process's /metrics adds them up
+    # (prometheus_client's multiprocess mode). Emptied at each start (Supervisor.prepare).
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(options.data_dir / METRICS_DIR)
     env.setdefault("TENZRO_PUBLIC_HTTP", f"http://{options.http}")
     # OpenBLAS and the compiled kernels keep thread pools; spinning idle threads of one pool
     # starve the other on small machines (measured ~20x slower tiled expert forwards).
@@ -159,7 +170,8 @@ class Supervisor:
     # -- preparation --------------------------------------------------------------------------
     def prepare(self) -> None:
         """Everything that must hold before a child starts; raises NodeStartError."""
-        self.options.data_dir.mkdir(parents=True, exist_ok=True)
+        # 0700 even when the operator made the directory: it holds the node key and the tokens.
+        private_dir(self.options.data_dir).chmod(0o700)
         self._lock_handle = open(self.options.data_dir / "node.lock", "w")  # noqa: SIM115 (held for the run)
         try:
             fcntl.flock(self._lock_handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -182,6 +194,7 @@ class Supervisor:
             # Created now (not on the first request) so the local CLI can read it at once.
             read_or_create_secret(self.options.data_dir / OPERATOR_TOKEN_FILE)
             self.log("node", f"operator token in {self.options.data_dir / OPERATOR_TOKEN_FILE}")
+        _empty_metrics_dir(self.options.data_dir / METRICS_DIR)
         self.log("node", "migrating the database")
         result = subprocess.run([sys.executable, "-m", "django", "migrate", "--noinput"], env=self.env,
                                 cwd=BASE_DIR, capture_output=True, text=True)
@@ -214,8 +227,8 @@ class Supervisor:
         # Through the parent_death launcher: the child dies with this supervisor, however it dies.
         argv = [sys.executable, "-m", "apps.node.parent_death", str(os.getpid()), "--", *child.argv]
         child.process = subprocess.Popen(
-            argv, env=self.env, cwd=BASE_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            argv, env={**self.env, "TENZRO_PROCESS_ROLE": child.name}, cwd=BASE_DIR, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
         child.state, child.started_at = "running", time.time()
         reader = threading.Thread(target=self._pump, args=(child.name, child.process.stdout), daemon=True)
@@ -238,6 +251,7 @@ class Supervisor:
             return
         # The child is gone; make sure nothing of its group lingers before restarting it.
         _kill_group(child.process.pid, signal.SIGKILL)
+        _metrics_process_dead(self.options.data_dir / METRICS_DIR, child.process.pid)
         child.state, child.restart_at = "restarting", now + child.backoff_s
         self.log("node", f"{child.name} exited with code {code}; restarting in {child.backoff_s:.0f} s")
         child.backoff_s = min(child.backoff_s * 2, MAX_BACKOFF_S)
@@ -295,6 +309,22 @@ class Supervisor:
         self.log("node", "stopped")
         if self._lock_handle is not None:
             self._lock_handle.close()
+
+
+def _empty_metrics_dir(path: Path) -> None:
+    """A fresh multiprocess metrics dir: files a previous run left would be added to this run's."""
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(mode=0o700, parents=True)
+
+
+def _metrics_process_dead(path: Path, pid: int) -> None:
+    """Drop a dead child's live gauges (its counters stay: they still count what it did).
+    The child runs through the parent_death launcher, which execs it: same pid."""
+    from prometheus_client import multiprocess  # here: only a restart needs it
+
+    with contextlib.suppress(OSError):
+        multiprocess.mark_process_dead(pid, str(path))
 
 
 def _kill_group(pgid: int, sig: signal.Signals) -> None:

@@ -81,13 +81,21 @@ def split_host_port(value: str, *, what: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def private_dir(path: Path) -> Path:
+    """Create `path` (and its parents) if missing; a directory created here is 0700: the data
+    dir holds the node key, the operator token and Django's secret."""
+    if not path.is_dir():
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
 def read_or_create_secret(path: Path, *, nbytes: int = 32) -> str:
     """Return the secret stored at `path`, creating it (mode 0600) on first use.
 
     Two processes of one node may race here on first start; O_EXCL makes exactly one
     of them write, and the loser reads what the winner wrote.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
