@@ -18,7 +18,8 @@ _SHAPES = {
     "a Bearer token": re.compile(r"(?i)\bbearer\s+(?!\[redacted\])[A-Za-z0-9._~+/=-]{8,}"),
     "an Authorization value": re.compile(
         r"""(?i)authorization['"]?\s*[:=]\s*['"]?(?!\[redacted\]|bearer)[^\s'",}]{8,}"""),
-    "a URL password": re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:(?!\[redacted\])[^@\s/]+@"),
+    # Celery's banner masks a broker password as "**" itself
+    "a URL password": re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:(?!\[redacted\]@|\*+@)[^@\s/]+@"),
 }
 
 

@@ -17,6 +17,7 @@ a recycled pid is never killed) before it checks the ports.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import json
 import os
@@ -39,10 +40,13 @@ from apps.node.identity import load_or_create_identity
 from tenzro_site.settings.env import (
     BASE_DIR,
     OPERATOR_TOKEN_FILE,
+    PREPARE_QUEUE,
+    env_bool,
     private_dir,
     read_or_create_secret,
     split_host_port,
 )
+from tenzro_site.settings.logs import Secrets, redact
 
 STOP_GRACE_S = 15.0
 PIDS_FILE = "node.pids"
@@ -125,6 +129,9 @@ def child_commands(options: NodeOptions) -> list[Child]:
         Child("expert-worker", [py, "-m", "django", "expert_worker"]),
         Child("celery-worker", [py, "-m", "celery", "-A", "tenzro_site", "worker", "--loglevel", "INFO",
                                 "--concurrency", str(options.celery_concurrency), "-n", f"node-{port}@%h",
+                                # the default queue and, unless only other hosts prepare, the prepare jobs
+                                "-Q", "celery" if not env_bool("TENZRO_PREPARE_ON_NODE", True)
+                                else f"celery,{PREPARE_QUEUE}",
                                 "--without-gossip", "--without-mingle"]),
         Child("celery-beat", [py, "-m", "celery", "-A", "tenzro_site", "beat", "--loglevel", "INFO",
                               "-s", str(beat_schedule), "--pidfile="]),
@@ -155,11 +162,19 @@ class Supervisor:
         self._print_lock = threading.Lock()
         self._lock_handle: IO[str] | None = None
         self._redis = redis.Redis.from_url(options.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        # Every line the node prints passes here, children's raw output included: redact it again.
+        self._secrets = Secrets(directory=options.data_dir)
+        # TENZRO_LOG_FORMAT=json: the children write JSON lines themselves; the supervisor passes
+        # them through and wraps its own lines and any raw child output the same way.
+        self._json = os.environ.get("TENZRO_LOG_FORMAT", "text") == "json"
+        self._node_id: str | None = None
 
     # -- output -------------------------------------------------------------------------------
     def log(self, name: str, line: str) -> None:
+        line = redact(line.rstrip(), self._secrets.values())
+        line = _json_line(name, line, node=self._node_id) if self._json else f"{name:<13}| {line}"
         with self._print_lock:
-            self.out.write(f"{name:<13}| {line.rstrip()}\n")
+            self.out.write(line + "\n")
             self.out.flush()
 
     def _pump(self, name: str, stream: IO[bytes]) -> None:
@@ -182,12 +197,13 @@ class Supervisor:
             self._redis.ping()
         except redis.RedisError as exc:
             raise NodeStartError(
-                f"Redis does not answer at {self.options.redis_url} ({exc}); start it (`make run` does) "
+                f"Redis does not answer at {redact(self.options.redis_url, [])} ({exc}); start it (`make run` does) "
                 "or pass --redis-url"
             ) from exc
         _check_port_free(self.options.http, what="--http", kind=socket.SOCK_STREAM)
         _check_port_free(self.options.quic, what="--quic", kind=socket.SOCK_DGRAM)
         identity = load_or_create_identity(self.options.data_dir)
+        self._node_id = identity.provider_id
         self.log("node", f"provider id {identity.provider_id}")
         self.log("node", f"QUIC certificate sha256 {identity.cert_sha256}")
         if not os.environ.get("TENZRO_OPERATOR_TOKEN"):
@@ -309,6 +325,17 @@ class Supervisor:
         self.log("node", "stopped")
         if self._lock_handle is not None:
             self._lock_handle.close()
+
+
+def _json_line(name: str, line: str, *, node: str | None) -> str:
+    """A child's JSON log line as it is; anything else (the supervisor's own lines, a child's raw
+    output) as a JSON object of the same shape (tenzro_site/settings/logs.py, JsonFormatter)."""
+    if line.startswith("{") and line.endswith("}"):
+        return line
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+    return json.dumps({"ts": now, "level": "INFO", "logger": "tenzro.supervisor" if name == "node" else "stdout",
+                       "role": "supervisor" if name == "node" else name, "node": node, "pid": os.getpid(),
+                       "message": line}, ensure_ascii=False)
 
 
 def _empty_metrics_dir(path: Path) -> None:

@@ -11,6 +11,7 @@ from tenzro_site.settings.env import (
     DEFAULT_QUIC,
     DEFAULT_REDIS_URL,
     DEFAULT_ROLES,
+    PREPARE_QUEUE,
     data_dir,
     env_bool,
     env_float,
@@ -246,6 +247,7 @@ CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 3600)
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 3300)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TASK_ROUTES = {"tenzro.catalog.prepare": {"queue": PREPARE_QUEUE}}
 CELERY_BEAT_SCHEDULE = {
     "node-heartbeat": {"task": "tenzro.node.heartbeat", "schedule": env_int("TENZRO_HEARTBEAT_S", 10)},
     # Open dashboards get the process list pushed this often (apps/node/services.py), never polled.

@@ -23,6 +23,10 @@ DEFAULT_QUIC = "127.0.0.1:4433"
 DEFAULT_DATA_DIR = "var/node"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_ROLES = "Router,ExpertHolder"
+# The Celery queue of prepare jobs: the node's own Celery worker consumes it beside the default
+# queue, and prepare workers on other hosts consume only it (docs/operations.md, "Running a
+# network across machines"), so they never run the node's gossip, repair or settlement tasks.
+PREPARE_QUEUE = "prepare"
 # The operator token the node generates when TENZRO_OPERATOR_TOKEN is unset (in the data dir).
 OPERATOR_TOKEN_FILE = "operator.token"
 

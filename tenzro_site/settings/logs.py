@@ -61,7 +61,8 @@ class Secrets:
     # look again at most this often rather than on every record.
     RETRY_S = 1.0
 
-    def __init__(self, *, extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, *, extra: tuple[str, ...] = (), directory: Path | None = None) -> None:
+        self._directory = directory  # the node's data dir; None: TENZRO_DATA_DIR (read when loading)
         self._values: list[str] | None = None
         self._complete = False
         self._loaded_at = 0.0
@@ -76,17 +77,18 @@ class Secrets:
     def _load(self) -> tuple[list[str], bool]:
         found: list[str] = list(self._extra)
         complete = True
+        home = self._directory or data_dir()
         token = os.environ.get("TENZRO_OPERATOR_TOKEN")
         if not token:
-            raw = _read(data_dir() / OPERATOR_TOKEN_FILE)
+            raw = _read(home / OPERATOR_TOKEN_FILE)
             token = raw.decode(errors="replace").strip() if raw else None
             complete = complete and bool(token)
-        seed = _read(data_dir() / KEY_FILE)
+        seed = _read(home / KEY_FILE)
         if seed and len(seed) == 32:
             found += [seed.hex(), base64.b64encode(seed).decode(), base64.urlsafe_b64encode(seed).decode()]
         else:
             complete = False
-        secret_key = os.environ.get("DJANGO_SECRET_KEY") or (_read(data_dir() / "django.secret") or b"").decode(
+        secret_key = os.environ.get("DJANGO_SECRET_KEY") or (_read(home / "django.secret") or b"").decode(
             errors="replace").strip()
         found += [v for v in (token, secret_key) if v]
         # Longest first, so a secret that contains another is replaced whole; very short values

@@ -11,6 +11,7 @@ import logging.config
 
 import pytest
 
+from apps.node.supervisor import NodeOptions, Supervisor
 from tenzro_site.settings.logs import JsonFormatter, RedactSecrets, Secrets, logging_config, redact
 from testkit.secrets import assert_no_secrets
 
@@ -105,3 +106,30 @@ def test_the_settings_route_every_logger_through_the_redacting_handler() -> None
 def test_redact_leaves_ordinary_text_alone() -> None:
     text = "forward of 12 tokens over quic://127.0.0.1:4433 took 3.2 ms (http://node:8000/rpc)"
     assert redact(text, ["unrelated-secret-value"]) == text
+
+
+def test_the_supervisor_redacts_what_children_print_outside_logging(node_dir) -> None:
+    """A child's raw stdout (a library's print, Celery's banner) passes the supervisor's own redaction."""
+    out = io.StringIO()
+    options = NodeOptions(http="127.0.0.1:1", quic="127.0.0.1:2", data_dir=node_dir, peers=[],
+                          redis_url="redis://:pw-of-redis@127.0.0.1:1/0", roles=["Router"])
+    supervisor = Supervisor(options, out=out)
+    supervisor.log("celery-worker", f"print({TOKEN!r}) and {SEED.hex()} via redis://:pw-of-redis@127.0.0.1:1/0\n")
+    assert out.getvalue() == ("celery-worker| print('[redacted]') and [redacted] via "
+                              "redis://:[redacted]@127.0.0.1:1/0\n")
+
+
+def test_with_json_logs_the_supervisor_passes_json_through_and_wraps_everything_else(node_dir, monkeypatch) -> None:
+    monkeypatch.setenv("TENZRO_LOG_FORMAT", "json")
+    out = io.StringIO()
+    options = NodeOptions(http="127.0.0.1:1", quic="127.0.0.1:2", data_dir=node_dir, peers=[],
+                          redis_url="redis://127.0.0.1:1/0", roles=["Router"])
+    supervisor = Supervisor(options, out=out)
+    child = json.dumps({"ts": "t", "level": "INFO", "logger": "x", "role": "web", "message": "up"})
+    supervisor.log("web", child + "\n")
+    supervisor.log("celery-worker", f" -------------- celery@host v5 token {TOKEN}\n")
+    supervisor.log("node", "started web (pid 1)")
+    passed, banner, own = (json.loads(line) for line in out.getvalue().splitlines())
+    assert passed == json.loads(child)
+    assert banner["role"] == "celery-worker" and banner["logger"] == "stdout" and "[redacted]" in banner["message"]
+    assert own["role"] == "supervisor" and own["message"] == "started web (pid 1)" and own["level"] == "INFO"
