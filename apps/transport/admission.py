@@ -80,12 +80,16 @@ class PeerTable:
         self.limits = limits
         self.max_tracked = max_tracked
         self._peers: dict[str, _Bucket] = {}
+        self._next_sweep = float("-inf")
         self.refused = 0
 
     def _bucket(self, key: str, now: float) -> _Bucket:
         bucket = self._peers.get(key)
         if bucket is None:
-            if len(self._peers) >= self.max_tracked:
+            # A sweep walks the whole table: at most one a second, so a flood of new addresses
+            # cannot make every new peer pay for it (between sweeps the table may grow past the mark).
+            if len(self._peers) >= self.max_tracked and now >= self._next_sweep:
+                self._next_sweep = now + 1.0
                 self._forget_idle(now)
             bucket = self._peers[key] = _Bucket(tokens=float(self.limits.burst), stamp=now)
         return bucket

@@ -23,6 +23,7 @@ from apps.metrics.node import reason_label
 from apps.node.supervisor import _empty_metrics_dir, _metrics_process_dead
 from apps.transport.framing import Reply
 from apps.worker.doors import METHOD_DOORS, CallContext, Door, MethodTable
+from apps.worker.server import _tier_gauges
 
 TOKEN = "test-operator-token"
 
@@ -131,3 +132,12 @@ def test_multiprocess_mode_adds_up_every_process_and_drops_a_dead_ones_gauges(tm
     registry = metrics_registry()
     assert registry.get_sample_value("tenzro_forward_batches_total", {"transport": "quic"}) == 7
     assert registry.get_sample_value("tenzro_tier_bytes", {"tier": "warm"}) == 5000
+
+
+def test_tier_gauges_follow_the_published_status() -> None:
+    status = {"experts": [{"memory_bytes": 100, "disk_bytes": 120, "residency": "Warm"},
+                          {"memory_bytes": 0, "disk_bytes": 70, "residency": "Cold"}],
+              "memory_used_bytes": 100 + 4000, "memory_budget_bytes": 10_000}
+    assert _tier_gauges(status) is status
+    assert [sample("tenzro_tier_bytes", tier=t) for t in ("warm", "cold", "reserved", "budget")] == [
+        100, 70, 4000, 10_000]

@@ -102,5 +102,7 @@ def test_idle_peers_are_forgotten_only_once_their_bucket_is_full_again() -> None
         table.release(host)
     table.admit("c", 0.1)  # full table, nobody idle long enough (5 tokens at 10/s: 0.5 s): kept
     assert len(table) == 3
-    table.admit("d", 1.0)  # now a and b have refilled: forgetting them hands them nothing
-    assert len(table) == 2
+    table.admit("d", 0.9)  # a and b have refilled, but the last sweep was under a second ago
+    assert len(table) == 4
+    table.admit("e", 1.2)  # now a and b go: forgetting them hands them nothing they would not have
+    assert len(table) == 3
