@@ -27,9 +27,10 @@ per-call transport overhead of a 1-row `moe/execute` over one pooled QUIC connec
 peer (lumabri) reports on localhost; (5) hivemind's RemoteMixtureOfExperts configuration
 (d_model 1024, d_ff 4096, 16 experts, 4 per holder, top-2, 64 tokens) beside its reported
 303-332 ms. The holders' per-peer limits (TENZRO_PEER_MAX_STREAMS, TENZRO_PEER_RATE_PER_S,
-TENZRO_PEER_BURST) are raised through their environment so that neither the 64-call burst nor
-the forwards are refused. Every latency is a median; all processes share this machine's cores,
-so the distributed compute competes with the transport exactly as it would on one host.
+TENZRO_PEER_BURST, TENZRO_PEER_MAX_STREAMS_PER_PEER) are raised through their environment so that
+neither the 64-call burst nor the forwards are refused. Every latency is a median; all processes
+share this machine's cores, so the distributed compute competes with the transport exactly as it
+would on one host.
 
 `--nodes-from DIR` runs the nodes from another checkout (a worktree with a candidate fix in
 apps/) while this process's reference, clients and echo servers stay on this one.
@@ -106,6 +107,8 @@ NODE_ENV = {
     # Raised for the benchmark: 64 concurrent streams on one connection (default 32) and thousands
     # of calls in a few seconds (default 200/s, burst 400) are what tables 3-4 measure.
     "TENZRO_PEER_MAX_STREAMS": "256", "TENZRO_PEER_RATE_PER_S": "1000000", "TENZRO_PEER_BURST": "1000000",
+    # every node of the benchmark is on 127.0.0.1: one peer to each other (docs/security.md)
+    "TENZRO_PEER_MAX_STREAMS_PER_PEER": "4096",
     "TENZRO_MEMORY_BUDGET_BYTES": str(8 << 30),  # every expert stays Warm (five nodes start at once)
     "TENZRO_WORKER_TIMEOUT_S": "120",
 }

@@ -23,6 +23,7 @@ from apps.api.errors import (
 )
 from apps.api.registry import REGISTRY, RpcMethod
 from apps.errors import TenzroError, Unauthorized
+from apps.metrics import node as metrics
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,11 @@ async def _handle_call(call: Any, *, operator: bool) -> dict[str, Any] | None:
         return _response(reply_id, error=error_object(INVALID_REQUEST, f"Invalid Request: {problem}"))
 
     response = await _run_method(call["method"], call.get("params", _MISSING), operator=operator, reply_id=reply_id)
+    error = response.get("error")
+    # Unknown method names all count as "other": a client cannot grow the label space.
+    metrics.RPC_REQUESTS.labels(call["method"] if call["method"] in REGISTRY else "other",
+                                "ok" if error is None else metrics.reason_label(
+                                    (error.get("data") or {}).get("reason", "method_not_found"))).inc()
     return None if is_notification else response
 
 

@@ -11,7 +11,9 @@ into N d_ff slices published as experts 0 … N-1 under a dense gate (apps/catal
 from __future__ import annotations
 
 import logging
+import socket
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -105,7 +107,8 @@ def _dense_shape(model_id: str, config: dict[str, Any]) -> ModelShape | None:
 def prepare_job_run(*, job_id: str) -> None:
     """Run a job to completion unless it is finished or another worker holds it (JobBusy)."""
     lock = redis_client().lock(LOCK_KEY.format(job_id=job_id), timeout=settings.TENZRO_PREPARE_LOCK_TTL_S)
-    if not lock.acquire(blocking=False):
+    # The token names this host: a worker starting here may clear it (prepare_jobs_resume).
+    if not lock.acquire(blocking=False, token=f"{socket.gethostname()}/{uuid.uuid4().hex}"):
         raise JobBusy(job_id)
     try:
         job = PrepareJob.objects.get(pk=job_id)
@@ -201,17 +204,25 @@ def _push_progress(job: PrepareJob, *, force: bool = False) -> None:
 
 
 def prepare_jobs_resume() -> list[str]:
-    """Requeue every unfinished job; called when this node's Celery worker starts.
+    """Requeue every unfinished job; called when a Celery worker of this node starts.
 
     A job left `running` by a killed worker would otherwise wait for the broker's visibility
-    timeout (an hour). One Celery worker serves a node, so at its start none of this node's
-    jobs can be running: their stale locks are cleared before requeueing.
+    timeout (an hour). A worker starting on a host runs none of this node's jobs yet, so the
+    locks held from this host are stale and cleared before requeueing. Locks held from another
+    host (a prepare worker there, docs/operations.md "Running a network across machines") are
+    left alone: their job is requeued anyway, and its run waits (JobBusy, retried) until that
+    worker finishes it or its lock expires (TENZRO_PREPARE_LOCK_TTL_S).
     """
     ids = [str(pk) for pk in PrepareJob.objects.filter(state__in=[JobState.QUEUED, JobState.RUNNING])
            .values_list("pk", flat=True)]
     client = redis_client()
+    here = socket.gethostname()
     for job_id in ids:
-        client.delete(LOCK_KEY.format(job_id=job_id))
+        owner = client.get(LOCK_KEY.format(job_id=job_id))
+        if isinstance(owner, bytes):
+            owner = owner.decode(errors="replace")
+        if owner is not None and owner.split("/", 1)[0] == here:
+            client.delete(LOCK_KEY.format(job_id=job_id))
         _enqueue(job_id)
     if ids:
         logger.info("requeued %d unfinished prepare jobs", len(ids))

@@ -35,6 +35,7 @@ from apps.forward.engine import ForwardLimits, ForwardReport, run_forward
 from apps.forward.hedging import HedgePolicy, LatencyBook
 from apps.generation.handlers import WholeModelHandlers
 from apps.governance.selectors import policy_active
+from apps.metrics import node as metrics
 from apps.providers.selectors import holding_views, provider_views, replication_policy
 from apps.receipts.sampling import keep_receipt
 from apps.shardmap.index import ShardIndex
@@ -187,6 +188,7 @@ class DistributedForward:
         try:
             result = combine.finish(allow_partial=partial_ok, min_gate_mass=min_gate_mass)
         except ForwardIncomplete as exc:  # say why: which experts had no holder, which holders failed
+            metrics.FORWARDS.labels("incomplete").inc()
             failed = _stats(report, np.zeros(0), elapsed_s=time.monotonic() - started,
                             dispatch_s=time.monotonic() - planned_at, codecs=codecs)
             self._record(model_id, report, view, forward_id, failed if keep_record else None, tokens=n_tokens,
@@ -198,8 +200,13 @@ class DistributedForward:
                 message += f" (no holder to plan on: {named}{' …' if len(why) > 8 else ''})"
             raise ForwardIncomplete(message, missing=exc.details["missing"], reason=exc.reason,
                                     failures=_failures(report)) from None
-        stats = _stats(report, result.lost_share, elapsed_s=time.monotonic() - started,
-                       dispatch_s=time.monotonic() - planned_at, codecs=codecs)
+        finished = time.monotonic()
+        stats = _stats(report, result.lost_share, elapsed_s=finished - started,
+                       dispatch_s=finished - planned_at, codecs=codecs)
+        for stage, seconds in (("plan", planned_at - started), ("dispatch", finished - planned_at),
+                               ("total", finished - started)):
+            metrics.FORWARD_SECONDS.labels(model_id, stage).observe(seconds)
+        metrics.FORWARDS.labels("ok").inc()
         stats["forward_id"] = forward_id
         # Recorded once the stats exist (the finish above is synchronous: nothing awaits in between).
         self._record(model_id, report, view, forward_id, stats if keep_record else None, tokens=n_tokens,
@@ -212,6 +219,7 @@ class DistributedForward:
                 forward_stats: dict[str, Any] | None, *, tokens: int, missing: int) -> None:
         """Penalties, latencies, kept receipts, the settlement and the forward's stats (unless None)
         go to the control plane after the answer, never delaying it."""
+        _count(report)
         until = time.monotonic() + settings.TENZRO_FORWARD_FAILURE_COOLDOWN_S
         for failure in report.failures:
             self._cooling[failure.provider] = until
@@ -261,6 +269,23 @@ class DistributedForward:
         self._writes.discard(future)
         if not future.cancelled() and future.exception() is not None:
             logger.error("could not record a forward's outcome: %s", future.exception())
+
+
+# Failure reasons that mean a holder's receipt did not hold (docs/protocol.md, "Receipts").
+_RECEIPT_REJECTIONS = frozenset({"bad_receipt", "receipt_missing"})
+
+
+def _count(report: ForwardReport) -> None:
+    """A forward's batches, failures and receipts in the node's metrics (a few increments per forward)."""
+    for holder in report.holders.values():
+        if holder.batches:
+            metrics.FORWARD_BATCHES.labels(holder.transport or "local").inc(holder.batches)
+        if holder.receipts:
+            metrics.RECEIPTS.labels("verified").inc(len(holder.receipts))
+    for failure in report.failures:
+        metrics.HOLDER_FAILURES.labels(metrics.reason_label(failure.reason)).inc()
+        if failure.reason in _RECEIPT_REJECTIONS:
+            metrics.RECEIPTS.labels("rejected").inc()
 
 
 def _stats(report: ForwardReport, lost_share: np.ndarray, *, elapsed_s: float, dispatch_s: float,

@@ -103,7 +103,8 @@ def _create_certificate(cert_path: Path, key_path: Path, common_name: str) -> No
 
 def load_or_create_identity(data_dir: Path) -> NodeIdentity:
     """Load this node's key and certificate from `data_dir`, creating them on first start."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    if not data_dir.is_dir():
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # it will hold the private key
     signing_key = _load_or_create_signing_key(data_dir / KEY_FILE)
     cert_path, key_path = data_dir / CERT_FILE, data_dir / CERT_KEY_FILE
     if not cert_path.exists():

@@ -17,9 +17,11 @@ a recycled pid is never killed) before it checks the ports.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,10 +37,20 @@ import redis
 
 from apps.node import liveness
 from apps.node.identity import load_or_create_identity
-from tenzro_site.settings.env import BASE_DIR, OPERATOR_TOKEN_FILE, read_or_create_secret, split_host_port
+from tenzro_site.settings.env import (
+    BASE_DIR,
+    OPERATOR_TOKEN_FILE,
+    PREPARE_QUEUE,
+    env_bool,
+    private_dir,
+    read_or_create_secret,
+    split_host_port,
+)
+from tenzro_site.settings.logs import Secrets, redact
 
 STOP_GRACE_S = 15.0
 PIDS_FILE = "node.pids"
+METRICS_DIR = "metrics"
 LEFTOVER_GRACE_S = 5.0
 MAX_BACKOFF_S = 30.0
 # A child that stayed up this long is considered healthy again: its backoff resets.
@@ -95,6 +107,9 @@ def child_environment(options: NodeOptions) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
     )
     env.setdefault("DJANGO_SETTINGS_MODULE", "tenzro_site.settings.base")
+    # Every child counts its metrics in files here; the web process's /metrics adds them up
+    # (prometheus_client's multiprocess mode). Emptied at each start (Supervisor.prepare).
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(options.data_dir / METRICS_DIR)
     env.setdefault("TENZRO_PUBLIC_HTTP", f"http://{options.http}")
     # OpenBLAS and the compiled kernels keep thread pools; spinning idle threads of one pool
     # starve the other on small machines (measured ~20x slower tiled expert forwards).
@@ -114,6 +129,9 @@ def child_commands(options: NodeOptions) -> list[Child]:
         Child("expert-worker", [py, "-m", "django", "expert_worker"]),
         Child("celery-worker", [py, "-m", "celery", "-A", "tenzro_site", "worker", "--loglevel", "INFO",
                                 "--concurrency", str(options.celery_concurrency), "-n", f"node-{port}@%h",
+                                # the default queue and, unless only other hosts prepare, the prepare jobs
+                                "-Q", "celery" if not env_bool("TENZRO_PREPARE_ON_NODE", True)
+                                else f"celery,{PREPARE_QUEUE}",
                                 "--without-gossip", "--without-mingle"]),
         Child("celery-beat", [py, "-m", "celery", "-A", "tenzro_site", "beat", "--loglevel", "INFO",
                               "-s", str(beat_schedule), "--pidfile="]),
@@ -144,11 +162,19 @@ class Supervisor:
         self._print_lock = threading.Lock()
         self._lock_handle: IO[str] | None = None
         self._redis = redis.Redis.from_url(options.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        # Every line the node prints passes here, children's raw output included: redact it again.
+        self._secrets = Secrets(directory=options.data_dir)
+        # TENZRO_LOG_FORMAT=json: the children write JSON lines themselves; the supervisor passes
+        # them through and wraps its own lines and any raw child output the same way.
+        self._json = os.environ.get("TENZRO_LOG_FORMAT", "text") == "json"
+        self._node_id: str | None = None
 
     # -- output -------------------------------------------------------------------------------
     def log(self, name: str, line: str) -> None:
+        line = redact(line.rstrip(), self._secrets.values())
+        line = _json_line(name, line, node=self._node_id) if self._json else f"{name:<13}| {line}"
         with self._print_lock:
-            self.out.write(f"{name:<13}| {line.rstrip()}\n")
+            self.out.write(line + "\n")
             self.out.flush()
 
     def _pump(self, name: str, stream: IO[bytes]) -> None:
@@ -159,7 +185,8 @@ class Supervisor:
     # -- preparation --------------------------------------------------------------------------
     def prepare(self) -> None:
         """Everything that must hold before a child starts; raises NodeStartError."""
-        self.options.data_dir.mkdir(parents=True, exist_ok=True)
+        # 0700 even when the operator made the directory: it holds the node key and the tokens.
+        private_dir(self.options.data_dir).chmod(0o700)
         self._lock_handle = open(self.options.data_dir / "node.lock", "w")  # noqa: SIM115 (held for the run)
         try:
             fcntl.flock(self._lock_handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -170,18 +197,20 @@ class Supervisor:
             self._redis.ping()
         except redis.RedisError as exc:
             raise NodeStartError(
-                f"Redis does not answer at {self.options.redis_url} ({exc}); start it (`make run` does) "
+                f"Redis does not answer at {redact(self.options.redis_url, [])} ({exc}); start it (`make run` does) "
                 "or pass --redis-url"
             ) from exc
         _check_port_free(self.options.http, what="--http", kind=socket.SOCK_STREAM)
         _check_port_free(self.options.quic, what="--quic", kind=socket.SOCK_DGRAM)
         identity = load_or_create_identity(self.options.data_dir)
+        self._node_id = identity.provider_id
         self.log("node", f"provider id {identity.provider_id}")
         self.log("node", f"QUIC certificate sha256 {identity.cert_sha256}")
         if not os.environ.get("TENZRO_OPERATOR_TOKEN"):
             # Created now (not on the first request) so the local CLI can read it at once.
             read_or_create_secret(self.options.data_dir / OPERATOR_TOKEN_FILE)
             self.log("node", f"operator token in {self.options.data_dir / OPERATOR_TOKEN_FILE}")
+        _empty_metrics_dir(self.options.data_dir / METRICS_DIR)
         self.log("node", "migrating the database")
         result = subprocess.run([sys.executable, "-m", "django", "migrate", "--noinput"], env=self.env,
                                 cwd=BASE_DIR, capture_output=True, text=True)
@@ -214,8 +243,8 @@ class Supervisor:
         # Through the parent_death launcher: the child dies with this supervisor, however it dies.
         argv = [sys.executable, "-m", "apps.node.parent_death", str(os.getpid()), "--", *child.argv]
         child.process = subprocess.Popen(
-            argv, env=self.env, cwd=BASE_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            argv, env={**self.env, "TENZRO_PROCESS_ROLE": child.name}, cwd=BASE_DIR, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
         child.state, child.started_at = "running", time.time()
         reader = threading.Thread(target=self._pump, args=(child.name, child.process.stdout), daemon=True)
@@ -238,6 +267,7 @@ class Supervisor:
             return
         # The child is gone; make sure nothing of its group lingers before restarting it.
         _kill_group(child.process.pid, signal.SIGKILL)
+        _metrics_process_dead(self.options.data_dir / METRICS_DIR, child.process.pid)
         child.state, child.restart_at = "restarting", now + child.backoff_s
         self.log("node", f"{child.name} exited with code {code}; restarting in {child.backoff_s:.0f} s")
         child.backoff_s = min(child.backoff_s * 2, MAX_BACKOFF_S)
@@ -295,6 +325,33 @@ class Supervisor:
         self.log("node", "stopped")
         if self._lock_handle is not None:
             self._lock_handle.close()
+
+
+def _json_line(name: str, line: str, *, node: str | None) -> str:
+    """A child's JSON log line as it is; anything else (the supervisor's own lines, a child's raw
+    output) as a JSON object of the same shape (tenzro_site/settings/logs.py, JsonFormatter)."""
+    if line.startswith("{") and line.endswith("}"):
+        return line
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+    return json.dumps({"ts": now, "level": "INFO", "logger": "tenzro.supervisor" if name == "node" else "stdout",
+                       "role": "supervisor" if name == "node" else name, "node": node, "pid": os.getpid(),
+                       "message": line}, ensure_ascii=False)
+
+
+def _empty_metrics_dir(path: Path) -> None:
+    """A fresh multiprocess metrics dir: files a previous run left would be added to this run's."""
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(mode=0o700, parents=True)
+
+
+def _metrics_process_dead(path: Path, pid: int) -> None:
+    """Drop a dead child's live gauges (its counters stay: they still count what it did).
+    The child runs through the parent_death launcher, which execs it: same pid."""
+    from prometheus_client import multiprocess  # here: only a restart needs it
+
+    with contextlib.suppress(OSError):
+        multiprocess.mark_process_dead(pid, str(path))
 
 
 def _kill_group(pgid: int, sig: signal.Signals) -> None:

@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from apps.metrics import node as metrics
 from apps.node.selectors import node_identity
 from apps.providers.gossip import Gossip, Limits, parse_digest
 from apps.providers.models import GossipCount, Provider, Reachability
@@ -45,6 +46,8 @@ def gossip_engine(*, lock: bool = False) -> Gossip:
 
 def _count(verdicts: Counter[str]) -> None:
     for verdict, n in verdicts.items():
+        if n:
+            metrics.GOSSIP_RECORDS.labels(verdict).inc(n)  # verdicts are gossip.VERDICTS (+ expired_removed)
         if n and not GossipCount.objects.filter(verdict=verdict).update(count=F("count") + n):
             try:
                 with transaction.atomic():

@@ -2,7 +2,8 @@
 
 For peers that cannot reach this node over QUIC. Body `{"params": {...}}`; answer `{"ok": true,
 "result": ...}` or `{"ok": false, "error": {"reason", "message"}}` with the error's HTTP status.
-Open to anyone, like the QUIC door: it serves only what any peer may ask.
+Open to anyone, like the QUIC door: it serves only what any peer may ask, within the same
+per-peer limits (apps/worker/peer_limits.py).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import orjson
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.views.decorators.csrf import csrf_exempt
 
-from apps.errors import NotFound, TenzroError
+from apps.errors import NotFound, RateLimited, TenzroError
 from apps.providers.peer_methods import PEER_METHODS
+from apps.worker.peer_limits import HttpPeerSlot
 
 
 def _answer(payload: dict, status: int = 200) -> HttpResponse:
@@ -34,7 +36,10 @@ async def peer_method(request: HttpRequest, method: str) -> HttpResponse:
         params = body.get("params", {}) if isinstance(body, dict) else None
         if not isinstance(params, dict):
             raise TenzroError('body must be {"params": {...}}', reason="bad_request")
-        result = await func(params, peer_host=request.META.get("REMOTE_ADDR"))
+        async with HttpPeerSlot(request.META.get("REMOTE_ADDR")) as refusal:
+            if refusal is not None:
+                raise RateLimited(refusal.message, reason=refusal.reason)
+            result = await func(params, peer_host=request.META.get("REMOTE_ADDR"))
     except TenzroError as exc:
         return _answer({"ok": False, "error": {"reason": exc.reason, "message": exc.message}}, exc.http_status)
     return _answer({"ok": True, "result": result})

@@ -31,6 +31,7 @@ from apps.experts.backends import select_backend
 from apps.experts.ffn import build_expert, expert_forward
 from apps.experts.wire import decode_rows
 from apps.governance.selectors import policy_active
+from apps.metrics import node as metrics
 from apps.receipts.commitment import SignedReceipt, signature_valid, sketch_rows
 from apps.receipts.models import Dispute, DisputeState, Receipt
 from apps.receipts.selectors import receipts_list
@@ -73,8 +74,14 @@ def dispute_open(*, receipt_id: int) -> Dispute:
             raise NotFound(f"no stored receipt {receipt_id} on this node", reason="receipt_not_found")
         dispute, created = Dispute.objects.get_or_create(receipt=receipt)
         if created or (dispute.state == DisputeState.PENDING and dispute.error):
-            # By the task's registered name: tasks.py imports this module, so importing it back would make a cycle.
-            transaction.on_commit(lambda: current_app.send_task(DISPUTE_TASK, args=[dispute.pk]))
+            def queue() -> None:
+                # By the task's registered name: tasks.py imports this module, so importing it back would make
+                # a cycle.
+                current_app.send_task(DISPUTE_TASK, args=[dispute.pk])
+                if created:
+                    metrics.DISPUTES.labels("opened").inc()
+
+            transaction.on_commit(queue)
     return dispute
 
 
@@ -145,7 +152,11 @@ def dispute_run(*, dispute_id: int) -> Dispute:
         locked.save()
         decided = {"receipt_id": receipt.pk, "dispute_id": locked.pk, "state": locked.state,
                    "difference": locked.difference, "tolerance": locked.tolerance}
-        transaction.on_commit(lambda: dispute_decided.send(sender=Dispute, **decided))
+        def announce() -> None:
+            dispute_decided.send(sender=Dispute, **decided)
+            metrics.DISPUTES.labels("upheld" if upheld else "dismissed").inc()
+
+        transaction.on_commit(announce)
     logger.info("dispute %s of receipt %s: %s (%s)", dispute_id, receipt.commitment_hash[:16], locked.state,
                 locked.detail)
     return locked

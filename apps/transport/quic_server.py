@@ -1,6 +1,6 @@
 """Server side of the QUIC peer door: one request frame per stream, one async handler.
 
-The server decodes one request frame per stream, admits it against the connection's peer
+The server decodes one request frame per stream, admits it against its peer's
 limits (admission.py), and hands it to one async handler that returns a Reply; the
 handler's compute runs off the event loop (the handler's job), so this adapter only moves
 bytes. It knows nothing of the methods it carries: which method a peer may call is the
@@ -14,7 +14,6 @@ still queued for a compute thread is withdrawn rather than computed for nobody.
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import logging
 import time
@@ -22,8 +21,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from apps.metrics import node as metrics
 from apps.transport import quic_lib
-from apps.transport.admission import PeerAdmission, PeerLimits
+from apps.transport.admission import PeerAdmission, PeerLimits, PeerTable, peer_key
 from apps.transport.framing import KIND_REQUEST, Frame, FrameDecoder, FramingError, Reply
 from apps.transport.quic_config import QuicSettings
 from apps.transport.udp import tune_socket
@@ -55,13 +55,13 @@ class _ServerConnection:
     transmit: Callable[[], None]
 
     def __init__(self, *args: Any, handler: ServerHandler, limits: PeerLimits,
-                 hosts: collections.Counter[str], **kwargs: Any) -> None:
+                 peers: PeerTable, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._handler = handler
         self._limits = limits
-        self._hosts = hosts  # connections per remote host, shared by every connection of the server
-        self._host: str | None = None
-        self._admission = PeerAdmission(limits, now=time.monotonic())
+        self._peers = peers  # every peer's connections, streams and bucket, shared by the server's connections
+        self._host_key: str | None = None  # set once this connection is counted against its host
+        self._admission_state: PeerAdmission | None = None
         self._decoders: dict[int, FrameDecoder] = {}
         self._requests: dict[int, Frame] = {}  # whole request frames waiting for their stream's FIN
         self._admitted: set[int] = set()  # streams holding an admission slot
@@ -85,22 +85,35 @@ class _ServerConnection:
                 task.cancel()  # nobody is left to read the answers
             for stream_id in list(self._admitted):
                 self._forget(stream_id)
-            if self._host is not None:
-                self._hosts[self._host] -= 1
-                self._host = None
+            if self._admission_state is not None:
+                self._admission_state.close()
+            if self._host_key is not None:
+                self._peers.disconnect(self._host_key)
+                self._host_key = None
 
     def _peer(self) -> tuple[str, int]:
         return self._lib.peer_address(self._quic) or ("?", 0)
 
+    @property
+    def _admission(self) -> PeerAdmission:
+        # Made on first use: the peer's address is known once its first datagram arrived.
+        if self._admission_state is None:
+            self._admission_state = PeerAdmission(self._limits, now=time.monotonic(), table=self._peers,
+                                                  host=self._peer()[0])
+        return self._admission_state
+
     def _count_host(self) -> None:
         host = self._peer()[0]
-        self._host = host
-        self._hosts[host] += 1
-        if self._hosts[host] > self._limits.max_connections_per_host:
+        key = peer_key(host, ipv6_prefix=self._limits.ipv6_prefix)
+        refusal = self._peers.connect(key, time.monotonic())
+        if refusal is not None:
             logger.warning("refusing QUIC connection from %s: over %d connections from that host",
                            host, self._limits.max_connections_per_host)
+            metrics.PEER_REFUSED.labels("quic", refusal.reason).inc()
             self._quic.close(error_code=0x2, reason_phrase="too many connections from this host")
             self.transmit()
+            return
+        self._host_key = key
 
     def _stream_data(self, event: Any) -> None:
         stream_id = event.stream_id
@@ -112,6 +125,7 @@ class _ServerConnection:
         if decoder is None:
             refusal = self._admission.admit(time.monotonic())
             if refusal is not None:
+                metrics.PEER_REFUSED.labels("quic", refusal.reason).inc()
                 self._refuse(stream_id, Reply.error(refusal.reason, refusal.message), ended=event.end_stream)
                 return
             self._admitted.add(stream_id)
@@ -203,7 +217,7 @@ async def start_server(
     *, host: str, port: int, cert_path: str, key_path: str, handler: ServerHandler, settings: QuicSettings,
     limits: PeerLimits | None = None,
 ) -> Any:
-    """Serve `handler` on host:port; every request is admitted against `limits` per connection.
+    """Serve `handler` on host:port; every request is admitted against `limits` per peer.
 
     Returns the library's server object (`close()` stops it).
     """
@@ -211,11 +225,11 @@ async def start_server(
     configuration = settings.configuration(is_client=False, datagram_size=datagram_size)
     configuration.load_cert_chain(cert_path, key_path)
     limits = limits or PeerLimits(max_body=settings.max_body)
-    hosts: collections.Counter[str] = collections.Counter()
+    peers = PeerTable(limits)
     protocol_class = _protocol_class(settings.library)
 
     def create_protocol(*args: Any, **kwargs: Any) -> Any:
-        return protocol_class(*args, handler=handler, limits=limits, hosts=hosts, **kwargs)
+        return protocol_class(*args, handler=handler, limits=limits, peers=peers, **kwargs)
 
     server = await settings.lib.serve(host, port, configuration=configuration, create_protocol=create_protocol)
     transport = getattr(server, "_transport", None)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from apps.errors import Forbidden, NotFound, TenzroError, Unavailable
+from apps.metrics import node as metrics
 from apps.transport.framing import Reply
 
 logger = logging.getLogger(__name__)
@@ -166,6 +167,14 @@ class MethodTable:
         self.counts: Counter[str] = Counter()  # calls, forbidden, dropped_past_deadline, errors, per door
 
     async def call(self, method: str, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Reply:
+        reply = await self._call(method, params, body, ctx)
+        error = reply.header.get("error")
+        # Only declared methods get a label of their own: a peer's made-up names all count as "other".
+        metrics.WORKER_REQUESTS.labels(ctx.door.value, method if method in METHOD_DOORS else "other",
+                                       "ok" if error is None else metrics.reason_label(error.get("reason"))).inc()
+        return reply
+
+    async def _call(self, method: str, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Reply:
         door = ctx.door.value
         ctx = replace(ctx, counts=self.counts)
         self.counts[f"{door}.calls"] += 1

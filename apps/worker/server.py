@@ -31,16 +31,17 @@ from apps.blobs.selectors import blob_store
 from apps.blobs.store import parse_blob_uri
 from apps.experts.handlers import ExpertHandlers, Payload
 from apps.experts.runtime import ExpertRuntime
+from apps.metrics import node as metrics
 from apps.node.selectors import node_identity
 from apps.receipts.commitment import ReceiptSigner
 from apps.receipts.sampling import sampling_key
-from apps.transport.admission import PeerLimits
 from apps.transport.framing import Reply
 from apps.transport.quic import PeerRequest, QuicSettings, start_server
 from apps.worker import services
 from apps.worker.client import WORKER_CHANNEL
 from apps.worker.control_plane import ControlPlaneView
 from apps.worker.doors import CallContext, Door, MethodTable, WorkerParts, contributed_handlers
+from apps.worker.peer_limits import peer_limits
 from apps.worker.publisher import StatePublisher
 from apps.worker.warmup import warm_kernels
 from tenzro_site.settings.env import split_host_port
@@ -48,12 +49,26 @@ from tenzro_site.settings.env import split_host_port
 logger = logging.getLogger("tenzro.worker")
 
 
-def peer_limits() -> PeerLimits:
-    return PeerLimits(
-        max_body=settings.TENZRO_PEER_MAX_BODY_BYTES, max_streams=settings.TENZRO_PEER_MAX_STREAMS,
-        rate_per_s=settings.TENZRO_PEER_RATE_PER_S, burst=settings.TENZRO_PEER_BURST,
-        max_connections_per_host=settings.TENZRO_PEER_MAX_CONNECTIONS_PER_HOST,
-    )
+def _tier_gauges(status: dict[str, Any]) -> dict[str, Any]:
+    """Set tenzro_tier_bytes from a status the publisher takes anyway (on every change and heartbeat)."""
+    experts = status.get("experts", [])
+    warm = sum(e["memory_bytes"] for e in experts)
+    metrics.TIER_BYTES.labels("warm").set(warm)
+    metrics.TIER_BYTES.labels("cold").set(sum(e["disk_bytes"] for e in experts if e["residency"] == "Cold"))
+    # memory_used_bytes is the memory tier plus the reservations (dense weights) under the same budget
+    metrics.TIER_BYTES.labels("reserved").set(max(0, status.get("memory_used_bytes", 0) - warm))
+    metrics.TIER_BYTES.labels("budget").set(status.get("memory_budget_bytes", 0))
+    return status
+
+
+def _counted(signer: ReceiptSigner) -> Any:
+    """The signer, counting each receipt it signs (tenzro_receipts_total{event="signed"})."""
+    def sign(**kwargs: Any) -> Any:
+        receipt = signer(**kwargs)
+        metrics.RECEIPTS.labels("signed").inc()
+        return receipt
+
+    return sign
 
 
 def _in_db(func: Any) -> Any:
@@ -76,7 +91,7 @@ class WorkerServer:
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start(): QUIC blob fetches run on it
         self.executor = ThreadPoolExecutor(max_workers=settings.TENZRO_COMPUTE_THREADS, thread_name_prefix="expert")
         self.publisher = StatePublisher(
-            snapshot=lambda: self.runtime.status(),
+            snapshot=lambda: _tier_gauges(self.runtime.status()),
             publish=_in_db(lambda status: services.worker_state_publish(
                 provider_id=self.identity.provider_id, pid=os.getpid(), started_at=self._started_at, status=status)),
             heartbeat=_in_db(lambda status: services.worker_state_heartbeat(pid=os.getpid(), status=status)),
@@ -103,7 +118,7 @@ class WorkerServer:
 
         experts = ExpertHandlers(runtime=self.runtime, executor=self.executor, resolve_blob=resolve,
                                  max_payload_bytes=settings.TENZRO_BLOB_MAX_BYTES, after_change=self.publisher.flush,
-                                 sign_receipt=ReceiptSigner(self.identity.signing_key)
+                                 sign_receipt=_counted(ReceiptSigner(self.identity.signing_key))
                                  if settings.TENZRO_SIGN_RECEIPTS else None,
                                  receipt_topk=settings.TENZRO_RECEIPT_TOPK)
         self.methods = MethodTable({

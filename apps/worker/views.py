@@ -5,7 +5,8 @@ QUIC stream would carry (docs/protocol.md, "Frames": a 16-byte prefix, a JSON he
 rows), with content type application/x-tenzro-frame; the answer is the response frame, with
 the error's HTTP status when it is one. Rows stay raw bytes end to end: no base64, no JSON
 body (JSON clients use `tenzro_moeExecute`, which takes seed 000's base64 rows). The worker
-serves the call through its peer door, so only what any peer may ask gets through.
+serves the call through its peer door, so only what any peer may ask gets through, within
+the peer door's per-peer limits (apps/worker/peer_limits.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from django.views.decorators.csrf import csrf_exempt
 from apps.errors import REASONS, TenzroError
 from apps.transport.framing import FRAME_CONTENT_TYPE, KIND_REQUEST, FramingError, Reply, decode_frame
 from apps.worker.client import worker_call
+from apps.worker.peer_limits import HttpPeerSlot
 
 
 def _answer(reply: Reply) -> HttpResponse:
@@ -40,8 +42,11 @@ async def peer_frame(request: HttpRequest, method: str) -> HttpResponse:
     if header.get("method") != method or not isinstance(header.get("params"), dict):
         return _answer(Reply.error("bad_request", f"this route serves {method}; the frame's header must be "
                                                   f'{{"method": "{method}", "params": {{...}}}}'))
-    try:
-        result, body = await worker_call(method, header["params"], body=bytes(frame.body), door="peer")
-    except TenzroError as exc:
-        return _answer(Reply.error(exc.reason, exc.message, exc.details))
+    async with HttpPeerSlot(request.META.get("REMOTE_ADDR")) as refusal:
+        if refusal is not None:
+            return _answer(Reply.error(refusal.reason, refusal.message))
+        try:
+            result, body = await worker_call(method, header["params"], body=bytes(frame.body), door="peer")
+        except TenzroError as exc:
+            return _answer(Reply.error(exc.reason, exc.message, exc.details))
     return _answer(Reply.ok(result, body))

@@ -11,6 +11,7 @@ from tenzro_site.settings.env import (
     DEFAULT_QUIC,
     DEFAULT_REDIS_URL,
     DEFAULT_ROLES,
+    PREPARE_QUEUE,
     data_dir,
     env_bool,
     env_float,
@@ -19,6 +20,7 @@ from tenzro_site.settings.env import (
     env_str,
     read_or_create_secret,
 )
+from tenzro_site.settings.logs import logging_config
 
 TENZRO_VERSION = "0.1.0"
 TENZRO_DATA_DIR = data_dir()
@@ -83,6 +85,8 @@ TENZRO_GENERATE_WAIT_S = env_float("TENZRO_GENERATE_WAIT_S", 600.0)
 # Dashboard pages that only read may be seen without logging in (forms that change the node
 # always need a logged-in staff user); 0 puts every page behind the login.
 TENZRO_DASHBOARD_PUBLIC = env_bool("TENZRO_DASHBOARD_PUBLIC", True)
+# GET /metrics (Prometheus) without the operator token; 0 asks for it (docs/operations.md, "Metrics").
+TENZRO_METRICS_PUBLIC = env_bool("TENZRO_METRICS_PUBLIC", True)
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/"
@@ -99,13 +103,21 @@ TENZRO_RPC_MAX_BYTES = env_int("TENZRO_RPC_MAX_BYTES", 64 * 1024 * 1024)
 TENZRO_WORKER_TIMEOUT_S = env_float("TENZRO_WORKER_TIMEOUT_S", 30.0)
 # Largest body of one QUIC frame this node accepts in an answer (as a client), in bytes.
 TENZRO_QUIC_MAX_BODY = env_int("TENZRO_QUIC_MAX_BODY", 256 * 1024 * 1024)
-# Limits of the peer door (QUIC), per peer connection: request body size, requests in flight,
-# request rate (token bucket: per second, burst), and connections per remote host.
+# Limits of the peer door (QUIC, and its HTTP fallback): request body size, requests in flight
+# per connection, request rate per peer (token bucket: per second, burst), connections per host.
 TENZRO_PEER_MAX_BODY_BYTES = env_int("TENZRO_PEER_MAX_BODY_BYTES", 64 * 1024 * 1024)
 TENZRO_PEER_MAX_STREAMS = env_int("TENZRO_PEER_MAX_STREAMS", 32)
 TENZRO_PEER_RATE_PER_S = env_int("TENZRO_PEER_RATE_PER_S", 200)
 TENZRO_PEER_BURST = env_int("TENZRO_PEER_BURST", 400)
 TENZRO_PEER_MAX_CONNECTIONS_PER_HOST = env_int("TENZRO_PEER_MAX_CONNECTIONS_PER_HOST", 64)
+# Who a peer is (docs/security.md, "Per-peer limits"): "host" (an IPv4 address, an IPv6 /PREFIX
+# network) shares the rate and the in-flight requests over all of its connections;
+# "connection" gives each connection its own (the behaviour before per-peer limits).
+TENZRO_PEER_LIMIT_BY = env_str("TENZRO_PEER_LIMIT_BY", "host")
+if TENZRO_PEER_LIMIT_BY not in ("host", "connection"):
+    raise ValueError(f"TENZRO_PEER_LIMIT_BY must be host or connection, got {TENZRO_PEER_LIMIT_BY!r}")
+TENZRO_PEER_MAX_STREAMS_PER_PEER = env_int("TENZRO_PEER_MAX_STREAMS_PER_PEER", 256)
+TENZRO_PEER_IPV6_PREFIX = env_int("TENZRO_PEER_IPV6_PREFIX", 64)
 # The worker refreshes its published state this often, and readers call it stale after
 # TENZRO_WORKER_STALE_S of silence.
 TENZRO_WORKER_HEARTBEAT_S = env_int("TENZRO_WORKER_HEARTBEAT_S", 5)
@@ -127,7 +139,8 @@ TENZRO_PREPARE_LOCK_TTL_S = env_int("TENZRO_PREPARE_LOCK_TTL_S", 120)
 TENZRO_PREPARE_PUSH_INTERVAL_S = env_float("TENZRO_PREPARE_PUSH_INTERVAL_S", 0.5)
 REDIS_URL = env_str("REDIS_URL", DEFAULT_REDIS_URL)
 
-SECRET_KEY = env_str("DJANGO_SECRET_KEY", "") or read_or_create_secret(TENZRO_DATA_DIR / "django.secret")
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "") or read_or_create_secret(TENZRO_DATA_DIR / "django.secret",
+                                                                                    nbytes=48)
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
 
@@ -158,6 +171,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "apps.metrics.middleware.RequestMetricsMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -233,6 +247,7 @@ CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 3600)
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 3300)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TASK_ROUTES = {"tenzro.catalog.prepare": {"queue": PREPARE_QUEUE}}
 CELERY_BEAT_SCHEDULE = {
     "node-heartbeat": {"task": "tenzro.node.heartbeat", "schedule": env_int("TENZRO_HEARTBEAT_S", 10)},
     # Open dashboards get the process list pushed this often (apps/node/services.py), never polled.
@@ -243,11 +258,6 @@ CELERY_BEAT_SCHEDULE = {
     "repair-tick": {"task": "tenzro.repair.tick", "schedule": TENZRO_REPAIR_TICK_S},
 }
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("TENZRO_LOG_LEVEL", "INFO")},
-    "loggers": {"django": {"level": "WARNING"}, "aioquic": {"level": "WARNING"}, "qh3": {"level": "WARNING"}},
-}
+# Every process of a node logs through one redacting handler (tenzro_site/settings/logs.py): text by
+# default, one JSON object per line with TENZRO_LOG_FORMAT=json.
+LOGGING = logging_config(level=env_str("TENZRO_LOG_LEVEL", "INFO"), fmt=env_str("TENZRO_LOG_FORMAT", "text"))

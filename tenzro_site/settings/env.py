@@ -23,6 +23,10 @@ DEFAULT_QUIC = "127.0.0.1:4433"
 DEFAULT_DATA_DIR = "var/node"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_ROLES = "Router,ExpertHolder"
+# The Celery queue of prepare jobs: the node's own Celery worker consumes it beside the default
+# queue, and prepare workers on other hosts consume only it (docs/operations.md, "Running a
+# network across machines"), so they never run the node's gossip, repair or settlement tasks.
+PREPARE_QUEUE = "prepare"
 # The operator token the node generates when TENZRO_OPERATOR_TOKEN is unset (in the data dir).
 OPERATOR_TOKEN_FILE = "operator.token"
 
@@ -81,13 +85,21 @@ def split_host_port(value: str, *, what: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def private_dir(path: Path) -> Path:
+    """Create `path` (and its parents) if missing; a directory created here is 0700: the data
+    dir holds the node key, the operator token and Django's secret."""
+    if not path.is_dir():
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
 def read_or_create_secret(path: Path, *, nbytes: int = 32) -> str:
     """Return the secret stored at `path`, creating it (mode 0600) on first use.
 
     Two processes of one node may race here on first start; O_EXCL makes exactly one
     of them write, and the loser reads what the winner wrote.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:

@@ -17,8 +17,10 @@ import os
 import signal
 import socket
 
+import httpx
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from apps.experts.runtime import ExpertRuntime
 from testkit.nodes import TOKEN, NodeProcess, free_port
@@ -133,6 +135,14 @@ def provider_of(node: NodeProcess) -> str:
     return node.result("tenzro_nodeInfo")["provider_id"]
 
 
+def scrape(node: NodeProcess) -> dict[tuple[str, tuple], float]:
+    """GET /metrics: {(sample name, sorted labels): value}."""
+    answer = httpx.get(f"{node.url}/metrics", timeout=10)
+    assert answer.status_code == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(answer.text) for s in family.samples}
+
+
 def test_the_distributed_forward_equals_the_local_one(network, layers) -> None:
     a, b = network["a"], network["b"]
     pid_a, pid_b = provider_of(a), provider_of(b)
@@ -170,6 +180,17 @@ def test_the_distributed_forward_equals_the_local_one(network, layers) -> None:
     assert set().union(*(t for pid, t in transports.items() if pid not in (pid_a, pid_b))) == {"quic"}
     per_row = {codec: total / rows_ for codec, (total, rows_) in wire.items()}
     assert per_row["f32"] / per_row["q8_0"] > 3.5, per_row  # 32 bits against 8.5 per value, both ways
+    # The router's /metrics (its web process) adds up what its expert worker counted: six forwards
+    # in the histogram, batches by transport; holders count the receipts they signed.
+    metrics = scrape(a)
+    assert metrics[("tenzro_forward_seconds_count", (("model", QWEN), ("stage", "total")))] == 2
+    assert sum(v for (name, labels), v in metrics.items() if name == "tenzro_forward_seconds_count"
+               and dict(labels)["stage"] == "total") == 6
+    batches = {dict(labels)["transport"]: v for (name, labels), v in metrics.items()
+               if name == "tenzro_forward_batches_total"}
+    assert batches.keys() == {"local", "quic", "http"} and min(batches.values()) > 0
+    assert metrics[("tenzro_receipts_total", (("event", "verified"),))] > 0
+    assert scrape(b)[("tenzro_receipts_total", (("event", "signed"),))] > 0
 
 
 def test_a_hanging_holder_is_raced_out_by_its_backup(network, layers) -> None:
