@@ -75,6 +75,7 @@ class Operator:
 
     def __init__(self, nodes: list[NodeProcess]) -> None:
         self.nodes = nodes
+        self.timings: list[tuple[str, float]] = []
 
     def env(self, node: NodeProcess) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "TENZRO_OPERATOR_TOKEN"}
@@ -95,6 +96,28 @@ class Operator:
         except ValueError:
             pytest.fail(f"`tenzro {' '.join(args)}` printed no JSON:\n{done.stdout[-2000:]}\n{done.stderr}")
 
+    def many(self, calls: list[tuple[NodeProcess, tuple[str, ...]]]) -> list[dict]:
+        """Several calls, one shell per node at once (each node's calls in order); answers in call order."""
+        by_node: dict[str, list[int]] = {}
+        for index, (node, _) in enumerate(calls):
+            by_node.setdefault(node.url, []).append(index)
+        answers: list[dict] = [{}] * len(calls)
+
+        def run(indices: list[int]) -> None:
+            for index in indices:
+                node, args = calls[index]
+                answers[index] = self(node, *args)
+
+        with ThreadPoolExecutor(len(by_node) or 1) as pool:
+            list(pool.map(run, by_node.values()))  # list(): re-raise a failed call here
+        return answers
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        yield
+        self.timings.append((name, time.monotonic() - started))
+
     @contextlib.contextmanager
     def logs_on_failure(self) -> Iterator[None]:
         try:
@@ -112,13 +135,15 @@ def checkpoint(tmp_path_factory) -> Iterator[tuple[Path, str]]:
 
 
 @pytest.fixture(scope="module")
-def nodes(start_module_node) -> list[NodeProcess]:
-    """Three nodes started at once (b and c know a): start-up is mostly waiting, not CPU."""
+def nodes(start_module_node) -> Iterator[list[NodeProcess]]:
+    """Three nodes started at once (b and c know a): start-up and shut-down are mostly waiting, not CPU."""
     a_port = free_port(socket.SOCK_STREAM)
     peers = [[], [f"http://127.0.0.1:{a_port}"], [f"http://127.0.0.1:{a_port}"]]
     with ThreadPoolExecutor(3) as pool:
-        return list(pool.map(lambda i: start_module_node(env=NODE_ENV, peers=peers[i],
+        trio = list(pool.map(lambda i: start_module_node(env=NODE_ENV, peers=peers[i],
                                                          **({"http_port": a_port} if i == 0 else {})), range(3)))
+        yield trio
+        list(pool.map(NodeProcess.stop, trio))  # start_module_node's own teardown then finds them stopped
 
 
 @pytest.fixture(scope="module")
@@ -182,72 +207,83 @@ def prepare_all(op: Operator, a: NodeProcess, url: str) -> dict[int, dict]:
     return jobs
 
 
+def check_status(i: int, status: dict, uris: dict, backend: str) -> None:
+    """`tenzro moe status` of node i: what it holds, each Warm in memory, the budget, the backend."""
+    held = sorted((r["layer"], r["expert"]) for r in status["experts"])
+    assert held == sorted(k for k in uris if i in holders_of(k[1])), (i, held)
+    for r in status["experts"]:
+        formats = {f"{p}_proj": t for p, t in FORMATS[QUANT[r["layer"]]].items()}  # tensor names here
+        assert (r["residency"], r["tier"], r["formats"]) == ("Warm", "memory", formats), r
+        assert r["memory_bytes"] > 0 and r["d_model"] == D_MODEL and r["blob_uri"] == uris[(r["layer"], r["expert"])]
+    assert status["memory_budget_bytes"] == BUDGET
+    assert sum(r["memory_bytes"] for r in status["experts"]) <= status["memory_used_bytes"] <= BUDGET
+    assert status["gpu_backend_active"] is False and status["backend"] == backend  # the reference's backend
+    assert status["counts"] == {"warm": len(held), "cold": 0, "gates": 2 if i == 0 else 0}
+
+
+def wait_for_replication(op: Operator, a: NodeProcess, want: dict) -> dict:
+    """`tenzro moe shard-map` until gossip has brought every holder's record to a."""
+    deadline = time.monotonic() + 60
+    while True:
+        shard = op(a, "moe", "shard-map", "--model", MODEL)
+        seen = {(h["layer"], h["expert"]): sorted(x["provider"] for x in h["holders"]) for h in shard["holders"]}
+        if seen == want:
+            return shard
+        assert time.monotonic() < deadline, f"the shard map never showed replication 2: {seen} != {want}"
+        time.sleep(0.5)
+
+
 def test_the_operator_walkthrough(nodes, checkpoint, reference, tmp_path) -> None:
     op = Operator(nodes)
     a = nodes[0]
     _, url = checkpoint
     with op.logs_on_failure():
-        # 1. The catalog-side shape, from the checkpoint's config.json (the model is not in the catalog).
-        shape = op(a, "moe", "catalog-shape", "--model", MODEL, "--checkpoint", url)
+        with op.step("catalog-shape"):  # from the checkpoint's config.json: the model is not in the catalog
+            shape = op(a, "moe", "catalog-shape", "--model", MODEL, "--checkpoint", url)
         assert (shape["family"], shape["n_routed_experts"], shape["n_active"], shape["moe_layers"],
                 shape["d_model"], shape["expert_d_ff"]) == ("qwen3_moe", N_EXPERTS, TOP_K, [0, 1], D_MODEL, 256)
 
-        # 2. Slice and block-quantize each layer's experts, publish the blobs; poll the jobs.
-        jobs = prepare_all(op, a, url)
+        with op.step("prepare-experts, prepare-status"):
+            jobs = prepare_all(op, a, url)
         uris = {(layer, e["expert"]): e["blob_uri"] for layer, job in jobs.items() for e in job["experts"]}
         # the same code here gives byte-identical blobs: content addressing makes them checkable
         assert {k: parse_blob_uri(u) for k, u in uris.items()} == reference["hashes"]
         assert {layer: parse_blob_uri(job["gate"]["blob_uri"]) for layer, job in jobs.items()} == reference["gates"]
 
-        # 3. Load every expert by its blob URI on two nodes (each fetches from a peer, verifies the hash).
-        providers = [op(n, "node", "info")["provider_id"] for n in nodes]
-        for (layer, expert), uri in sorted(uris.items()):
-            for i in holders_of(expert):
-                row = op(nodes[i], "moe", "load-expert", "--model", MODEL, "--layer", str(layer),
-                         "--expert", str(expert), "--blob", uri)
-                assert (row["model_id"], row["layer"], row["expert"], row["blob_uri"]) == (MODEL, layer, expert, uri)
-        # 4. The gates of both layers on a, the node that gates the forwards.
-        for layer, job in jobs.items():
-            gate = op(a, "moe", "load-gate", "--model", MODEL, "--layer", str(layer), "--blob", job["gate"]["blob_uri"])
+        with op.step("load-expert x16, load-gate x2"):  # each node fetches from a peer and verifies the hash
+            loads = [(nodes[i], ("moe", "load-expert", "--model", MODEL, "--layer", str(layer), "--expert",
+                                 str(expert), "--blob", uri))
+                     for (layer, expert), uri in sorted(uris.items()) for i in holders_of(expert)]
+            gates = [(a, ("moe", "load-gate", "--model", MODEL, "--layer", str(layer), "--blob",
+                          job["gate"]["blob_uri"])) for layer, job in jobs.items()]  # on a: it gates the forwards
+            answers = op.many(loads + gates)
+        for (_, args), row in zip(loads, answers[:len(loads)], strict=True):
+            assert (row["model_id"], row["layer"], row["expert"], row["blob_uri"]) == (MODEL, int(args[5]),
+                                                                                      int(args[7]), args[9]), row
+        for layer, gate in zip(jobs, answers[len(loads):], strict=True):
             assert (gate["layer"], gate["top_k"], gate["n_routed"], gate["router"]) == (layer, TOP_K, N_EXPERTS,
                                                                                         "softmax"), gate
 
-        # 5. Status: residency, footprint, budget, GPU backend.
-        for i, node in enumerate(nodes):
-            status = op(node, "moe", "status")
-            held = sorted((r["layer"], r["expert"]) for r in status["experts"])
-            assert held == sorted(k for k in uris if i in holders_of(k[1])), (i, held)
-            for r in status["experts"]:
-                formats = {f"{p}_proj": t for p, t in FORMATS[QUANT[r["layer"]]].items()}  # tensor names here
-                assert (r["residency"], r["tier"], r["formats"]) == ("Warm", "memory", formats), r
-                assert r["memory_bytes"] > 0 and r["d_model"] == D_MODEL, r
-            assert status["memory_budget_bytes"] == BUDGET
-            assert 0 < status["memory_used_bytes"] <= BUDGET
-            assert status["memory_used_bytes"] >= sum(r["memory_bytes"] for r in status["experts"])
-            assert status["gpu_backend_active"] is False and status["backend"] == reference["runtime"].backend.name
-            assert status["counts"]["warm"] == len(held) and status["counts"]["cold"] == 0
-            assert status["counts"]["gates"] == (2 if i == 0 else 0)
+        with op.step("status x3, node info x3"):
+            answers = op.many([(n, ("moe", "status")) for n in nodes] + [(n, ("node", "info")) for n in nodes])
+        for i, status in enumerate(answers[:3]):
+            check_status(i, status, uris, reference["runtime"].backend.name)
+        providers = [info["provider_id"] for info in answers[3:]]
 
-        # 6. The shard map: every expert covered by two distinct providers once gossip has spread.
         want = {(layer, e): sorted(providers[i] for i in holders_of(e)) for layer, e in uris}
-        deadline = time.monotonic() + 60
-        while True:
-            shard = op(a, "moe", "shard-map", "--model", MODEL)
-            seen = {(h["layer"], h["expert"]): sorted(x["provider"] for x in h["holders"]) for h in shard["holders"]}
-            if seen == want:
-                break
-            assert time.monotonic() < deadline, f"shard map never showed replication 2: {seen} != {want}"
-            time.sleep(0.5)
+        with op.step("shard-map until replication 2"):
+            shard = wait_for_replication(op, a, want)
         assert shard["covered_experts"] == 2 * N_EXPERTS and shard["distinct_providers"] == 3
         assert shard["under_replicated_experts"] == [] and shard["policy"]["min_replication"] == 2
         assert all(h["replication"] == 2 for h in shard["holders"])
         assert all(x["blob_uri"] == uris[(h["layer"], h["expert"])] for h in shard["holders"] for x in h["holders"])
 
-        # 7. How a routing would fan out: every (token, expert) in exactly one batch, on one of its holders.
+        # How a routing would fan out: every (token, expert) in exactly one batch, on one of its holders.
         routings = [{"token_index": t, "experts": [{"layer": 0, "expert": t % N_EXPERTS},
                                                    {"layer": 0, "expert": (t + 1) % N_EXPERTS}]} for t in range(6)]
         (tmp_path / "routings.json").write_text(json.dumps(routings))
-        plan = op(a, "moe", "plan-dispatch", "--model", MODEL, "--routings", str(tmp_path / "routings.json"))
+        with op.step("plan-dispatch"):
+            plan = op(a, "moe", "plan-dispatch", "--model", MODEL, "--routings", str(tmp_path / "routings.json"))
         assert plan["unroutable"] == []
         placed = sorted((t, b["expert"]) for b in plan["batches"] for t in b["token_indices"])
         assert placed == sorted((r["token_index"], e["expert"]) for r in routings for e in r["experts"])
@@ -255,48 +291,50 @@ def test_the_operator_walkthrough(nodes, checkpoint, reference, tmp_path) -> Non
             assert batch["provider"] in want[(0, batch["expert"])]
             assert batch["backups"] == [p for p in want[(0, batch["expert"])] if p != batch["provider"]]
 
-        # 8. The distributed forward, file in, file out, against the local forward over the same blobs.
-        rng = np.random.default_rng(11)
-        hidden = rng.standard_normal((8, D_MODEL)).astype(np.float32)
+        # The distributed forward, file in, file out, against the local forward over the same blobs:
+        # layer 0 (q4_k_m) as the seed runs it (the default Q8_0 wire), layer 1 (q8_0) with f32 rows.
+        hidden = np.random.default_rng(11).standard_normal((8, D_MODEL)).astype(np.float32)
         (tmp_path / "hidden.f32").write_bytes(hidden.astype("<f4").tobytes())
-        runtime = reference["runtime"]
         for layer, wire, bound in ((0, None, 0.05), (1, "f32", 1e-5)):
             out = tmp_path / f"combined-{layer}.f32"
-            argv = ["moe", "forward", "--model", MODEL, "--layer", str(layer), "--hidden", str(tmp_path / "hidden.f32"),
-                    "--d-model", str(D_MODEL), "--out", str(out), *(["--wire", wire] if wire else [])]
-            answer = op(a, *argv)
+            with op.step(f"forward layer {layer} ({wire or 'default'} wire)"):
+                answer = op(a, "moe", "forward", "--model", MODEL, "--layer", str(layer), "--hidden",
+                            str(tmp_path / "hidden.f32"), "--d-model", str(D_MODEL), "--out", str(out),
+                            *(["--wire", wire] if wire else []))
             got = np.frombuffer(out.read_bytes(), dtype="<f4").reshape(8, D_MODEL)
             assert answer["bytes"] == hidden.nbytes and answer["missing"] == [] and answer["tokens"] == 8
-            # the default Q8_0 wire rounds rows both ways (<= 2.2 % of a block's norm each way); f32 is exact
-            error = rel_error(got, runtime.forward_local(model_id=MODEL, layer=layer, hidden=hidden))
+            # Q8_0 on the wire rounds rows both ways (<= 2.2 % of a block's norm each way); f32 is exact
+            error = rel_error(got, reference["runtime"].forward_local(model_id=MODEL, layer=layer, hidden=hidden))
             assert error < bound, (layer, wire, error)
             stats = answer["stats"]
             assert stats["codecs"][0] == (wire or "q8_0")  # offered, preferred first
-            assert sum(h["rows"] for h in stats["holders"]) == 8 * TOP_K
+            assert sum(h["rows"] for h in stats["holders"]) == 8 * TOP_K and stats["failures"] == []
             served = {h["provider"] for h in stats["holders"] if h["rows"]}
             assert len(served) >= 2 and served - {providers[0]}, stats  # rows crossed the network
 
-        # 9. The whole model: a loads the dense part and the gates, and generates over the network.
-        dense = op(a, "moe", "load-dense", "--model", MODEL, "--checkpoint", url)
+        # The whole model: a loads the dense part and the gates, and generates over the network.
+        with op.step("load-dense"):
+            dense = op(a, "moe", "load-dense", "--model", MODEL, "--checkpoint", url)
         assert (dense["moe_layers"], dense["gates_loaded"], dense["vocab_size"]) == ([0, 1], 2, 64)
-        assert dense["dense_bytes"] > 0
-        generation = op(a, "moe", "generate", "--model", MODEL, "--prompt-ids", ",".join(map(str, PROMPT)),
-                        "--max-new-tokens", str(NEW_TOKENS), "--wire", "f32", "--steps")
-        assert generation["state"] == "done", generation
-        assert generation["tokens"] == reference["tokens"]
+        with op.step(f"generate {NEW_TOKENS} tokens"):
+            generation = op(a, "moe", "generate", "--model", MODEL, "--prompt-ids", ",".join(map(str, PROMPT)),
+                            "--max-new-tokens", str(NEW_TOKENS), "--wire", "f32", "--steps")
+        assert generation["state"] == "done" and generation["tokens"] == reference["tokens"], generation
         steps = generation["steps"]
         assert [s["phase"] for s in steps] == ["prefill"] + ["decode"] * (NEW_TOKENS - 1)
         assert [s["token"] for s in steps] == reference["tokens"]
         assert all([layer["layer"] for layer in s["layers"]] == [0, 1] for s in steps)
         assert all(layer["lost_gate_mass"] == 0 and layer["missing"] == 0 for s in steps for layer in s["layers"])
-        status = op(a, "moe", "status")
-        assert status["memory_used_bytes"] >= dense["dense_bytes"]  # the dense part counts against the budget
+        with op.step("status"):
+            status = op(a, "moe", "status")
+        assert status["memory_used_bytes"] >= dense["dense_bytes"] > 0  # the dense part counts against the budget
 
-    # 10. Nothing secret was logged: each node's operator token and node key.
-    secrets = {n.url: [(n.data_dir / "operator.token").read_text().strip(), (n.data_dir / "node.key").read_bytes()]
-               for n in nodes}
+    print("\n".join(f"{seconds:7.2f} s  {name}" for name, seconds in op.timings))
+    # Nothing secret was logged: each node's operator token and node key.
+    secrets = [(n.data_dir / "operator.token").read_text().strip() for n in nodes] + \
+        [(n.data_dir / "node.key").read_bytes() for n in nodes]
     for node in nodes:
-        assert_no_secrets(node.log_path.read_bytes(), secrets[node.url])
+        assert_no_secrets(node.log_path.read_bytes(), secrets)
 
 
 def assert_no_secrets(log: bytes, secrets: list) -> None:
