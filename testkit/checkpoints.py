@@ -285,7 +285,7 @@ class FileServer:
     ``served`` lists (path, start, end_exclusive, body bytes sent) per response.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, port: int = 0) -> None:
         self.root = Path(root)
         self.ignore_range = False
         self.short_body = False
@@ -348,7 +348,7 @@ class FileServer:
                 with server.lock:
                     server.served.append((self.path.lstrip("/"), start, end + 1, sent))
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)  # port 0: any free one
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)

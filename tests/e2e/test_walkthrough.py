@@ -27,6 +27,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -50,6 +51,11 @@ from testkit.checkpoints import FileServer, qwen3_moe_whole
 from testkit.nodes import NodeProcess, free_port
 from tests.e2e.test_gossip import FAST
 
+try:  # issue 15's security review adds it; until then _assert_no_secrets_here below
+    from testkit.secrets import assert_no_secrets
+except ImportError:
+    assert_no_secrets = None
+
 pytestmark = pytest.mark.e2e
 
 MODEL = "walkthrough/qwen3-moe-tiny"
@@ -63,6 +69,7 @@ BUDGET = 64 << 20
 # from the data dir, as on an operator's machine.
 NODE_ENV = {**FAST, "TENZRO_OPERATOR_TOKEN": "", "TENZRO_MEMORY_BUDGET_BYTES": str(BUDGET)}
 TENZRO = Path(sys.executable).with_name("tenzro")  # the console script setup.py installs
+NOISE = re.compile(r"gossip_round|processes_announce|node\.heartbeat|Sending due task|Native peer close")
 
 
 def holders_of(expert: int) -> tuple[int, int]:
@@ -82,8 +89,11 @@ class Operator:
         return {**env, "TENZRO_NODE": node.url, "TENZRO_DATA_DIR": str(node.data_dir)}
 
     def logs(self) -> str:
-        return "\n".join(f"---- log of node {i} ({n.url}), last 6000 chars:\n{n.log()[-6000:]}"
-                         for i, n in enumerate(self.nodes))
+        """Each node's log without the periodic task chatter, the last 6000 characters."""
+        def tail(node: NodeProcess) -> str:
+            return "\n".join(line for line in node.log().splitlines() if not NOISE.search(line))[-6000:]
+
+        return "\n".join(f"---- log of node {i} ({n.url}):\n{tail(n)}" for i, n in enumerate(self.nodes))
 
     def __call__(self, node: NodeProcess, *args: str, timeout: float = 120) -> dict:
         argv = [str(TENZRO), *args] if TENZRO.exists() else [sys.executable, "-m", "apps.cli.main", *args]
@@ -293,7 +303,7 @@ def test_the_operator_walkthrough(nodes, checkpoint, reference, tmp_path) -> Non
 
         # The distributed forward, file in, file out, against the local forward over the same blobs:
         # layer 0 (q4_k_m) as the seed runs it (the default Q8_0 wire), layer 1 (q8_0) with f32 rows.
-        hidden = np.random.default_rng(11).standard_normal((8, D_MODEL)).astype(np.float32)
+        hidden = np.random.default_rng(0).standard_normal((8, D_MODEL), np.float32)  # as README.md makes it
         (tmp_path / "hidden.f32").write_bytes(hidden.astype("<f4").tobytes())
         for layer, wire, bound in ((0, None, 0.05), (1, "f32", 1e-5)):
             out = tmp_path / f"combined-{layer}.f32"
@@ -330,16 +340,15 @@ def test_the_operator_walkthrough(nodes, checkpoint, reference, tmp_path) -> Non
         assert status["memory_used_bytes"] >= dense["dense_bytes"] > 0  # the dense part counts against the budget
 
     print("\n".join(f"{seconds:7.2f} s  {name}" for name, seconds in op.timings))
-    # Nothing secret was logged: each node's operator token and node key.
-    secrets = [(n.data_dir / "operator.token").read_text().strip() for n in nodes] + \
-        [(n.data_dir / "node.key").read_bytes() for n in nodes]
-    for node in nodes:
-        assert_no_secrets(node.log_path.read_bytes(), secrets)
+    # Nothing secret was logged: any node's operator token and node key, in any node's log.
+    for log in (n.log() for n in nodes):
+        for node in nodes:
+            (assert_no_secrets or _assert_no_secrets_here)(log, data_dir=node.data_dir)
 
 
-def assert_no_secrets(log: bytes, secrets: list) -> None:
-    """A local check until testkit/secrets.py lands: each secret, raw, hex and base64, is absent."""
-    for secret in secrets:
-        raw = secret.encode() if isinstance(secret, str) else secret
-        forms = {raw, raw.hex().encode(), base64.b64encode(raw), base64.urlsafe_b64encode(raw).rstrip(b"=")}
-        assert len(raw) >= 16 and not any(form in log for form in forms), "a secret appears in a node log"
+def _assert_no_secrets_here(text: str, *, data_dir: Path) -> None:
+    """A simple check while testkit/secrets.py (issue 15's security review) is not merged."""
+    token, seed = (data_dir / "operator.token").read_text().strip(), (data_dir / "node.key").read_bytes()
+    for name, value in (("operator token", token), ("node key (hex)", seed.hex()),
+                        ("node key (base64)", base64.b64encode(seed).decode())):
+        assert len(value) >= 16 and value not in text, f"the {name} of {data_dir} appears in a node log"
