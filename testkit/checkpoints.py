@@ -21,6 +21,8 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from apps.catalog.checkpoint import FP8_E4M3_LUT
+from apps.generation.spec import spec_from_config
+from apps.generation.weights import dense_tensor_shapes
 
 # ---- encoders -----------------------------------------------------------------------------------
 
@@ -231,6 +233,45 @@ def llama_dense(root: Path, *, seed: int = 2, d_model: int = 96, d_ff: int = 352
     return TinyModel(root=root, config=config, dense=dense, tensors=tensors)
 
 
+def qwen3_moe_whole(root: Path, *, seed: int = 3, d_model: int = 256, d_ff: int = 256, n_experts: int = 4,
+                    n_layers: int = 2, vocab: int = 64, n_heads: int = 4, n_kv_heads: int = 2, head_dim: int = 32,
+                    shards: int = 1) -> TinyModel:
+    """A whole Qwen3-MoE (embeddings, GQA attention, norms, LM head, gates, experts), F32, every layer MoE.
+
+    Random weights scaled by 1/sqrt(fan-in), norms near 1, no end-of-sequence id (a generation runs
+    to its max_new_tokens). The dense tensor list comes from the generation spec itself, so the
+    router's load-dense reads exactly what it needs. d_model and d_ff default to 256, the K-quant
+    block, so q4_k_m really stores Q4_K/Q6_K blocks (a smaller row falls back to Q8_0).
+    """
+    rng = np.random.default_rng(seed)
+    config = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": d_model,
+              "moe_intermediate_size": d_ff, "num_experts": n_experts, "num_experts_per_tok": 2,
+              "num_hidden_layers": n_layers, "norm_topk_prob": True, "decoder_sparse_step": 1,
+              "mlp_only_layers": [], "num_attention_heads": n_heads, "num_key_value_heads": n_kv_heads,
+              "head_dim": head_dim, "vocab_size": vocab, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+              "max_position_embeddings": 256, "tie_word_embeddings": False, "hidden_act": "silu",
+              "torch_dtype": "float32"}
+    tensors: dict[str, tuple[str, np.ndarray]] = {}
+
+    def add(name: str, shape: tuple[int, ...]) -> None:
+        if len(shape) == 1:  # a norm's weight
+            w = 1.0 + 0.1 * rng.standard_normal(shape)
+        else:
+            w = rng.standard_normal(shape) / np.sqrt(shape[1])
+        tensors[name] = ("F32", w.astype(np.float32))
+
+    for name, shape in dense_tensor_shapes(spec_from_config(config, model_id="builder")).items():
+        add(name, shape)
+    for layer in range(n_layers):
+        add(f"model.layers.{layer}.mlp.gate.weight", (n_experts, d_model))
+        for e in range(n_experts):
+            add(f"model.layers.{layer}.mlp.experts.{e}.gate_proj.weight", (d_ff, d_model))
+            add(f"model.layers.{layer}.mlp.experts.{e}.up_proj.weight", (d_ff, d_model))
+            add(f"model.layers.{layer}.mlp.experts.{e}.down_proj.weight", (d_model, d_ff))
+    write_checkpoint(root, config, tensors, shards=shards)
+    return TinyModel(root=root, config=config, dense={n: a for n, (_, a) in tensors.items()}, tensors=tensors)
+
+
 # ---- loopback HTTP server -----------------------------------------------------------------------
 
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
@@ -244,7 +285,7 @@ class FileServer:
     ``served`` lists (path, start, end_exclusive, body bytes sent) per response.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, port: int = 0) -> None:
         self.root = Path(root)
         self.ignore_range = False
         self.short_body = False
@@ -307,7 +348,7 @@ class FileServer:
                 with server.lock:
                     server.served.append((self.path.lstrip("/"), start, end + 1, sent))
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)  # port 0: any free one
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)

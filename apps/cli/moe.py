@@ -207,9 +207,11 @@ def plan_dispatch(obj: CliContext, model: str, routings: str, allow_cold: bool) 
 @click.option("--allow-cold", is_flag=True, help="Plan on Cold (disk-tier) holders when no Warm one is left.")
 @click.option("--min-gate-mass", type=click.FloatRange(0.0, 1.0), default=None,
               help="With --allow-partial: a token keeping less than this share of its gate mass is an error.")
+@click.option("--wire", type=click.Choice(["q8_0", "f32"]), default=None,
+              help="Activation codec on the wire (default: the node's, Q8_0 first; f32 for exact rows).")
 @click.pass_obj
 def forward(obj: CliContext, model: str, layer: int, hidden: str, d_model: int, out: str, allow_partial: bool,
-            allow_cold: bool, min_gate_mass: float | None) -> None:
+            allow_cold: bool, min_gate_mass: float | None, wire: str | None) -> None:
     """Distributed layer forward: gate here, dispatch to the holders, gate-weighted combine."""
     try:
         data = Path(hidden).read_bytes()
@@ -223,6 +225,8 @@ def forward(obj: CliContext, model: str, layer: int, hidden: str, d_model: int, 
               "allow_cold": allow_cold, "hidden": base64.b64encode(data).decode("ascii")}
     if min_gate_mass is not None:
         params["min_gate_mass"] = min_gate_mass
+    if wire is not None:
+        params["wire"] = wire
     result = obj.call("tenzro_moeForward", params)
     output = base64.b64decode(result.pop("output"))
     Path(out).write_bytes(output)
