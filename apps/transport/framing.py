@@ -201,8 +201,9 @@ class FrameDecoder:
             return view
         try:
             header = json.loads(bytes(self._pending))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise FramingError(f"frame header is not JSON: {exc}") from exc
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            # RecursionError: json.loads recurses per nesting level; a 1 MiB header of "[" is legal size-wise
+            raise FramingError(f"frame header is not JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
         if not isinstance(header, dict):
             raise FramingError("frame header must be a JSON object")
         self._pending.clear()
