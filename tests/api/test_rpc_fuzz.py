@@ -244,7 +244,7 @@ def _asgi_post(app, path: str, chunks: list[bytes], *, content_length: int | Non
     return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in sent if "body" in m)
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
 def test_bodies_over_the_limit_are_refused_before_they_are_read() -> None:
     app = BodyLimit(get_asgi_application(), limit=1000)
     good = call("tenzro_nodeInfo")
