@@ -125,6 +125,9 @@ def _kinds(kind: type[TenzroError], *reasons: str) -> dict[str, type[TenzroError
 # Every reason the node reports, and its kind. A new reason is added here, once.
 REASONS: dict[str, type[TenzroError]] = {
     **_kinds(InvalidInput,
+             # request bodies that are not JSON or not a JSON-RPC request (apps/api/json_body.py)
+             "parse_error", "nesting_too_deep", "invalid_unicode", "non_finite_literal", "number_out_of_range",
+             "invalid_request",
              # requests: params the schema refuses, content it cannot describe
              "invalid_input", "invalid_params", "shape_mismatch", "non_finite_input", "invalid_payload",
              "model_mismatch", "invalid_policy", "invalid_quant", "checkpoint_required", "token_out_of_range",
@@ -149,7 +152,7 @@ REASONS: dict[str, type[TenzroError]] = {
              "job_not_found", "receipt_not_found", "policy_not_found", "no_active_policy", "unknown_model",
              "file_not_found", "dense_not_loaded", "unknown_generation"),
     **_kinds(Conflict, "conflict", "policy_not_proposed", "state_not_published"),
-    **_kinds(PayloadTooLarge, "payload_too_large", "too_large", "over_budget"),
+    **_kinds(PayloadTooLarge, "payload_too_large", "too_large", "over_budget", "batch_too_large"),
     **_kinds(RateLimited, "rate_limited", "too_many_streams", "busy"),
     **_kinds(InternalError, "internal_error"),
 }

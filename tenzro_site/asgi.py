@@ -11,12 +11,15 @@ django_http = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 
+from apps.api.body_limit import BodyLimit  # noqa: E402
 from apps.dashboard.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_http,
+        # Bodies over TENZRO_RPC_MAX_BYTES are refused (413) before Django reads them.
+        "http": BodyLimit(django_http, limit=settings.TENZRO_RPC_MAX_BYTES),
         "websocket": AllowedHostsOriginValidator(URLRouter(websocket_urlpatterns)),
     }
 )

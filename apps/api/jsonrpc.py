@@ -7,10 +7,10 @@ Batches run their calls concurrently and answer in request order; notifications 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
+from django.conf import settings
 from pydantic import ValidationError
 
 from apps.api.errors import (
@@ -21,8 +21,9 @@ from apps.api.errors import (
     PARSE_ERROR,
     error_object,
 )
+from apps.api.json_body import JsonBodyError, loads
 from apps.api.registry import REGISTRY, RpcMethod
-from apps.errors import TenzroError, Unauthorized
+from apps.errors import PayloadTooLarge, TenzroError, Unauthorized
 from apps.metrics import node as metrics
 
 logger = logging.getLogger(__name__)
@@ -30,14 +31,14 @@ logger = logging.getLogger(__name__)
 _MISSING = object()
 
 
-def _not_json(constant: str) -> Any:
-    raise ValueError(f"{constant} is not JSON (RFC 8259 has no NaN or Infinity)")
-
-
 def _response(request_id: Any, *, result: Any = _MISSING, error: dict | None = None) -> dict[str, Any]:
     if error is not None:
         return {"jsonrpc": "2.0", "error": error, "id": request_id}
     return {"jsonrpc": "2.0", "result": result, "id": request_id}
+
+
+def _invalid_request(problem: str) -> dict[str, Any]:
+    return error_object(INVALID_REQUEST, f"Invalid Request: {problem}", {"reason": "invalid_request"})
 
 
 def _validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
@@ -62,7 +63,7 @@ def _bind_params(method: RpcMethod, raw: Any) -> Any:
 
 async def _handle_call(call: Any, *, operator: bool) -> dict[str, Any] | None:
     if not isinstance(call, dict):
-        return _response(None, error=error_object(INVALID_REQUEST, "Invalid Request: expected an object"))
+        return _response(None, error=_invalid_request("expected an object"))
     request_id = call.get("id", _MISSING)
     is_notification = request_id is _MISSING
     reply_id = None if is_notification else request_id
@@ -78,7 +79,7 @@ async def _handle_call(call: Any, *, operator: bool) -> dict[str, Any] | None:
         problem = 'member "id" must be a string, a number or null'
         reply_id = None
     if problem is not None:
-        return _response(reply_id, error=error_object(INVALID_REQUEST, f"Invalid Request: {problem}"))
+        return _response(reply_id, error=_invalid_request(problem))
 
     response = await _run_method(call["method"], call.get("params", _MISSING), operator=operator, reply_id=reply_id)
     error = response.get("error")
@@ -92,7 +93,8 @@ async def _handle_call(call: Any, *, operator: bool) -> dict[str, Any] | None:
 async def _run_method(name: str, raw_params: Any, *, operator: bool, reply_id: Any) -> dict[str, Any]:
     method = REGISTRY.get(name)
     if method is None:
-        return _response(reply_id, error=error_object(METHOD_NOT_FOUND, f"Method not found: {name}"))
+        return _response(reply_id, error=error_object(METHOD_NOT_FOUND, f"Method not found: {name}",
+                                                        {"reason": "method_not_found"}))
     if method.operator_only and not operator:
         exc = Unauthorized(f"{name} changes the node and needs the operator token (Authorization: Bearer …)")
         return _response(reply_id, error=error_object(exc.code, exc.message, exc.data()))
@@ -119,12 +121,19 @@ async def _run_method(name: str, raw_params: Any, *, operator: bool, reply_id: A
 async def handle_payload(body: bytes, *, operator: bool) -> dict[str, Any] | list[dict[str, Any]] | None:
     """Answer one HTTP body of JSON-RPC: a response, a list of responses, or None (nothing to send)."""
     try:
-        payload = json.loads(body, parse_constant=_not_json)
-    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
-        return _response(None, error=error_object(PARSE_ERROR, f"Parse error: {exc}"))
+        payload = loads(body)
+    except JsonBodyError as exc:
+        return _response(None, error=error_object(PARSE_ERROR, f"Parse error: {exc.message}", exc.data()))
     if isinstance(payload, list):
         if not payload:
-            return _response(None, error=error_object(INVALID_REQUEST, "Invalid Request: empty batch"))
+            return _response(None, error=_invalid_request("empty batch"))
+        limit = settings.TENZRO_RPC_MAX_BATCH
+        if len(payload) > limit:
+            # Refused whole, before any call runs: each call costs a task and a thread hop, and
+            # 20,000 cheap calls in one body held the web process for seconds.
+            exc = PayloadTooLarge(f"batch of {len(payload)} calls exceeds TENZRO_RPC_MAX_BATCH ({limit} calls)",
+                                  reason="batch_too_large", limit=limit, setting="TENZRO_RPC_MAX_BATCH")
+            return _response(None, error=error_object(exc.code, exc.message, exc.data()))
         answers = await asyncio.gather(*(_handle_call(call, operator=operator) for call in payload))
         responses = [answer for answer in answers if answer is not None]
         return responses or None

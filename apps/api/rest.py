@@ -8,14 +8,17 @@ kind (apps/errors.py), and each route documents in OpenAPI every status it can a
 from typing import Any
 
 import orjson
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI, Query, Router
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.parser import Parser
 from ninja.renderers import BaseRenderer
 from ninja.security import HttpBearer
 
 from apps.api.auth import is_operator
+from apps.api.json_body import JsonBodyError, loads
 from apps.api.registry import REGISTRY, RpcMethod
 from apps.api.schemas import ErrorOut
 from apps.errors import PayloadTooLarge, TenzroError, Unauthorized
@@ -31,6 +34,14 @@ class OrjsonRenderer(BaseRenderer):
 
     def render(self, request: HttpRequest, data: Any, *, response_status: int) -> bytes:
         return orjson.dumps(data)
+
+
+class JsonBodyParser(Parser):
+    """Bodies through apps/api/json_body.py, as JSON-RPC's: no NaN, no lone surrogates, bounded
+    nesting, each refusal with its reason (ninja turns it into HttpError 400, answered below)."""
+
+    def parse_body(self, request: HttpRequest) -> Any:
+        return loads(request.body)
 
 
 class OperatorBearer(HttpBearer):
@@ -67,7 +78,7 @@ def _error(api: NinjaAPI, request: HttpRequest, exc: TenzroError) -> HttpRespons
 
 def build_api() -> NinjaAPI:
     api = NinjaAPI(title="Tenzro MoE node", version="1", urls_namespace="rest", docs_url="/docs",
-                   renderer=OrjsonRenderer())
+                   renderer=OrjsonRenderer(), parser=JsonBodyParser())
 
     @api.exception_handler(TenzroError)
     def tenzro_error(request: HttpRequest, exc: TenzroError) -> HttpResponse:
@@ -86,12 +97,17 @@ def build_api() -> NinjaAPI:
 
     @api.exception_handler(HttpError)
     def http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+        if isinstance(exc.__cause__, JsonBodyError):  # an unparsable body: say why (still 400)
+            cause = exc.__cause__
+            return api.create_response(request, {"detail": cause.message, **cause.data()}, status=400)
         reason = _HTTP_REASONS.get(exc.status_code, "http_error")
         return api.create_response(request, {"detail": str(exc), "reason": reason}, status=exc.status_code)
 
     @api.exception_handler(RequestDataTooBig)
     def too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
-        return _error(api, request, PayloadTooLarge("request body exceeds TENZRO_RPC_MAX_BYTES"))
+        limit = settings.TENZRO_RPC_MAX_BYTES
+        return _error(api, request, PayloadTooLarge(f"request body exceeds TENZRO_RPC_MAX_BYTES ({limit} bytes)",
+                                                    limit_bytes=limit, setting="TENZRO_RPC_MAX_BYTES"))
 
     routers: dict[str, Router] = {}
     for method in sorted(REGISTRY.values(), key=lambda m: m.name):

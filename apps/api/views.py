@@ -22,7 +22,7 @@ async def rpc_endpoint(request: HttpRequest) -> HttpResponse:
         body = request.body
     except RequestDataTooBig:
         exc = PayloadTooLarge(f"request body exceeds TENZRO_RPC_MAX_BYTES ({settings.TENZRO_RPC_MAX_BYTES} bytes)",
-                              limit_bytes=settings.TENZRO_RPC_MAX_BYTES)
+                              limit_bytes=settings.TENZRO_RPC_MAX_BYTES, setting="TENZRO_RPC_MAX_BYTES")
         payload = {"jsonrpc": "2.0", "error": error_object(exc.code, exc.message, exc.data()), "id": None}
         return HttpResponse(orjson.dumps(payload), status=exc.http_status, content_type="application/json")
     operator = is_operator(bearer_token(request.headers.get("Authorization")))

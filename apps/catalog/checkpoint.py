@@ -165,8 +165,9 @@ class CheckpointReader:
         self._count("json", len(data))
         try:
             json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(reason, f"{self._src.describe(name)} is not valid JSON: {exc}") from None
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
+            raise CheckpointError(reason, f"{self._src.describe(name)} is not valid JSON: "
+                                          f"{type(exc).__name__}: {str(exc)[:200]}") from None
         return data
 
     def _count(self, kind: str, n: int) -> None:

@@ -18,6 +18,7 @@ Slice s holds d_ff rows [a_s, b_s) of `dense_slice_bounds` (docs/protocol.md "Ga
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -267,11 +268,16 @@ def _split_safetensors(data: bytes) -> tuple[dict[str, Any], memoryview]:
 def _tensor(name: str, info: Any, body: memoryview) -> np.ndarray:
     try:
         dtype = _DTYPES[info["dtype"]]
-        shape = tuple(int(s) for s in info["shape"])
-        start, end = (int(o) for o in info["data_offsets"])
+        shape = tuple(info["shape"])
+        start, end = info["data_offsets"]
     except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidPayload(f"gate tensor {name!r} has a malformed header entry: {info!r}") from exc
-    count = int(np.prod(shape, dtype=np.int64))
+        raise InvalidPayload(f"gate tensor {name!r} has a malformed header entry: {str(info)[:200]}") from exc
+    # Whole non-negative JSON integers only: a negative or float dimension would reach reshape, and
+    # a product taken in int64 would wrap for lying shapes; Python ints do not.
+    if not all(type(v) is int and v >= 0 for v in (*shape, start, end)):
+        raise InvalidPayload(f"gate tensor {name!r}: shape and data_offsets must be non-negative integers, got "
+                             f"{str(info['shape'])[:100]} and {str(info['data_offsets'])[:100]}")
+    count = math.prod(shape)
     if not 0 <= start <= end <= len(body) or end - start != count * dtype.itemsize:
         raise InvalidPayload(
             f"gate tensor {name!r} spans bytes {start}..{end} of {len(body)}, "

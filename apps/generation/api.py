@@ -151,7 +151,9 @@ async def generation_begin(params: GenerateParams) -> str:
 
 
 @rpc_method("tenzro_moeGenerate", rest="/moe/generate", tag="moe", params=GenerateParams, response=GenerationOut,
-            errors=(404, 429, 503), operator_only=True)
+            errors=(404, 429, 503), operator_only=True,
+            links={"generation": {"operationId": "tenzro_moeGeneration",
+                                  "parameters": {"generation_id": "$response.body#/generation_id"}}})
 async def generate(params: GenerateParams) -> dict[str, Any]:
     """Greedy generation over the network: prefill the prompt as one batch, then one token per
     step with the KV cache; every MoE layer runs through the distributed forward."""

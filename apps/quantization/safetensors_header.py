@@ -28,8 +28,9 @@ def parse_header(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
     """The header JSON object; ValueError if it is not JSON or not an object."""
     try:
         header = json.loads(bytes(raw))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"header is not valid JSON: {exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        # RecursionError: json.loads recurses per nesting level, and a header of "[[[[…" is short
+        raise ValueError(f"header is not valid JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
     if not isinstance(header, dict):
         raise ValueError("header is not a JSON object")
     return header

@@ -36,7 +36,9 @@ class ListReceiptsOut(Out):
 
 
 @rpc_method("tenzro_moeListReceipts", rest="/moe/receipts", http_method="GET", tag="moe",
-            params=ListReceiptsParams, response=ListReceiptsOut)
+            params=ListReceiptsParams, response=ListReceiptsOut,
+            links={"dispute_first": {"operationId": "tenzro_moeDisputeReceipt",
+                                     "requestBody": {"receipt_id": "$response.body#/receipts/0/id"}}})
 def list_receipts(params: ListReceiptsParams) -> dict[str, Any]:
     """Sampled execution receipts this router has persisted (model, expert, holder, commitment hash)."""
     return {"total": selectors.receipts_count(),

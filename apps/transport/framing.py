@@ -37,9 +37,10 @@ DEFAULT_MAX_HEADER = 1024 * 1024
 class FramingError(ValueError):
     """The bytes on a stream are not a valid frame; `reason` is machine-readable."""
 
-    def __init__(self, message: str, *, reason: str = "bad_frame") -> None:
+    def __init__(self, message: str, *, reason: str = "bad_frame", **details: Any) -> None:
         super().__init__(message)
         self.reason = reason
+        self.details = details  # machine-readable fields for the error frame (limit_bytes, setting)
 
 
 @dataclass(frozen=True)
@@ -130,9 +131,11 @@ class FrameDecoder:
     byte is buffered, so an oversized frame is refused without allocating it.
     """
 
-    def __init__(self, *, max_body: int, max_header: int = DEFAULT_MAX_HEADER) -> None:
+    def __init__(self, *, max_body: int, max_header: int = DEFAULT_MAX_HEADER, body_setting: str | None = None) -> None:
+        """`body_setting` names the setting `max_body` comes from, so a refusal can say what to change."""
         self._max_body = max_body
         self._max_header = max_header
+        self._body_setting = body_setting
         self._pending = bytearray()  # prefix + header bytes not yet parsed
         self._kind = 0
         self._header: dict[str, Any] | None = None
@@ -182,11 +185,14 @@ class FrameDecoder:
             if kind not in (KIND_REQUEST, KIND_RESPONSE):
                 raise FramingError(f"unknown frame kind {kind}")
             if header_len > self._max_header:
-                raise FramingError(f"frame header of {header_len} bytes exceeds {self._max_header}",
-                                   reason="payload_too_large")
+                raise FramingError(f"frame header of {header_len} bytes exceeds {self._max_header} bytes "
+                                   "(the protocol's header limit)", reason="payload_too_large",
+                                   limit_bytes=self._max_header)
             if body_len > self._max_body:
-                raise FramingError(f"frame body of {body_len} bytes exceeds {self._max_body}",
-                                   reason="payload_too_large")
+                setting = {"setting": self._body_setting} if self._body_setting else {}
+                named = f" ({self._body_setting})" if self._body_setting else ""
+                raise FramingError(f"frame body of {body_len} bytes exceeds {self._max_body} bytes{named}",
+                                   reason="payload_too_large", limit_bytes=self._max_body, **setting)
             self._kind, self._header_len, self._body_len = kind, header_len, body_len
         need = self._header_len - len(self._pending)
         self._pending += view[:need]
@@ -195,8 +201,9 @@ class FrameDecoder:
             return view
         try:
             header = json.loads(bytes(self._pending))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise FramingError(f"frame header is not JSON: {exc}") from exc
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            # RecursionError: json.loads recurses per nesting level; a 1 MiB header of "[" is legal size-wise
+            raise FramingError(f"frame header is not JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
         if not isinstance(header, dict):
             raise FramingError("frame header must be a JSON object")
         self._pending.clear()
@@ -213,9 +220,9 @@ class FrameDecoder:
         return frame
 
 
-def decode_frame(data: bytes | bytearray, *, kind: int, max_body: int) -> Frame:
+def decode_frame(data: bytes | bytearray, *, kind: int, max_body: int, body_setting: str | None = None) -> Frame:
     """Exactly one whole frame of `kind` (a body that HTTP carried whole); FramingError otherwise."""
-    decoder = FrameDecoder(max_body=max_body)
+    decoder = FrameDecoder(max_body=max_body, body_setting=body_setting)
     frames = decoder.feed(data)
     decoder.finish()
     if len(frames) != 1 or frames[0].kind != kind:

@@ -72,7 +72,7 @@ class _ClientConnection:
             raise TransportError("connection_closed", f"connection closed: {self.terminated}")
         stream_id = self._quic.get_next_available_stream_id()
         future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
-        self._waiters[stream_id] = (FrameDecoder(max_body=self._max_body), future)
+        self._waiters[stream_id] = (FrameDecoder(max_body=self._max_body, body_setting="TENZRO_QUIC_MAX_BODY"), future)
         head, payload = request_frame_parts(method, params, body)
         try:
             # Two writes, not one joined buffer: the library copies each into its send buffer.

@@ -129,7 +129,8 @@ class _ServerConnection:
                 self._refuse(stream_id, Reply.error(refusal.reason, refusal.message), ended=event.end_stream)
                 return
             self._admitted.add(stream_id)
-            decoder = self._decoders[stream_id] = FrameDecoder(max_body=self._limits.max_body)
+            decoder = self._decoders[stream_id] = FrameDecoder(max_body=self._limits.max_body,
+                                                                      body_setting="TENZRO_PEER_MAX_BODY_BYTES")
         try:
             for frame in decoder.feed(event.data):
                 if stream_id in self._requests or frame.kind != KIND_REQUEST:
@@ -143,7 +144,7 @@ class _ServerConnection:
                 del self._decoders[stream_id]
                 self._start_answer(stream_id, frame)
         except FramingError as exc:
-            self._refuse(stream_id, Reply.error(exc.reason, str(exc)), ended=event.end_stream)
+            self._refuse(stream_id, Reply.error(exc.reason, str(exc), exc.details), ended=event.end_stream)
 
     def _refuse(self, stream_id: int, reply: Reply, *, ended: bool) -> None:
         """Answer now and ignore the rest of the stream; ask the peer to stop sending it."""

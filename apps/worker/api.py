@@ -234,7 +234,9 @@ def _rows(result: dict[str, Any], body: bytes) -> dict[str, Any]:
 
 
 @rpc_method("tenzro_moeExpertLoad", rest="/moe/experts/load", tag="moe", params=ExpertLoadParams,
-            response=ExpertRow, errors=(404, 503), operator_only=True)
+            response=ExpertRow, errors=(404, 503), operator_only=True,
+            links={"unload": {"operationId": "tenzro_moeExpertUnload", "requestBody": {
+                name: f"$response.body#/{name}" for name in ("model_id", "layer", "expert")}}})
 async def expert_load(params: ExpertLoadParams) -> dict[str, Any]:
     """Load one expert FFN (safetensors payload) into the runtime."""
     expect = {"model_id": params.model_id, "layer": params.layer, "expert": params.expert}
@@ -242,7 +244,9 @@ async def expert_load(params: ExpertLoadParams) -> dict[str, Any]:
 
 
 @rpc_method("tenzro_moeGateLoad", rest="/moe/gates/load", tag="moe", params=GateLoadParams, response=GateRow,
-            errors=(404, 503), operator_only=True)
+            errors=(404, 503), operator_only=True,
+            links={"unload": {"operationId": "tenzro_moeGateUnload", "requestBody": {
+                name: f"$response.body#/{name}" for name in ("model_id", "layer")}}})
 async def gate_load(params: GateLoadParams) -> dict[str, Any]:
     """Load a layer's gating network (safetensors payload)."""
     expect = {"model_id": params.model_id, "layer": params.layer}

@@ -35,9 +35,10 @@ async def peer_frame(request: HttpRequest, method: str) -> HttpResponse:
         return _answer(Reply.error("bad_request", f"send one request frame as {FRAME_CONTENT_TYPE}, "
                                                   f"not {request.content_type or 'no content type'}"))
     try:
-        frame = decode_frame(request.body, kind=KIND_REQUEST, max_body=settings.TENZRO_PEER_MAX_BODY_BYTES)
+        frame = decode_frame(request.body, kind=KIND_REQUEST, max_body=settings.TENZRO_PEER_MAX_BODY_BYTES,
+                             body_setting="TENZRO_PEER_MAX_BODY_BYTES")
     except FramingError as exc:
-        return _answer(Reply.error(exc.reason, str(exc)))
+        return _answer(Reply.error(exc.reason, str(exc), exc.details))
     header = frame.header
     if header.get("method") != method or not isinstance(header.get("params"), dict):
         return _answer(Reply.error("bad_request", f"this route serves {method}; the frame's header must be "

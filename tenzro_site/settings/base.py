@@ -99,6 +99,8 @@ TENZRO_RECEIPT_TOPK = env_int("TENZRO_RECEIPT_TOPK", 16)
 TENZRO_DISPUTE_COMPUTE_TOLERANCE = env_float("TENZRO_DISPUTE_COMPUTE_TOLERANCE", 0.05)
 # Largest JSON-RPC request body accepted, in bytes (base64 hidden rows make these big).
 TENZRO_RPC_MAX_BYTES = env_int("TENZRO_RPC_MAX_BYTES", 64 * 1024 * 1024)
+# Most calls in one JSON-RPC batch; a larger batch is refused whole (batch_too_large).
+TENZRO_RPC_MAX_BATCH = env_int("TENZRO_RPC_MAX_BATCH", 1000)
 # Seconds the web process waits for the expert worker to answer over the Channels layer.
 TENZRO_WORKER_TIMEOUT_S = env_float("TENZRO_WORKER_TIMEOUT_S", 30.0)
 # Largest body of one QUIC frame this node accepts in an answer (as a client), in bytes.

@@ -54,7 +54,8 @@ def test_empty_batch_is_one_invalid_request(client) -> None:
 def test_unknown_method(client) -> None:
     answer = rpc(client, {"jsonrpc": "2.0", "id": 7, "method": "tenzro_noSuchThing"}).json()
     assert answer == {"jsonrpc": "2.0", "id": 7,
-                      "error": {"code": -32601, "message": "Method not found: tenzro_noSuchThing"}}
+                      "error": {"code": -32601, "message": "Method not found: tenzro_noSuchThing",
+                                "data": {"reason": "method_not_found"}}}
 
 
 def test_invalid_params_name_the_field(client) -> None:
@@ -122,7 +123,8 @@ def test_oversized_payload_is_refused(client) -> None:
     call = {"jsonrpc": "2.0", "id": 1, "method": "tenzro_nodeInfo", "params": {"pad": "x" * 5000}}
     response = rpc(client, call)
     assert response.status_code == 413
-    assert response.json()["error"]["data"] == {"reason": "payload_too_large", "limit_bytes": 1000}
+    assert response.json()["error"]["data"] == {"reason": "payload_too_large", "limit_bytes": 1000,
+                                                "setting": "TENZRO_RPC_MAX_BYTES"}
 
 
 def test_get_is_not_allowed(client) -> None:

@@ -1,7 +1,9 @@
 """schemathesis against a live node: every operation of /api/openapi.json, `--checks all`.
 
 Twice: as an outsider (no token: operator methods must answer 401 and nothing else), then as
-the operator (every method exercised). tests/e2e/schemathesis.toml and schemathesis_hooks.py
+the operator (every method exercised). Its stateful phase follows the schema's OpenAPI links
+(prepare → status, proposal → approve/reject, load → unload, generate → generation, receipts →
+dispute, and those schemathesis infers). tests/e2e/schemathesis.toml and schemathesis_hooks.py
 say which refusals of schema-valid data are allowed, and why.
 """
 
@@ -32,3 +34,5 @@ def test_schemathesis_finds_no_failure(start_module_node, as_operator: bool) -> 
     assert done.returncode == 0, done.stdout[-12000:] + done.stderr[-4000:]
     summary = next(line for line in done.stdout.splitlines() if " generated, " in line)
     assert "passed" in summary and "found" not in summary, done.stdout[-3000:]
+    # The stateful phase ran: the OpenAPI links (apps' `links=`) chain operations into scenarios.
+    assert "✅  Stateful" in done.stdout and "Scenarios:" in done.stdout, done.stdout[-3000:]

@@ -87,7 +87,7 @@ def test_nodes_converge_on_one_shard_map_and_a_stopped_node_leaves_it(start_node
     wait_for(lambda: (0, 3) not in holders(a), 40, "c's expert to leave a's shard map")
 
 
-def test_forged_replayed_and_expired_records_are_refused_and_counted(start_node) -> None:
+def test_forged_replayed_expired_and_future_records_are_refused_and_counted(start_node) -> None:
     a = start_node(env=FAST)
     b = start_node(env=FAST, peers=[a.url])
     pid_b = b.result("tenzro_nodeInfo")["provider_id"]
@@ -103,11 +103,13 @@ def test_forged_replayed_and_expired_records_are_refused_and_counted(start_node)
     fresh = signed_record(stranger, seq=now_ms, at_ms=now_ms)
     forged = {**fresh.envelope(), "record": fresh.text.replace('"moe_gpu":false', '"moe_gpu":true')}
     expired = signed_record(new_key(98), seq=1, at_ms=now_ms - 3_600_000).envelope()
-    answer = ask(a.quic_port, "gossip/push", {"records": [old, forged, expired], "heartbeats": []})
-    assert answer["result"]["verdicts"] == {"replayed": 1, "forged": 1, "expired": 1}
+    # dated an hour ahead (past TENZRO_GOSSIP_MAX_SKEW_S), with a seq that would outrank any honest one
+    future = signed_record(new_key(97), seq=2**53, at_ms=now_ms + 3_600_000).envelope()
+    answer = ask(a.quic_port, "gossip/push", {"records": [old, forged, expired, future], "heartbeats": []})
+    assert answer["result"]["verdicts"] == {"replayed": 1, "forged": 1, "expired": 1, "skewed": 1}
 
     after = a.result("tenzro_gossipStatus")["verdicts"]
-    for verdict in ("replayed", "forged", "expired"):
+    for verdict in ("replayed", "forged", "expired", "skewed"):
         assert after.get(verdict, 0) >= before.get(verdict, 0) + 1, (verdict, before, after)
     assert a.result("tenzro_gossipStatus")["known_providers"] == 1  # nothing from the stranger got in
     assert holders(a).get((0, 4)) == [pid_b]  # the replay did not roll b back

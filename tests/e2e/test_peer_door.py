@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from aioquic.asyncio import QuicConnectionProtocol, connect
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.events import StreamDataReceived
+from aioquic.quic.events import StopSendingReceived, StreamDataReceived
 from blake3 import blake3
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -32,6 +32,7 @@ from tests.experts.factories import MODEL, expert_payload, expert_weights, qwen_
 pytestmark = pytest.mark.e2e
 D_MODEL, D_FF = 32, 16
 PREFIX = struct.Struct(">2sBBIQ")  # "TZ", version 1, kind, header length, body length (docs/protocol.md)
+LIMIT = 1 << 20  # the node's HTTP body limit and peer-door body limit, both set small here
 
 
 def frame(method: str, params: dict, body: bytes = b"") -> bytes:
@@ -50,8 +51,11 @@ class Outsider(QuicConnectionProtocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.streams: dict[int, tuple[bytearray, asyncio.Future]] = {}
+        self.stopped: set[int] = set()  # streams the server sent STOP_SENDING for
 
     def quic_event_received(self, event):
+        if isinstance(event, StopSendingReceived):
+            self.stopped.add(event.stream_id)
         if isinstance(event, StreamDataReceived) and event.stream_id in self.streams:
             buffer, done = self.streams[event.stream_id]
             buffer += event.data
@@ -131,7 +135,8 @@ def receipt_verifies(receipt: dict, *, provider_id: str, request_body: bytes, ro
 @pytest.fixture(scope="module")
 def node(start_module_node):
     node = start_module_node(env={"TENZRO_PEER_MAX_STREAMS": "3", "TENZRO_PEER_RATE_PER_S": "20",
-                                  "TENZRO_PEER_BURST": "40"})
+                                  "TENZRO_PEER_BURST": "40", "TENZRO_RPC_MAX_BYTES": str(LIMIT),
+                                  "TENZRO_PEER_MAX_BODY_BYTES": str(LIMIT)})
     yield node
     # Everything this node's processes logged while outsiders abused its doors: no secret in it.
     assert_no_secrets(node.log(), token=TOKEN, data_dir=node.data_dir)
@@ -312,6 +317,79 @@ def test_execute_over_the_http_fallback_of_the_peer_door(node) -> None:
     assert announced_huge.status_code == 413
     assert parse(announced_huge.content)[0]["error"]["reason"] == "payload_too_large"
     assert node.result("tenzro_workerStatus")["calls"]["peer.calls"] >= 2  # served through the peer door
+
+
+def test_request_size_limits_on_http_and_quic(node) -> None:
+    """Bodies over the limits get a 413 / error frame naming the limit and its setting; the
+    stream is stopped, the connection and the node stay up."""
+    over = b" " * (LIMIT + 1)  # JSON allows any whitespace: only the size is wrong
+    rpc = httpx.post(f"{node.url}/rpc", content=over, headers={"content-type": "application/json"})
+    error = rpc.json()["error"]
+    assert rpc.status_code == 413 and error["code"] == -32013
+    assert error["data"] == {"reason": "payload_too_large", "limit_bytes": LIMIT, "setting": "TENZRO_RPC_MAX_BYTES"}
+    assert f"TENZRO_RPC_MAX_BYTES ({LIMIT} bytes)" in error["message"]
+    chunked = httpx.post(f"{node.url}/rpc", content=iter([b" " * 65536] * 20))  # no Content-Length
+    assert chunked.status_code == 413 and chunked.json()["error"]["data"]["reason"] == "payload_too_large"
+    rest = httpx.post(f"{node.url}/api/moe/experts/load", content=over, headers={
+        "content-type": "application/json", "authorization": f"Bearer {TOKEN}"})
+    assert rest.status_code == 413
+    assert rest.json() | {"detail": ""} == {"detail": "", "reason": "payload_too_large", "limit_bytes": LIMIT,
+                                            "setting": "TENZRO_RPC_MAX_BYTES"}
+    peer = httpx.post(f"{node.url}/peer/moe/execute", content=frame("moe/execute", {}, over),
+                      headers={"content-type": "application/x-tenzro-frame"})
+    assert peer.status_code == 413 and parse(peer.content)[0]["error"]["reason"] == "payload_too_large"
+    assert node.result("tenzro_nodeInfo")["provider_id"]
+
+    async def scenario(client):
+        header = json.dumps({"method": "moe/status", "params": {}}).encode()
+        sent_over = client.open(PREFIX.pack(b"TZ", 1, 1, len(header), LIMIT + 1) + header + over)
+        big_header = client.open(PREFIX.pack(b"TZ", 1, 1, (1 << 20) + 1, 0) + b"{" * 4096, end=False)
+        answers = [await client.answer(sent_over), await client.answer(big_header)]
+        await asyncio.sleep(0.1)  # the STOP_SENDING frames come with or just after the answers
+        same_connection = await client.ask("moe/status", {})
+        return answers, same_connection, set(client.stopped), (sent_over, big_header)
+
+    answers, same_connection, stopped, streams = asyncio.run(as_outsider(node.quic_port, scenario))
+    body_error, header_error = (a[0]["error"] for a in answers)
+    assert body_error["reason"] == header_error["reason"] == "payload_too_large"
+    assert body_error["details"] == {"limit_bytes": LIMIT, "setting": "TENZRO_PEER_MAX_BODY_BYTES"}
+    assert "TENZRO_PEER_MAX_BODY_BYTES" in body_error["message"]
+    assert header_error["details"] == {"limit_bytes": 1 << 20}
+    assert streams[1] in stopped  # the unfinished one: the server asked for no more of it
+    assert same_connection[0]["ok"]
+    assert asyncio.run(as_outsider(node.quic_port, lambda c: c.ask("moe/status", {})))[0]["ok"]
+
+
+def test_rows_only_the_worker_can_judge_are_refused_with_their_reason(node) -> None:
+    """The hostile-input corpus's cases that need a loaded expert and gate (tests/api/test_rpc_fuzz.py
+    has the rest): d_model mismatches, NaN and infinite rows, over JSON-RPC; an empty batch is answered."""
+    rng = np.random.default_rng(9)
+    node.result("tenzro_moeExpertLoad", {"payload": b64(expert_payload(expert_weights(rng, D_MODEL, D_FF),
+                                                                       expert=0, layer=3))}, token=TOKEN)
+    gate_payload, _ = qwen_gate(rng, d_model=D_MODEL, n_routed=4, top_k=2, norm=True, layer=3)
+    node.result("tenzro_moeGateLoad", {"payload": b64(gate_payload)}, token=TOKEN)
+    good = rng.standard_normal((2, D_MODEL)).astype("<f4")
+    nan, inf = good.copy(), good.copy()
+    nan[1, 3], inf[0, 0] = np.nan, -np.inf
+    key = {"model_id": MODEL, "layer": 3, "d_model": D_MODEL}
+    cases = {
+        "rows not whole of d_model": (key, good.tobytes()[:-4], "shape_mismatch"),
+        "whole rows of another d_model": ({**key, "d_model": D_MODEL // 2}, good.tobytes(), "shape_mismatch"),
+        "NaN row": (key, nan.tobytes(), "non_finite_input"),
+        "-inf row": (key, inf.tobytes(), "non_finite_input"),
+        "empty batch": (key, b"", None),  # zero rows are whole rows: an empty answer, not an error
+    }
+    for method in ("tenzro_moeExecute", "tenzro_moeRoute", "tenzro_moeForward"):
+        for name, (params, rows, reason) in cases.items():
+            extra = {"expert": 0} if method == "tenzro_moeExecute" else {}
+            answer = node.rpc(method, {**params, **extra, "hidden": b64(rows)})
+            if reason is None:
+                assert "result" in answer, (method, name, answer)
+                continue
+            assert "error" in answer, (method, name, answer)
+            error = answer["error"]
+            assert (error["code"], error["data"]["reason"]) == (-32602, reason), (method, name, error)
+    assert node.result("tenzro_moeExecute", {**key, "expert": 0, "hidden": b64(good.tobytes())})["tokens"] == 2
 
 
 def test_more_connections_buy_a_peer_no_more_requests(node) -> None:

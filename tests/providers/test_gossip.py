@@ -68,6 +68,25 @@ def test_replayed_forged_expired_skewed_and_oversized_records_are_refused_and_co
                           now_ms=now)["accepted"] == 1
 
 
+def test_future_timestamps_beyond_the_allowed_skew_are_refused_and_cannot_lock_a_provider_out() -> None:
+    """A record or heartbeat dated past now + max_skew is `skewed`: dropped, counted, never stored.
+    Accepted, a far-future record with a huge seq would outrank every honest record to come."""
+    me, them = new_key(30), new_key(31)
+    gossip = Gossip(MemoryStore(), self_id=me.verify_key.encode().hex(), limits=Limits(max_skew_ms=30_000))
+    now = 50_000_000
+    at_edge = signed_record(them, seq=3, at_ms=now + 30_000)  # exactly the allowed skew: accepted
+    assert gossip.receive([at_edge.envelope()], [], now_ms=now) == {"accepted": 1}
+    squatter = signed_record(new_key(32), seq=2**53, at_ms=now + 30_001)
+    assert gossip.receive([squatter.envelope()], [], now_ms=now) == {"skewed": 1}
+    assert set(gossip.store.digest()) == {at_edge.provider_id}
+    # a heartbeat from the future neither counts as liveness nor keeps the record alive
+    future_beat = heartbeat(them, seq=3, at_ms=now + 10 * 60_000)
+    assert gossip.receive([], [future_beat.to_json()], now_ms=now) == {"skewed": 1}
+    # the same record, once its time has come, is accepted from a later push
+    later = now + 60_000
+    assert gossip.receive([squatter.envelope()], [], now_ms=later) == {"accepted": 1}
+
+
 def test_heartbeats_refresh_liveness_without_the_record() -> None:
     me, them = new_key(20), new_key(21)
     gossip = Gossip(MemoryStore(), self_id=me.verify_key.encode().hex(), limits=Limits(ttl_ms=30_000))
