@@ -46,6 +46,8 @@ from apps.worker.warmup import warm_kernels
 from tenzro_site.settings.env import split_host_port
 
 logger = logging.getLogger("tenzro.worker")
+# The operator door's retry delay while Redis does not answer: first, then doubling up to the cap.
+OPERATOR_DOOR_RETRY_S = (0.2, 2.0)
 
 
 def peer_limits() -> PeerLimits:
@@ -74,6 +76,8 @@ class WorkerServer:
         self._tasks: set[asyncio.Task] = set()
         self._quic: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start(): QUIC blob fetches run on it
+        # What this worker cannot reach right now ("redis": the Channels layer); moe/status shows it.
+        self.degraded: set[str] = set()
         self.executor = ThreadPoolExecutor(max_workers=settings.TENZRO_COMPUTE_THREADS, thread_name_prefix="expert")
         self.publisher = StatePublisher(
             snapshot=lambda: self.runtime.status(),
@@ -132,6 +136,7 @@ class WorkerServer:
             "uptime_s": round(time.monotonic() - self._started_mono, 3),
             "pid": os.getpid(),
             "calls": dict(sorted(self.methods.counts.items())),
+            "degraded": sorted(self.degraded),
         }, b""
 
     # -- the doors ------------------------------------------------------------------------------
@@ -165,12 +170,38 @@ class WorkerServer:
             answer = {"type": "worker.reply", "ok": True, "result": header["result"], "body": bytes(reply.body)}
         else:
             answer = {"type": "worker.reply", "ok": False, **header["error"]}
-        await layer.send(reply_to, answer)
+        try:
+            await layer.send(reply_to, answer)
+        except Exception as exc:  # Redis went away mid-call: the caller times out with worker_unavailable
+            self.methods.counts["operator.reply_lost"] += 1
+            logger.warning("could not send the answer to %s: %s: %s", message.get("method"), type(exc).__name__, exc)
 
     async def _operator_door(self) -> None:
+        """Serve WORKER_CHANNEL for as long as the worker runs, Redis outages included.
+
+        The Channels layer lives in Redis: while Redis is down or restarting, receive raises.
+        The door then reports `redis` degraded (moe/status, over QUIC too) and retries with a
+        capped backoff instead of ending, so the node recovers by itself once Redis is back."""
         layer = get_channel_layer()
+        backoff_s = OPERATOR_DOOR_RETRY_S[0]
         while True:
-            message = await layer.receive(WORKER_CHANNEL)
+            try:
+                message = await layer.receive(WORKER_CHANNEL)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # redis-py and channels_redis raise several kinds; all mean "not now"
+                if "redis" not in self.degraded:
+                    logger.warning("the operator door cannot read the Channels layer (%s: %s); retrying until "
+                                   "Redis answers", type(exc).__name__, exc)
+                    self.methods.counts["operator_door.redis_outages"] += 1
+                self.degraded.add("redis")
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, OPERATOR_DOOR_RETRY_S[1])
+                continue
+            if "redis" in self.degraded:
+                self.degraded.discard("redis")
+                logger.info("the operator door reads the Channels layer again")
+            backoff_s = OPERATOR_DOOR_RETRY_S[0]
             self._spawn(self._operator_call(layer, message))
 
     def _spawn(self, coro: Any) -> asyncio.Task:
