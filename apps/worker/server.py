@@ -88,7 +88,7 @@ class WorkerServer:
         )
         budget = settings.TENZRO_MEMORY_BUDGET_BYTES or None  # 0: 60% of available memory
         self.runtime = ExpertRuntime(data_dir=settings.TENZRO_DATA_DIR, memory_budget_bytes=budget,
-                                     on_change=self.publisher.changed)
+                                     on_change=self.publisher.changed, on_corrupt=self._on_corrupt)
         self.control_plane = ControlPlaneView(executor=ThreadPoolExecutor(1, thread_name_prefix="control"),
                                               ttl_s=settings.TENZRO_WORKER_CONTROL_TTL_S)
         store = blob_store()
@@ -105,6 +105,7 @@ class WorkerServer:
                 logger.info("blob %s fetched over %s", hash_[:16], resolved.source)
             return Payload(resolved.data, stored_at=store.path(hash_))
 
+        self._resolve = resolve
         experts = ExpertHandlers(runtime=self.runtime, executor=self.executor, resolve_blob=resolve,
                                  max_payload_bytes=settings.TENZRO_BLOB_MAX_BYTES, after_change=self.publisher.flush,
                                  sign_receipt=ReceiptSigner(self.identity.signing_key)
@@ -124,6 +125,34 @@ class WorkerServer:
                               if h.quic_endpoint and h.quic_cert_sha256 and self._loop is not None]
         urls = dict.fromkeys([*(h.http_endpoint for h in holders if h.http_endpoint), *settings.TENZRO_PEERS])
         return sources + [HttpBlobSource(url) for url in urls]
+
+    # -- a corrupt disk-tier payload ----------------------------------------------------------
+
+    def _on_corrupt(self, key: tuple[str, int, int], blob_uri: str | None) -> None:
+        """From a compute thread: the runtime forgot an expert whose disk-tier payload failed its
+        hash. One that came from a blob is fetched again (the store's copy is checked too, and
+        replaced from a peer when it is the corrupt one) and reloaded, in the background."""
+        self.methods.counts["disk_tier.corrupt"] += 1
+        loop = self._loop
+        if blob_uri is not None and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(lambda: self._spawn(self._refetch(key, blob_uri)))
+
+    async def _refetch(self, key: tuple[str, int, int], uri: str) -> None:
+        assert self._loop is not None
+        model_id, layer, expert = key
+        try:
+            payload = await self._loop.run_in_executor(self.executor, self._resolve, uri)
+            await self._loop.run_in_executor(self.executor, functools.partial(
+                self.runtime.expert_load, payload=payload.data, blob_uri=uri, stored_at=payload.stored_at,
+                expect={"model_id": model_id, "layer": layer, "expert": expert}))
+        except Exception as exc:
+            self.methods.counts["disk_tier.refetch_failed"] += 1
+            logger.error("expert %s/%d/%d stays forgotten: its blob %s could not be fetched again (%s)",
+                         model_id, layer, expert, uri, exc)
+            return
+        self.methods.counts["disk_tier.refetched"] += 1
+        logger.info("expert %s/%d/%d reloaded from a fresh copy of %s", model_id, layer, expert, uri)
+        await self.publisher.flush()
 
     # -- methods of the worker itself -----------------------------------------------------------
 
