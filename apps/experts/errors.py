@@ -21,6 +21,13 @@ class ExpertNotLoaded(ExpertRuntimeError, NotFound):
     reason = "expert_not_loaded"
 
 
+class CorruptPayload(ExpertNotLoaded):
+    """An expert's disk-tier payload no longer matches the hash recorded at load: it was
+    forgotten (files removed) rather than decoded, so the node no longer holds it."""
+
+    reason = "payload_corrupt"
+
+
 class GateNotLoaded(ExpertRuntimeError, NotFound):
     """An operation needs the gate of a (model_id, layer) this node does not hold."""
 

@@ -65,17 +65,19 @@ class ExpertRuntime:
         memory_budget_bytes: int | None = None,
         backend: ComputeBackend | None = None,
         on_change: Callable[[], None] | None = None,
+        on_corrupt: Callable[[tuple[str, int, int], str | None], None] | None = None,
     ) -> None:
         """`on_change()` is called after anything a holder advertises changes: an expert or gate
         loaded or unloaded, promoted or evicted (see TieredCache). It must be cheap and
-        thread-safe; the expert worker publishes its holdings to the control plane from it."""
+        thread-safe; the expert worker publishes its holdings to the control plane from it.
+        `on_corrupt(key, blob_uri)`: an expert's disk-tier payload failed its hash and was forgotten."""
         self.data_dir = pathlib.Path(data_dir)
         self.backend = backend if backend is not None else select_backend()
         budget = default_memory_budget() if memory_budget_bytes is None else int(memory_budget_bytes)
         self._root = self.data_dir / "moe"
         self._on_change = on_change
         self._cache = TieredCache(root=self._root / "experts", budget_bytes=budget, decode=self._decode,
-                                  on_change=on_change)
+                                  on_change=on_change, on_corrupt=on_corrupt)
         self._gates: dict[tuple[str, int], _Gate] = {}
         self._lock = threading.RLock()
         self._meter = ThroughputMeter()

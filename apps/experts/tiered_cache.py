@@ -11,6 +11,12 @@ dense weights, apps/generation): a reservation evicts experts to the disk tier, 
 until both fit. An expert larger than the budget left is never made resident; `get` decodes it for the call
 only (the caller's reference keeps it alive, the tier never counts it).
 
+Integrity: each payload's BLAKE3 (its blob hash when it came from a blob) is recorded at load in
+the sidecar, and every promotion checks the bytes read against it. A payload that no longer
+matches (a bit flipped on disk, a file tampered with) is never decoded: the expert is forgotten
+(its files removed, `on_corrupt` told, so the worker can fetch the blob again from a peer) and
+the call fails with CorruptPayload. Costs one hash pass (~1 GB/s) per promotion.
+
 Locking: one lock guards the tier state (records, LRU order, byte count). Disk reads and
 decoding run outside it; concurrent promotions of the same key share one decode through a
 Future. A thread already computing with an expert keeps its reference when the expert is
@@ -30,8 +36,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+from blake3 import blake3
+
 from apps.durable_files import link_or_write_atomic, write_atomic
-from apps.experts.errors import ExpertNotLoaded, InvalidPayload
+from apps.experts.errors import CorruptPayload, ExpertNotLoaded, InvalidPayload
 from apps.experts.ffn import ExpertHeader, ResidentExpert
 
 log = logging.getLogger(__name__)
@@ -67,6 +75,7 @@ class Record:
     blob_uri: str | None
     disk_bytes: int
     generation: int
+    hash: str | None = None  # BLAKE3 hex of the payload; None for a file written before hashes were kept
 
 
 class TieredCache:
@@ -79,15 +88,18 @@ class TieredCache:
         budget_bytes: int,
         decode: Callable[[bytes], ResidentExpert],
         on_change: Callable[[], None] | None = None,
+        on_corrupt: Callable[[Key, str | None], None] | None = None,
     ) -> None:
         """`on_change()` is called (no lock held) after any registration, removal, promotion or
-        eviction, from whichever thread made it; it must be cheap and thread-safe."""
+        eviction, from whichever thread made it; it must be cheap and thread-safe.
+        `on_corrupt(key, blob_uri)` after a corrupt payload was forgotten (same rules)."""
         if budget_bytes < 0:
             raise ValueError(f"memory budget must be >= 0 bytes, received {budget_bytes}")
         self.root = Path(root)
         self.budget_bytes = int(budget_bytes)
         self._decode = decode
         self._on_change = on_change
+        self._on_corrupt = on_corrupt
         self._lock = threading.RLock()
         self._records: dict[Key, Record] = {}
         self._memory: OrderedDict[Key, ResidentExpert] = OrderedDict()  # LRU first, MRU last
@@ -118,14 +130,15 @@ class TieredCache:
         key = expert.key
         path = self.path_for(key)
         link_or_write_atomic(path, payload, existing=stored_at)
+        digest = blake3(payload).hexdigest()
         sidecar = {"model_id": header.model_id, "layer": header.layer, "expert": header.expert,
                    "d_model": header.d_model, "d_ff": header.d_ff, "formats": header.formats,
-                   "blob_uri": blob_uri}
+                   "blob_uri": blob_uri, "hash": digest}
         write_atomic(path.with_suffix(".json"), json.dumps(sidecar).encode())
         with self._lock:
             self._drop_memory(key)
             self._generation += 1
-            self._records[key] = Record(header, path, blob_uri, len(payload), self._generation)
+            self._records[key] = Record(header, path, blob_uri, len(payload), self._generation, digest)
             self._insert(key, expert)
         self._changed()
 
@@ -149,10 +162,10 @@ class TieredCache:
         found: list[Key] = []
         for path in sorted(self.root.glob("*/layer*/expert*.safetensors")):
             try:
-                header, blob_uri = self._read_sidecar(path)
+                header, blob_uri, digest = self._read_sidecar(path)
             except (OSError, ValueError, KeyError, TypeError):
                 try:
-                    header, blob_uri = read_header(path.read_bytes()), None
+                    header, blob_uri, digest = read_header(path.read_bytes()), None, None
                 except (OSError, InvalidPayload) as exc:
                     log.warning("skipping unreadable expert payload %s: %s", path, exc)
                     continue
@@ -162,17 +175,20 @@ class TieredCache:
                 continue
             with self._lock:
                 self._generation += 1
-                self._records[key] = Record(header, path, blob_uri, path.stat().st_size, self._generation)
+                self._records[key] = Record(header, path, blob_uri, path.stat().st_size, self._generation, digest)
             found.append(key)
         return found
 
     @staticmethod
-    def _read_sidecar(path: Path) -> tuple[ExpertHeader, str | None]:
+    def _read_sidecar(path: Path) -> tuple[ExpertHeader, str | None, str | None]:
         meta = json.loads(path.with_suffix(".json").read_text())
         header = ExpertHeader(model_id=str(meta["model_id"]), layer=int(meta["layer"]),
                               expert=int(meta["expert"]), d_model=int(meta["d_model"]),
                               d_ff=int(meta["d_ff"]), formats=dict(meta["formats"]))
-        return header, meta.get("blob_uri")
+        blob_uri = meta.get("blob_uri")
+        # a sidecar written before hashes were kept: a blob's URI still names its hash
+        digest = meta.get("hash") or (blob_uri.rsplit("/", 1)[-1] if isinstance(blob_uri, str) else None)
+        return header, blob_uri, digest
 
     # -- lookup ------------------------------------------------------------------------------
 
@@ -274,10 +290,30 @@ class TieredCache:
             data = record.path.read_bytes()
         except OSError as exc:
             raise InvalidPayload(f"disk-tier payload of expert {_fmt(key)} is unreadable: {exc}") from exc
+        if record.hash is not None and blake3(data).hexdigest() != record.hash:
+            self._forget_corrupt(key, record)
+            raise CorruptPayload(f"disk-tier payload of expert {_fmt(key)} at {record.path} does not match its hash "
+                                 f"{record.hash[:16]}…: forgotten, not decoded")
         expert = self._decode(data)
         if expert.key != key:
             raise InvalidPayload(f"disk-tier payload at {record.path} holds {_fmt(expert.key)}, expected {_fmt(key)}")
         return expert
+
+    def _forget_corrupt(self, key: Key, record: Record) -> None:
+        """Drop a registration whose payload failed its hash (unless reloaded meanwhile) and its files."""
+        with self._lock:
+            if self._records.get(key) is record:
+                self._records.pop(key)
+                self._drop_memory(key)
+        for p in (record.path, record.path.with_suffix(".json")):
+            p.unlink(missing_ok=True)
+        log.error("expert %s: disk-tier payload %s does not match its hash; forgotten", _fmt(key), record.path)
+        self._changed()
+        if self._on_corrupt is not None:
+            try:
+                self._on_corrupt(key, record.blob_uri)
+            except Exception:
+                log.exception("corrupt payload listener failed")
 
     def _changed(self) -> None:
         if self._on_change is not None:

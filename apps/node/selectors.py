@@ -23,6 +23,15 @@ def redis_client() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
 
 
+def redis_check() -> dict[str, Any]:
+    """Does this node's Redis (broker and Channels layer) answer a PING now? {ok, error}."""
+    try:
+        redis_client().ping()
+    except redis.RedisError as exc:
+        return {"ok": False, "error": str(exc)}
+    return {"ok": True, "error": None}
+
+
 def node_info() -> dict[str, Any]:
     identity = node_identity()
     return {

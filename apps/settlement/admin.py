@@ -3,7 +3,7 @@
 from django.contrib import admin
 
 from apps.read_only_admin import ReadOnlyAdmin
-from apps.settlement.models import LedgerEntry, Settlement
+from apps.settlement.models import LedgerEntry, PendingSettlement, Settlement
 
 
 class LedgerEntryInline(admin.TabularInline):
@@ -32,3 +32,9 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
     list_display = ("settlement", "account", "kind", "amount", "tokens", "price")
     list_filter = ("kind",)
     search_fields = ("account", "settlement__forward_id")
+
+
+@admin.register(PendingSettlement)
+class PendingSettlementAdmin(ReadOnlyAdmin):
+    list_display = ("created_at", "forward_id")
+    search_fields = ("forward_id",)

@@ -54,3 +54,19 @@ class LedgerEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.account[:16]} {self.amount}"
+
+
+class PendingSettlement(models.Model):
+    """A settlement queued but not yet recorded: the outbox of settle_forward.
+
+    Written in the transaction that queues the task (the forward's receipts), deleted in the one
+    that records the Settlement. The broker's copy alone is not enough: a Celery worker killed
+    mid-task leaves its message unacknowledged until the broker's visibility timeout (an hour),
+    and a Redis restart forgets it; the worker's start requeues every row still here."""
+
+    forward_id = models.CharField(max_length=200, unique=True)
+    payload = models.JSONField(help_text="settle_forward's payload, as queued.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"pending settlement {self.forward_id}"

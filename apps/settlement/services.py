@@ -9,6 +9,7 @@ unchanged, and the unique constraint stops two concurrent retries that both foun
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -22,9 +23,10 @@ from django.db import IntegrityError, transaction
 from apps.errors import InvalidInput
 from apps.governance.selectors import policy_active
 from apps.reputation.services import reputation_credit
-from apps.settlement.models import BURN_ACCOUNT, EntryKind, LedgerEntry, Settlement
+from apps.settlement.models import BURN_ACCOUNT, EntryKind, LedgerEntry, PendingSettlement, Settlement
 from apps.settlement.split import split_amounts
 
+logger = logging.getLogger(__name__)
 SETTLE_TASK = "tenzro.settlement.settle_forward"
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 _HOLDER_KEYS = {"provider_id", "tokens", "price_per_input_token", "commitments"}
@@ -51,9 +53,11 @@ def settlement_record(*, forward_id: str, router_id: str, model_id: str, holders
     work = _parse(forward_id=forward_id, router_id=router_id, model_id=model_id, holders=holders)
     existing = _settled(forward_id)
     if existing is not None:
+        PendingSettlement.objects.filter(forward_id=forward_id).delete()
         return existing
     try:
         with transaction.atomic():
+            PendingSettlement.objects.filter(forward_id=forward_id).delete()  # settled: out of the outbox
             return _create(forward_id=forward_id, router_id=router_id, model_id=model_id, work=work)
     except IntegrityError:
         # A concurrent retry settled this forward between our look and our insert: its rows stand, ours
@@ -68,8 +72,23 @@ def settlement_enqueue(*, forward_id: str, router_id: str, model_id: str, holder
     """Queue settle_forward for after the caller's transaction commits (input checked now, not in the worker)."""
     _parse(forward_id=forward_id, router_id=router_id, model_id=model_id, holders=holders)
     payload = {"forward_id": forward_id, "router_id": router_id, "model_id": model_id, "holders": holders}
+    # The outbox row commits with the caller's transaction: whatever becomes of the broker's
+    # message, settlements_resume finds it at the Celery worker's next start.
+    PendingSettlement.objects.update_or_create(forward_id=forward_id, defaults={"payload": payload})
     # By the task's registered name: tasks.py imports this module, so importing it back would make a cycle.
     transaction.on_commit(lambda: current_app.send_task(SETTLE_TASK, args=[payload]))
+
+
+def settlements_resume() -> list[str]:
+    """Queue settle_forward again for every settlement still pending; called when this node's
+    Celery worker starts. A copy the broker still holds may run too: settlement_record pays a
+    forward_id once, whichever runs first."""
+    pending = list(PendingSettlement.objects.order_by("created_at").values_list("forward_id", "payload"))
+    for _, payload in pending:
+        current_app.send_task(SETTLE_TASK, args=[payload])
+    if pending:
+        logger.info("requeued %d pending settlements", len(pending))
+    return [forward_id for forward_id, _ in pending]
 
 
 def receipts_digest(commitments: list[str] | tuple[str, ...]) -> str:

@@ -3,6 +3,7 @@
 from typing import Any
 
 from celery import shared_task
+from celery.signals import worker_ready
 from django.db import OperationalError
 
 from apps.settlement import services
@@ -28,3 +29,8 @@ def settle_forward(payload: dict[str, Any]) -> dict[str, Any]:
     settlement = services.settlement_record(forward_id=payload.get("forward_id"), router_id=payload.get("router_id"),
                                             model_id=payload.get("model_id"), holders=payload.get("holders"))
     return {"forward_id": settlement.forward_id, "settlement_id": settlement.pk, "total": format(settlement.total, "f")}
+
+
+@worker_ready.connect
+def resume_pending_settlements(**_: object) -> None:
+    services.settlements_resume()

@@ -15,6 +15,7 @@ from apps.api.b64 import b64_decode, b64_encode, base64_field
 from apps.api.registry import rpc_method
 from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams, Unloaded, absent_or, exactly_one_of
 from apps.errors import InvalidInput
+from apps.node.selectors import redis_check
 from apps.worker import client, selectors
 
 _MODEL_ID = {"min_length": 1, "max_length": 200}
@@ -117,6 +118,8 @@ class ExpertStatusOut(Out):
     published_at: str | None
     heartbeat_age_s: float | None
     worker_pid: int | None
+    degraded: list[str] = Field(description="What the node lacks now: `redis` (its broker and Channels layer do "
+                                            "not answer), `worker` (the published state is stale).")
 
 
 class RouteSlot(Out):
@@ -214,6 +217,35 @@ class WorkerStatusOut(Out):
     uptime_s: float
     pid: int
     calls: dict[str, int] = Field(description="Worker calls per door: calls, forbidden, errors, dropped_past_deadline.")
+    degraded: list[str] = Field(description="What the worker cannot reach now: `redis` while its operator door "
+                                            "cannot read the Channels layer.")
+
+
+class RedisCheck(Out):
+    ok: bool
+    error: str | None
+
+
+class WorkerCheck(Out):
+    ok: bool
+    heartbeat_age_s: float | None
+    pid: int | None
+
+
+class CeleryCheck(Out):
+    heartbeat_age_s: float | None
+
+
+class HealthChecks(Out):
+    redis: RedisCheck
+    worker: WorkerCheck
+    celery: CeleryCheck
+
+
+class NodeHealthOut(Out):
+    status: Literal["ok", "degraded"]
+    degraded: list[str] = Field(description="`redis`: Redis does not answer; `worker`: its published state is stale.")
+    checks: HealthChecks
 
 
 def _source(params: PayloadSource, what: str) -> dict[str, Any]:
@@ -276,7 +308,12 @@ async def expert_status(params: ExpertStatusParams) -> dict[str, Any]:
     `stale`); `live` asks the worker itself."""
     if params.live:
         return await client.expert_status_live()
-    return await sync_to_async(selectors.worker_status_published)()
+    return await sync_to_async(_published_status)()
+
+
+def _published_status() -> dict[str, Any]:
+    published = selectors.worker_status_published()
+    return {**published, "degraded": selectors.degraded(published=published, redis=redis_check())}
 
 
 @rpc_method("tenzro_moeRoute", rest="/moe/route", tag="moe", params=HiddenParams, response=RouteOut,
@@ -317,3 +354,10 @@ async def worker_status() -> dict[str, Any]:
     """Ask the expert worker for its `moe/status` right now (liveness), over the operator door."""
     return await client.worker_status()
 
+
+
+@rpc_method("tenzro_nodeHealth", rest="/node/health", http_method="GET", tag="node", response=NodeHealthOut)
+def node_health() -> dict[str, Any]:
+    """ok, or degraded with what the node lacks (Redis, a live worker), from the control plane alone:
+    it answers while Redis or the worker is down."""
+    return selectors.node_health()

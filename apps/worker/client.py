@@ -15,6 +15,7 @@ from typing import Any
 
 from channels.layers import get_channel_layer
 from django.conf import settings
+from redis.exceptions import RedisError
 
 from apps.errors import Unavailable, error_for_reason
 
@@ -29,16 +30,20 @@ async def worker_call(
     `door` "peer" relays a call that reached this web process through the HTTP fallback of the
     peer door (apps/worker/views.py): the worker serves it exactly as if it came over QUIC."""
     layer = get_channel_layer()
-    reply_channel = await layer.new_channel()
     timeout = settings.TENZRO_WORKER_TIMEOUT_S if timeout_s is None else timeout_s
-    message = {"type": "worker.call", "method": method, "params": params, "body": body, "reply": reply_channel,
-               "deadline": time.time() + timeout, "door": door}
-    await layer.send(WORKER_CHANNEL, message)
     try:
+        reply_channel = await layer.new_channel()
+        message = {"type": "worker.call", "method": method, "params": params, "body": body, "reply": reply_channel,
+                   "deadline": time.time() + timeout, "door": door}
+        await layer.send(WORKER_CHANNEL, message)
         answer = await asyncio.wait_for(layer.receive(reply_channel), timeout)
     except TimeoutError as exc:
         raise Unavailable(f"the expert worker did not answer {method} within {timeout} s",
                           reason="worker_unavailable") from exc
+    except (RedisError, OSError) as exc:
+        # The Channels layer is this node's Redis: down or restarting, no call reaches the worker.
+        raise Unavailable(f"{method} cannot reach the expert worker: Redis (the Channels layer) does not answer "
+                          f"({type(exc).__name__}: {exc})", reason="redis_unavailable") from exc
     if not answer.get("ok"):
         details = answer.get("details") if isinstance(answer.get("details"), dict) else {}
         raise error_for_reason(answer.get("reason", "internal_error"), answer.get("message", "worker error"), **details)
@@ -75,7 +80,7 @@ async def gate_unload(*, model_id: str, layer: int) -> dict[str, Any]:
 async def expert_status_live() -> dict[str, Any]:
     """The runtime's own status, read from the worker now (tenzro_moeExpertStatus with live)."""
     result, _ = await worker_call("moe/expert_status", {})
-    return {**result, "stale": False, "published_at": None, "heartbeat_age_s": 0.0}
+    return {**result, "stale": False, "published_at": None, "heartbeat_age_s": 0.0, "degraded": []}
 
 
 async def worker_status() -> dict[str, Any]:

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from apps.blobs.store import parse_blob_uri
 from apps.errors import Conflict
+from apps.node.selectors import node_processes, redis_check
 from apps.worker.models import HeldExpert, HeldGate, Residency, WorkerState
 
 _EMPTY_STATUS = {
@@ -92,3 +93,28 @@ def held_blob_hashes() -> set[str]:
     uris = [*HeldExpert.objects.exclude(blob_uri=None).values_list("blob_uri", flat=True),
             *HeldGate.objects.exclude(blob_uri=None).values_list("blob_uri", flat=True)]
     return {parse_blob_uri(uri) for uri in uris}
+
+
+def degraded(*, published: dict[str, Any], redis: dict[str, Any]) -> list[str]:
+    """What this node lacks now: `redis` (no broker, no Channels layer: the web cannot reach the
+    worker, jobs cannot be queued) and `worker` (its published state is stale)."""
+    return [name for name, bad in (("redis", not redis["ok"]), ("worker", published["stale"])) if bad]
+
+
+def node_health() -> dict[str, Any]:
+    """tenzro_nodeHealth: ok or degraded, and each check behind the verdict."""
+    published = worker_status_published()
+    redis = redis_check()
+    processes = node_processes()
+    problems = degraded(published=published, redis=redis)
+    return {
+        "status": "degraded" if problems else "ok",
+        "degraded": problems,
+        "checks": {
+            "redis": redis,
+            "worker": {"ok": not published["stale"], "heartbeat_age_s": published["heartbeat_age_s"],
+                       "pid": published["worker_pid"]},
+            # informational: beat stamps it every TENZRO_HEARTBEAT_S, and a restarted Redis has none yet
+            "celery": {"heartbeat_age_s": processes["celery_heartbeat_age_s"]},
+        },
+    }

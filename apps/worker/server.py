@@ -47,6 +47,8 @@ from apps.worker.warmup import warm_kernels
 from tenzro_site.settings.env import split_host_port
 
 logger = logging.getLogger("tenzro.worker")
+# The operator door's retry delay while Redis does not answer: first, then doubling up to the cap.
+OPERATOR_DOOR_RETRY_S = (0.2, 2.0)
 
 
 def _tier_gauges(status: dict[str, Any]) -> dict[str, Any]:
@@ -89,6 +91,8 @@ class WorkerServer:
         self._tasks: set[asyncio.Task] = set()
         self._quic: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start(): QUIC blob fetches run on it
+        # What this worker cannot reach right now ("redis": the Channels layer); moe/status shows it.
+        self.degraded: set[str] = set()
         self.executor = ThreadPoolExecutor(max_workers=settings.TENZRO_COMPUTE_THREADS, thread_name_prefix="expert")
         self.publisher = StatePublisher(
             snapshot=lambda: _tier_gauges(self.runtime.status()),
@@ -99,7 +103,7 @@ class WorkerServer:
         )
         budget = settings.TENZRO_MEMORY_BUDGET_BYTES or None  # 0: 60% of available memory
         self.runtime = ExpertRuntime(data_dir=settings.TENZRO_DATA_DIR, memory_budget_bytes=budget,
-                                     on_change=self.publisher.changed)
+                                     on_change=self.publisher.changed, on_corrupt=self._on_corrupt)
         self.control_plane = ControlPlaneView(executor=ThreadPoolExecutor(1, thread_name_prefix="control"),
                                               ttl_s=settings.TENZRO_WORKER_CONTROL_TTL_S)
         store = blob_store()
@@ -116,6 +120,7 @@ class WorkerServer:
                 logger.info("blob %s fetched over %s", hash_[:16], resolved.source)
             return Payload(resolved.data, stored_at=store.path(hash_))
 
+        self._resolve = resolve
         experts = ExpertHandlers(runtime=self.runtime, executor=self.executor, resolve_blob=resolve,
                                  max_payload_bytes=settings.TENZRO_BLOB_MAX_BYTES, after_change=self.publisher.flush,
                                  sign_receipt=_counted(ReceiptSigner(self.identity.signing_key))
@@ -136,6 +141,34 @@ class WorkerServer:
         urls = dict.fromkeys([*(h.http_endpoint for h in holders if h.http_endpoint), *settings.TENZRO_PEERS])
         return sources + [HttpBlobSource(url) for url in urls]
 
+    # -- a corrupt disk-tier payload ----------------------------------------------------------
+
+    def _on_corrupt(self, key: tuple[str, int, int], blob_uri: str | None) -> None:
+        """From a compute thread: the runtime forgot an expert whose disk-tier payload failed its
+        hash. One that came from a blob is fetched again (the store's copy is checked too, and
+        replaced from a peer when it is the corrupt one) and reloaded, in the background."""
+        self.methods.counts["disk_tier.corrupt"] += 1
+        loop = self._loop
+        if blob_uri is not None and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(lambda: self._spawn(self._refetch(key, blob_uri)))
+
+    async def _refetch(self, key: tuple[str, int, int], uri: str) -> None:
+        assert self._loop is not None
+        model_id, layer, expert = key
+        try:
+            payload = await self._loop.run_in_executor(self.executor, self._resolve, uri)
+            await self._loop.run_in_executor(self.executor, functools.partial(
+                self.runtime.expert_load, payload=payload.data, blob_uri=uri, stored_at=payload.stored_at,
+                expect={"model_id": model_id, "layer": layer, "expert": expert}))
+        except Exception as exc:
+            self.methods.counts["disk_tier.refetch_failed"] += 1
+            logger.error("expert %s/%d/%d stays forgotten: its blob %s could not be fetched again (%s)",
+                         model_id, layer, expert, uri, exc)
+            return
+        self.methods.counts["disk_tier.refetched"] += 1
+        logger.info("expert %s/%d/%d reloaded from a fresh copy of %s", model_id, layer, expert, uri)
+        await self.publisher.flush()
+
     # -- methods of the worker itself -----------------------------------------------------------
 
     async def moe_status(self, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> tuple[dict, bytes]:
@@ -147,6 +180,7 @@ class WorkerServer:
             "uptime_s": round(time.monotonic() - self._started_mono, 3),
             "pid": os.getpid(),
             "calls": dict(sorted(self.methods.counts.items())),
+            "degraded": sorted(self.degraded),
         }, b""
 
     # -- the doors ------------------------------------------------------------------------------
@@ -180,12 +214,38 @@ class WorkerServer:
             answer = {"type": "worker.reply", "ok": True, "result": header["result"], "body": bytes(reply.body)}
         else:
             answer = {"type": "worker.reply", "ok": False, **header["error"]}
-        await layer.send(reply_to, answer)
+        try:
+            await layer.send(reply_to, answer)
+        except Exception as exc:  # Redis went away mid-call: the caller times out with worker_unavailable
+            self.methods.counts["operator.reply_lost"] += 1
+            logger.warning("could not send the answer to %s: %s: %s", message.get("method"), type(exc).__name__, exc)
 
     async def _operator_door(self) -> None:
+        """Serve WORKER_CHANNEL for as long as the worker runs, Redis outages included.
+
+        The Channels layer lives in Redis: while Redis is down or restarting, receive raises.
+        The door then reports `redis` degraded (moe/status, over QUIC too) and retries with a
+        capped backoff instead of ending, so the node recovers by itself once Redis is back."""
         layer = get_channel_layer()
+        backoff_s = OPERATOR_DOOR_RETRY_S[0]
         while True:
-            message = await layer.receive(WORKER_CHANNEL)
+            try:
+                message = await layer.receive(WORKER_CHANNEL)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # redis-py and channels_redis raise several kinds; all mean "not now"
+                if "redis" not in self.degraded:
+                    logger.warning("the operator door cannot read the Channels layer (%s: %s); retrying until "
+                                   "Redis answers", type(exc).__name__, exc)
+                    self.methods.counts["operator_door.redis_outages"] += 1
+                self.degraded.add("redis")
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, OPERATOR_DOOR_RETRY_S[1])
+                continue
+            if "redis" in self.degraded:
+                self.degraded.discard("redis")
+                logger.info("the operator door reads the Channels layer again")
+            backoff_s = OPERATOR_DOOR_RETRY_S[0]
             self._spawn(self._operator_call(layer, message))
 
     def _spawn(self, coro: Any) -> asyncio.Task:

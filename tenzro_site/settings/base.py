@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dj_database_url
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tenzro_site.settings.env import (
     BASE_DIR,
@@ -237,7 +238,11 @@ CHANNEL_LAYERS = {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         # redis-py 8 reads with a 5 s socket timeout by default, the same as channels_redis's
         # blocking-pop timeout: raise it so an idle receive never reads as a Redis failure.
-        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000, "expiry": 60},
+        # After a Redis restart every pooled connection is dead, and redis-py's async client does
+        # not retry by default: the first send on each would fail ("Connection closed by server"),
+        # losing a worker's answer. One retry on a fresh connection makes a restart invisible.
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30, "retry_on_error": [RedisConnectionError]}],
+                   "capacity": 1000, "expiry": 60},
     }
 }
 

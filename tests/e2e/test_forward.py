@@ -193,7 +193,7 @@ def test_the_distributed_forward_equals_the_local_one(network, layers) -> None:
     assert scrape(b)[("tenzro_receipts_total", (("event", "signed"),))] > 0
 
 
-def test_a_hanging_holder_is_raced_out_by_its_backup(network, layers) -> None:
+def test_a_hanging_holder_is_raced_out_by_its_backup(network, layers, faults) -> None:
     a, c = network["a"], network["c"]
     pid_c = provider_of(c)
     rng = np.random.default_rng(8)
@@ -206,6 +206,7 @@ def test_a_hanging_holder_is_raced_out_by_its_backup(network, layers) -> None:
         c_serves()
     wait_for(c_serves, 60, "c to serve batches (not cooling down from an earlier stall)")
     worker = c.result("tenzro_workerStatus")["pid"]
+    fault = faults.inject("holder hangs (SIGSTOP)", "SIGSTOP to holder c's expert worker, two forwards, SIGCONT")
     os.kill(worker, signal.SIGSTOP)
     try:
         result = ok(forward(a, QWEN, hidden, wire="f32"))  # raced, not timed out: c's failure is "stalled"
@@ -220,13 +221,18 @@ def test_a_hanging_holder_is_raced_out_by_its_backup(network, layers) -> None:
     # planned last while it cools down: no batch waits on it
     assert all(h["batches"] == 0 for h in again["stats"]["holders"] if h["provider"] == pid_c)
     assert rel_error(rows(again), layers.reference(QWEN, hidden)) < 1e-5
+    fault.observe(f"both forwards exact; hedges fired {stats['hedges_fired']}, won {stats['hedges_won']}; "
+                  "c planned last while it cooled down")
+    fault.close(lost=0)
 
 
-def test_killed_holders_fail_over_then_fail_closed_or_partial(network, layers) -> None:
+def test_killed_holders_fail_over_then_fail_closed_or_partial(network, layers, faults) -> None:
     a, c, d = network["a"], network["c"], network["d"]
     pid_c, pid_d = provider_of(c), provider_of(d)
     rng = np.random.default_rng(9)
     hidden = rng.standard_normal((32, D_MODEL)).astype(np.float32)
+    fault = faults.inject("holders SIGKILLed (d, then c)",
+                          "SIGKILL to d, 6 forwards; SIGKILL to c, whose experts then have no holder left")
     os.killpg(d.process.pid, signal.SIGKILL)  # one holder dies in the middle of a stream of forwards
     d.process.wait()
     for model in (QWEN, DEEPSEEK) * 3:
@@ -260,3 +266,6 @@ def test_killed_holders_fail_over_then_fail_closed_or_partial(network, layers) -
     too_lossy = forward(a, QWEN, kept, allow_partial=True, min_gate_mass=1.0)
     assert too_lossy["error"]["data"]["reason"] == "gate_mass_lost"
     assert sum(a.result("tenzro_moeHolderPenalties")["by_provider"].get(pid_c, {}).values()) >= 1
+    fault.observe("6 forwards exact after d died; with no holder left: forward_incomplete (missing named), "
+                  "gate_mass_lost, or a partial answer equal to the reference without the lost experts")
+    fault.close(lost=0)

@@ -122,7 +122,7 @@ def test_blob_http_ranges_and_quic_blob_get(start_node, checkpoint) -> None:
     assert bytes(body) == whole.content[5:50] and result["size"] == len(whole.content)
 
 
-def test_tampered_blob_is_refused_and_nothing_is_stored(start_node, checkpoint) -> None:
+def test_tampered_blob_is_refused_and_nothing_is_stored(start_node, checkpoint, faults) -> None:
     _, server = checkpoint
     a = start_node()
     b = start_node(peers=[a.url])
@@ -132,12 +132,15 @@ def test_tampered_blob_is_refused_and_nothing_is_stored(start_node, checkpoint) 
     path = a.data_dir / "blobs" / digest[:2] / digest
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
+    fault = faults.inject("peer serves a tampered blob", "a byte flipped in a's stored blob; b loads it by URI")
     path.write_bytes(bytes(data))
 
     answer = b.rpc("tenzro_moeExpertLoad", {"blob_uri": uri}, token=TOKEN)
     assert answer["error"]["data"]["reason"] == "hash_mismatch", answer
     assert not (b.data_dir / "blobs" / digest[:2] / digest).exists()
     assert b.result("tenzro_moeExpertStatus")["experts"] == []
+    fault.observe("b's load refused with hash_mismatch; nothing stored, nothing loaded")
+    fault.close(lost=0)
     # the params schema's pattern names a malformed URI before anything is fetched
     for bad in ("tenzro://blob/xyz", "s3://bucket/expert", "tenzro://blob/" + "A" * 64):
         answer = b.rpc("tenzro_moeExpertLoad", {"blob_uri": bad}, token=TOKEN)
@@ -165,7 +168,7 @@ def test_prepare_failures_are_reported_with_reasons(start_node, checkpoint, tmp_
     assert failed["gate"] is None and not list((a.data_dir / "blobs").glob("??/*"))
 
 
-def test_prepare_job_survives_a_celery_worker_kill(start_node, tmp_path) -> None:
+def test_prepare_job_survives_a_celery_worker_kill(start_node, tmp_path, faults) -> None:
     # Big enough that the job is still running when the kill lands (~40 ms per expert with the
     # C encoder on this machine, ~1.5 s for the whole job).
     n_experts = 32
@@ -179,6 +182,8 @@ def test_prepare_job_survives_a_celery_worker_kill(start_node, tmp_path) -> None
         assert time.monotonic() < deadline
         time.sleep(0.1)
     worker = next(p for p in a.result("tenzro_nodeProcesses")["processes"] if p["name"] == "celery-worker")
+    fault = faults.inject("Celery worker killed during a prepare job",
+                          f"SIGKILL to the Celery worker of a {n_experts}-expert q4_k_m prepare job")
     psutil.Process(worker["pid"]).kill()
     killed_at = a.result("tenzro_moePrepareStatus", {"job_id": job["job_id"]})
     assert killed_at["state"] == "running" and killed_at["progress"]["done"] < n_experts, killed_at
@@ -190,6 +195,9 @@ def test_prepare_job_survives_a_celery_worker_kill(start_node, tmp_path) -> None
         for entry in final["experts"]:
             payload, _ = prepare_expert(reader, shape, model_id=MODEL, layer=0, expert=entry["expert"], quant="q4_k_m")
             assert parse_blob_uri(entry["blob_uri"]) == blob_hash(payload)
+    fault.observe(f"killed at {killed_at['progress']['done']}/{n_experts}; done after {final['attempts']} attempts, "
+                  "every blob equal to a fresh slicing")
+    fault.close(lost=0)
 
 
 def test_blob_gc_keeps_what_holdings_and_jobs_reference(start_node, checkpoint) -> None:

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.e2e
 ROUTER, A, B = "e" * 64, "a" * 64, "b" * 64
 
 
-def test_the_same_payload_sent_three_times_through_the_worker_pays_once(start_node) -> None:
+def test_the_same_payload_sent_three_times_through_the_worker_pays_once(start_node, faults) -> None:
     node = start_node()
     router = node.result("tenzro_nodeInfo")["provider_id"]
     payload = {"forward_id": "fwd-e2e-1", "router_id": router, "model_id": "tiny-qwen3", "holders": [
@@ -22,6 +22,7 @@ def test_the_same_payload_sent_three_times_through_the_worker_pays_once(start_no
     ]}
     # The node's own broker and result backend (its Redis database): what the router's enqueue uses.
     app = Celery(broker=node.redis_url, backend=node.redis_url)
+    fault = faults.inject("settlement delivered three times", "one settle_forward payload sent 3 times")
     try:
         sent = [app.send_task("tenzro.settlement.settle_forward", args=[payload]) for _ in range(3)]
         answers = [r.get(timeout=120) for r in sent]
@@ -36,3 +37,5 @@ def test_the_same_payload_sent_three_times_through_the_worker_pays_once(start_no
     assert {b["account"] for b in ledger["balances"] if b["kind"] == "router"} == {router}
     reputation = {p["provider_id"]: Decimal(p["score"]) for p in node.result("tenzro_moeReputation", {})["providers"]}
     assert reputation == {A: Decimal("0.000162"), B: Decimal("0.000027")}
+    fault.observe("one settlement, 6 ledger entries, each holder credited once")
+    fault.close(lost=0)

@@ -48,7 +48,7 @@ def wait_for(predicate, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-def test_published_holdings_follow_loads_evictions_unloads_and_a_worker_restart(start_node) -> None:
+def test_published_holdings_follow_loads_evictions_unloads_and_a_worker_restart(start_node, faults) -> None:
     rng = np.random.default_rng(21)
     payloads = [expert_payload(expert_weights(rng, D_MODEL, D_FF), expert=e) for e in range(4)]
     # room for two decoded experts: the third load evicts, every execute of a cold one promotes
@@ -73,6 +73,7 @@ def test_published_holdings_follow_loads_evictions_unloads_and_a_worker_restart(
 
     worker = next(p for p in node.result("tenzro_nodeProcesses")["processes"] if p["name"] == "expert-worker")
     process = psutil.Process(worker["pid"])
+    fault = faults.inject("expert worker silent, then killed", "SIGSTOP to the expert worker, then SIGKILL")
     process.suspend()  # silent but not dead, so the supervisor leaves it be for now
     # while the worker is silent, reads answer from the last published state, soon marked stale
     stale = wait_for(lambda: (s := node.result("tenzro_moeExpertStatus"))["stale"] and s, 15, "a stale state")
@@ -86,6 +87,8 @@ def test_published_holdings_follow_loads_evictions_unloads_and_a_worker_restart(
     assert restarted["stale"] is False
     assert [(e["expert"], e["tier"]) for e in restarted["experts"]] == [(0, "disk"), (1, "disk"), (2, "disk")]
     assert_published_equals_live(node)
+    fault.observe("reads answered stale from the last publish; the restarted worker published its 3 experts, Cold")
+    fault.close(lost=0)
 
 
 def test_a_killed_supervisor_takes_every_process_of_the_node_with_it(start_node) -> None:

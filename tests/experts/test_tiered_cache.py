@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from apps.experts.errors import ExpertNotLoaded, InsufficientMemory, InvalidPayload
+from apps.experts.errors import CorruptPayload, ExpertNotLoaded, InsufficientMemory
 from apps.experts.runtime import ExpertRuntime
 from apps.experts.tiered_cache import FALLBACK_BUDGET, default_memory_budget, model_dir_name
 from tests.experts.factories import MODEL, expert_payload, expert_weights
@@ -114,13 +114,27 @@ def test_unload_removes_both_tiers(tmp_path):
     assert ExpertRuntime(data_dir=tmp_path).status()["experts"] == []
 
 
-def test_corrupt_disk_tier_file(tmp_path):
+@pytest.mark.parametrize("damage", ["truncated", "one_bit_in_a_weight"])
+def test_a_corrupt_disk_tier_file_is_forgotten_not_decoded(tmp_path, damage):
     rt = ExpertRuntime(data_dir=tmp_path, memory_budget_bytes=F32_BYTES)
     _load(rt, 2)
     path = next(tmp_path.rglob("expert0.safetensors"))
-    path.write_bytes(path.read_bytes()[:100])
-    with pytest.raises(InvalidPayload):
-        rt.execute(model_id=MODEL, layer=0, expert=0, hidden=np.zeros((1, D_MODEL), np.float32))
+    data = bytearray(path.read_bytes())
+    if damage == "truncated":
+        data = data[:100]
+    else:  # still a well-formed payload: without the hash it would decode and compute a wrong answer
+        data[-5] ^= 0x01
+    path.write_bytes(bytes(data))
+    told: list[tuple] = []
+    again = ExpertRuntime(data_dir=tmp_path, memory_budget_bytes=F32_BYTES,
+                          on_corrupt=lambda key, uri: told.append((key, uri)))  # a restart: expert 0 is Cold
+    with pytest.raises(CorruptPayload, match="does not match its hash"):
+        again.execute(model_id=MODEL, layer=0, expert=0, hidden=np.zeros((1, D_MODEL), np.float32))
+    assert told == [((MODEL, 0, 0), None)]
+    assert [r["expert"] for r in again.status()["experts"]] == [1]
+    assert not path.exists() and not path.with_suffix(".json").exists()
+    with pytest.raises(ExpertNotLoaded):
+        again.execute(model_id=MODEL, layer=0, expert=0, hidden=np.zeros((1, D_MODEL), np.float32))
 
 
 def test_concurrent_execution_under_tiny_budget(tmp_path):

@@ -14,7 +14,7 @@ from apps.reputation.models import ReputationEvent
 from apps.reputation.selectors import reputation_scores
 from apps.reputation.services import reputation_penalize
 from apps.settlement import services
-from apps.settlement.models import LedgerEntry, Settlement
+from apps.settlement.models import LedgerEntry, PendingSettlement, Settlement
 from apps.settlement.services import settlement_enqueue, settlement_record
 from apps.settlement.tasks import settle_forward
 
@@ -173,3 +173,23 @@ def test_enqueue_sends_the_task_only_after_commit(django_capture_on_commit_callb
     assert sent == [("tenzro.settlement.settle_forward", [payload()])]
     with pytest.raises(InvalidInput, match="tokens"):
         settlement_enqueue(**{**payload(), "holders": [{**payload()["holders"][0], "tokens": -5}]})
+
+
+def test_a_queued_settlement_stays_in_the_outbox_until_recorded_and_a_worker_start_requeues_it(
+        django_capture_on_commit_callbacks, monkeypatch) -> None:
+    sent: list[tuple] = []
+    monkeypatch.setattr(services.current_app, "send_task", lambda name, args: sent.append((name, args)))
+    with django_capture_on_commit_callbacks(execute=True):
+        settlement_enqueue(**payload("fwd-1"))
+        settlement_enqueue(**payload("fwd-2"))
+    assert [p.forward_id for p in PendingSettlement.objects.order_by("created_at")] == ["fwd-1", "fwd-2"]
+    settlement_record(**payload("fwd-1"))
+    assert list(PendingSettlement.objects.values_list("forward_id", flat=True)) == ["fwd-2"]
+    sent.clear()
+    # the Celery worker starts again (its predecessor was killed holding fwd-2's message)
+    assert services.settlements_resume() == ["fwd-2"]
+    assert sent == [("tenzro.settlement.settle_forward", [payload("fwd-2")])]
+    settle_forward.apply(args=[payload("fwd-2")]).get()
+    settle_forward.apply(args=[payload("fwd-2")]).get()  # the broker's own copy, redelivered late
+    assert not PendingSettlement.objects.exists() and Settlement.objects.count() == 2
+    assert services.settlements_resume() == []

@@ -80,3 +80,24 @@ def test_blob_gc_references_come_from_published_holdings() -> None:
     assert info.value.reason == "state_not_published"
     _publish(_status([_expert(0, blob_uri=URI)]))
     assert "c" * 64 in referenced_blob_hashes()
+
+
+def test_node_health_names_what_the_node_lacks(monkeypatch, settings) -> None:
+    import redis
+
+    from apps.node import selectors as node_selectors
+
+    assert selectors.node_health()["degraded"] == ["worker"]  # nothing ever published
+    _publish(_status([_expert(0)]))
+    health = selectors.node_health()
+    assert health["status"] == "ok" and health["degraded"] == [] and health["checks"]["redis"]["ok"]
+    assert health["checks"]["worker"] == {"ok": True, "heartbeat_age_s": health["checks"]["worker"]["heartbeat_age_s"],
+                                          "pid": 7}
+    # a Redis that does not answer (a closed port): degraded, and the reads still answer
+    dead = redis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.5)
+    monkeypatch.setattr(node_selectors, "redis_client", lambda: dead)
+    health = selectors.node_health()
+    assert health["status"] == "degraded" and health["degraded"] == ["redis"], health
+    assert "connecting" in health["checks"]["redis"]["error"]
+    published = selectors.worker_status_published()
+    assert selectors.degraded(published=published, redis=node_selectors.redis_check()) == ["redis"]
