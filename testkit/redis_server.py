@@ -26,18 +26,23 @@ from testkit.nodes import REDIS_HOST_URL, NodeProcess, free_port
 
 
 @contextlib.contextmanager
-def private_redis(timeout_s: float = 10.0) -> Iterator[str]:
-    """Yield `redis://127.0.0.1:<port>` of a fresh server (no persistence); RuntimeError if none starts."""
+def private_redis(timeout_s: float = 10.0, host: str = "127.0.0.1") -> Iterator[str]:
+    """Yield `redis://<host>:<port>` of a fresh server (no persistence); RuntimeError if none starts.
+
+    `host`: the address it listens on (a bridge's, for nodes in network namespaces: testkit/netns.py)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not installed (scripts/ensure-redis.sh installs Debian's)")
     port = free_port(socket.SOCK_STREAM)
     with tempfile.TemporaryDirectory(prefix="tenzro-redis-") as work:
         process = subprocess.Popen(
-            [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-             "--dir", work, "--logfile", ""],
+            [binary, "--bind", host, "--port", str(port), "--save", "", "--appendonly", "no",
+             "--dir", work, "--logfile", "",
+             # protected mode refuses non-loopback clients without a password; a bridge address is
+             # reachable only from this machine's own namespaces (testkit/netns.py)
+             *(["--protected-mode", "no"] if host != "127.0.0.1" else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"redis://127.0.0.1:{port}"
+        url = f"redis://{host}:{port}"
         try:
             deadline = time.monotonic() + timeout_s
             while True:
