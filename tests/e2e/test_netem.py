@@ -1,16 +1,17 @@
 """The distributed forward across three real nodes under network conditions: delay, jitter, loss.
 
 Each node runs in a network namespace of its own on one bridge (or on loopback where namespaces
-cannot be made: not root); in front of each node's QUIC door sits a user-space netem relay
-(testkit/netem.py: the kernel here has no netem qdisc), which the node advertises as its QUIC
-endpoint (testkit/impaired.py). Node a holds only the gate, b and c every expert (replication
-2), so every (token, expert) pair crosses an impaired path. The reference is the single-node
+cannot be made, e.g. not root, or with TENZRO_TEST_NETNS=0); in front of each node's QUIC door
+sits a user-space netem relay (testkit/netem.py: the kernel here has no netem qdisc), which the
+node advertises as its QUIC endpoint (testkit/impaired.py). Node a holds only the gate, b and c
+every expert (replication 2), so every (token, expert) pair crosses an impaired path. The reference is the single-node
 local forward in this process; the relay's own RTT is measured beside it with a plain UDP ping.
 """
 
 from __future__ import annotations
 
 import base64
+import os
 
 import numpy as np
 import pytest
@@ -43,7 +44,9 @@ def setup(tmp_path_factory) -> tuple[ImpairedNetwork, ExpertRuntime]:
     local.gate_load(payload=gate)
     for payload in experts:
         local.expert_load(payload=payload)
-    with impaired_network(3, tmp_path_factory.mktemp("netem"), ENV) as network:
+    # TENZRO_TEST_NETNS=0 runs the same test on loopback (what a machine without root gets)
+    namespaces = os.environ.get("TENZRO_TEST_NETNS", "1") != "0"
+    with impaired_network(3, tmp_path_factory.mktemp("netem"), ENV, use_namespaces=namespaces) as network:
         a, b, c = network.nodes
         print(f"\ntopology: {network.topology}")
         a.result("tenzro_moeGateLoad", {"payload": b64(gate)}, token=TOKEN)
