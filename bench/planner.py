@@ -167,7 +167,8 @@ TABLES: list[tuple[str, Callable[[], list[dict[str, Any]]]]] = [
 def main() -> None:
     results = {name: table() for name, table in TABLES}
     write_results("planner", {"tables": results}, [
-        *(headline(f"dispatch plan, one layer, {r['model']} (arrays)", r["arrays"]["median_ms"], "ms",
+        *(headline(f"dispatch plan, one layer, {r['model']}, {r['pairs']} pairs (arrays)", r["arrays"]["median_ms"],
+                   "ms",
                    reference="plan_dispatch, JSON in and out", reference_value=r["json"]["median_ms"],
                    target=f"≤ {r['target_ms']:.0f} ms") for r in results["planning"]),
         *(headline(f"shard map of a whole model, {r['model']}", r["median_ms"], "ms",
