@@ -31,7 +31,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -143,7 +142,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def table(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Print the table; return the headline figures."""
     conditions = results["conditions"]
-    clean = {w: statistics.median(s) for w, s in conditions["clean (relays pass through)"]["samples_ms"].items()}
+    clean = {w: percentile(s, 50) for w, s in conditions["clean (relays pass through)"]["samples_ms"].items()}
     rows, heads = [], []
     for name, c in conditions.items():
         ping = c["ping"]
