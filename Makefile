@@ -45,13 +45,14 @@ test-fast: install
 	$(BIN)/pytest -m "not e2e"
 
 ## Every benchmark in bench/ (forward and generate: five real nodes and a redis-server of their own,
-## ~10 and ~8 min),
+## ~10 and ~8 min; load ~2 min; netem ~4 min), then bench/results/summary.md (bench/summary.py),
 ## or only some: `make bench BENCH="forward transport"`.
-BENCH ?= $(filter-out report,$(basename $(notdir $(wildcard bench/[a-z]*.py))))
+BENCH ?= $(filter-out report summary,$(basename $(notdir $(wildcard bench/[a-z]*.py))))
 bench: install
 	@for name in $(BENCH); do \
 		echo "### $$name"; $(BIN)/python -m bench.$$name || exit 1; \
 	done
+	$(BIN)/python -m bench.summary
 
 ## Style and architecture: ruff, then the import contracts of pyproject.toml (import-linter).
 lint: install

@@ -74,7 +74,7 @@ from apps.transport.quic import QuicSettings, quic_connection, start_server
 from testkit.nodes import TOKEN, NodeProcess, free_port
 from testkit.redis_server import RedisNode, private_redis
 
-from .report import print_table, write_results
+from .report import headline, print_table, write_results
 
 N_HOLDERS = 4
 
@@ -649,6 +649,16 @@ def run(plan: Plan, work: Path, redis_host: str, nodes: list[NodeProcess]) -> di
     return results
 
 
+def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The figures `make bench`'s summary shows: 512-token latency against local, and wire bytes."""
+    out = [headline(f"distributed forward, {r['tokens']} tokens, {r['wire']} wire (client)", r["client_ms"], "ms",
+                    reference="forward_local in one process", reference_value=r["local_ms"],
+                    target="≤ 1.5× local" if r["tokens"] == 512 else "—") for r in results["forward"]]
+    out += [headline(f"wire bytes per token, {row[0]} tokens, q8_0", row[2], "B", reference="f32 on the wire",
+                     reference_value=row[1], target="≤ 1/3.5 of f32") for row in results["bytes_per_token"]]
+    return out
+
+
 def udp_rcvbuf_errors() -> int | None:
     """The kernel's count of UDP datagrams dropped because a socket's receive buffer was full."""
     try:
@@ -672,7 +682,8 @@ def main() -> None:
     try:
         with private_redis() as redis_host:
             try:
-                write_results("forward", run(plan, work, redis_host, nodes))
+                results = run(plan, work, redis_host, nodes)
+                write_results("forward", results, headlines(results))
             finally:
                 with ThreadPoolExecutor(max(1, len(nodes))) as pool:
                     list(pool.map(_stop, nodes))

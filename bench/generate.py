@@ -69,7 +69,7 @@ from testkit.nodes import TOKEN, NodeProcess
 from testkit.redis_server import RedisNode, private_redis
 
 from .forward import N_HOLDERS, NODE_ENV, _stop
-from .report import print_table, write_results
+from .report import headline, print_table, write_results
 
 MODEL_ID = "bench/qwen3-30b-a3b-2layers"
 N_LAYERS, REAL_LAYERS = 2, 48
@@ -383,6 +383,7 @@ def tables(runs: dict[str, list[dict[str, Any]]], plan: Plan) -> dict[str, Any]:
         for r in recs:
             split.add(r)
         record[wire] = {"ttft_ms": ttft, "decode_tokens_per_s": tps, "decode_tokens_per_s_steps": steps_tps,
+                        "one_process_ttft_ms": ref_ttft, "one_process_decode_tokens_per_s": ref_tps,
                         "tokens_equal_local": same, "split_ms": split.__dict__, "shares": split.shares(),
                         "records": recs}
     print_table(
@@ -433,7 +434,12 @@ def main() -> None:
                 results["wall_s"] = time.monotonic() - started
                 print(f"\nload average (1, 5, 15 min) at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
                       f"ran {results['wall_s']:.0f} s")
-                write_results("generate", results)
+                write_results("generate", results, [
+                    h for wire, g in results["generation"].items() if wire != "local" for h in (
+                        headline(f"generation TTFT, {wire} wire", g["ttft_ms"], "ms", reference="one process",
+                                 reference_value=g["one_process_ttft_ms"]),
+                        headline(f"generation decode, {wire} wire", g["decode_tokens_per_s"], "tokens/s",
+                                 reference="one process", reference_value=g["one_process_decode_tokens_per_s"]))])
             finally:
                 with ThreadPoolExecutor(max(1, len(nodes))) as pool:
                     list(pool.map(_stop, nodes))

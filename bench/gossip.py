@@ -51,7 +51,7 @@ from apps.providers.gossip import Limits
 from testkit.gossip_sim import KINDS, IndexedStore, SimNetwork, converged_network, verify_once_per_envelope, wire_size
 from testkit.records import holdings
 
-from .report import print_table, write_results
+from .report import headline, print_table, write_results
 
 SIZES = (25, 50, 100, 200, 1000)
 QUICK_SIZES = (25, 50, 100, 200)
@@ -290,7 +290,13 @@ def main() -> None:
     write_results("gossip", {
         "quick": args.quick, "C": C, "max_rounds": MAX_ROUNDS, "limits": dataclasses.asdict(Limits()),
         "convergence": {"node 0": star, "random earlier": tree}, "steady_state": steady,
-    })
+    }, [*(headline(f"gossip convergence, N={runs[0]['n']}, one bootstrap peer (slowest seed)",
+                   None if any(r["rounds"] is None for r in runs) else max(r["rounds"] for r in runs), "rounds",
+                   reference="log2 N", reference_value=math.log2(runs[0]["n"]), target=f"≤ {C}·log2 N")
+          for runs in star.values()),
+        *(headline(f"gossip bytes per node per minute, N={s['n']} ({s['holdings']} holdings each)",
+                   s["minutes"][-1]["bytes_per_node"]["mean"], "B", reference="naive: one full record per peer",
+                   reference_value=s["naive_bytes_per_node_minute"]) for s in steady)])
 
 
 if __name__ == "__main__":

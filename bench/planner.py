@@ -48,7 +48,7 @@ from testkit.records import holdings as record_holdings
 from testkit.records import new_key, signed_record
 from testkit.shard_views import MODEL, POLICY, routings_json, routings_pairs, skewed_routings, synthetic_view
 
-from .report import print_table, timed, write_results
+from .report import headline, print_table, timed, write_results
 
 PLAN_TARGET_S = 0.020
 SHARD_MAP_TARGET_S = 1.0
@@ -166,7 +166,13 @@ TABLES: list[tuple[str, Callable[[], list[dict[str, Any]]]]] = [
 
 def main() -> None:
     results = {name: table() for name, table in TABLES}
-    write_results("planner", {"tables": results})
+    write_results("planner", {"tables": results}, [
+        *(headline(f"dispatch plan, one layer, {r['model']}, {r['pairs']} pairs (arrays)", r["arrays"]["median_ms"],
+                   "ms",
+                   reference="plan_dispatch, JSON in and out", reference_value=r["json"]["median_ms"],
+                   target=f"≤ {r['target_ms']:.0f} ms") for r in results["planning"]),
+        *(headline(f"shard map of a whole model, {r['model']}", r["median_ms"], "ms",
+                   target=f"≤ {r['target_ms']:.0f} ms") for r in results["shard_map"])])
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from apps.quantization.registry import quantize
 from apps.quantization.types import GGMLType
 from testkit.checkpoints import FileServer, f32_to_bf16_bits, write_checkpoint
 
-from .report import print_table, write_results
+from .report import headline, print_table, write_results
 
 D_MODEL, D_FF, N_ROUTED, LAYER = 2048, 768, 128, 0
 N_EXPERTS = 6  # experts written and prepared
@@ -111,7 +111,12 @@ def main() -> None:
          "HTTP/needed", "tensor/needed", "formats g/u/d"],
         rows,
     )
-    write_results("prepare", {"d_model": D_MODEL, "d_ff": D_FF, "n_experts": N_EXPERTS, "results": results})
+    write_results("prepare", {"d_model": D_MODEL, "d_ff": D_FF, "n_experts": N_EXPERTS, "results": results}, [
+        *(headline(f"prepare {r['quant']}: checkpoint read rate, end to end", r["mb_read_per_s"], "MB/s",
+                   reference="plain ranged GETs of the same bytes", reference_value=r["plain_read_mb_s"])
+          for r in results),
+        *(headline(f"prepare {r['quant']}: tensor bytes fetched / needed", r["ratio_tensors_only"], "x",
+                   reference="bytes strictly needed", reference_value=1.0, target="1.0") for r in results)])
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from apps.quantization.baseline import NAIVE
 from apps.quantization.registry import KERNELS, dequantize, encoder, quantize
 from apps.quantization.types import GGMLType
 
-from .report import print_table, write_results
+from .report import headline, print_table, write_results
 
 SHAPES = [(768, 2048), (2048, 7168)]
 TYPES = [GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.F16, GGMLType.BF16]
@@ -214,7 +214,10 @@ def main() -> None:
           LLAMA_CPP[GGMLType(r["type"])]] for r in q])
     write_results("quant", {"throughput": tp, "encoder_variants": ev, "kquant_variant": kquant_c.variant(),
                             "quality": q,
-                            "llama_cpp_published": {k.value: v for k, v in LLAMA_CPP.items()}})
+                            "llama_cpp_published": {k.value: v for k, v in LLAMA_CPP.items()}},
+                  [headline(f"{r['type']} {kind} ({r['shape']})", r[f"{kind}_mb_s"], "MB/s",
+                            reference="gguf-py, same bytes", reference_value=r[f"{kind}_ref_mb_s"])
+                   for r in tp for kind in ("quant", "dequant") if r[f"{kind}_ref_mb_s"]])
 
 
 if __name__ == "__main__":

@@ -37,8 +37,20 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
 
 
-def write_results(name: str, payload: dict[str, Any]) -> Path:
-    """Write `payload` (plus machine facts) to bench/results/<name>.json and return the path."""
+def headline(name: str, value: float | None, unit: str, *, reference: str = "—",
+             reference_value: float | None = None, target: str = "—") -> dict[str, Any]:
+    """One headline figure in the shape bench/summary.py reads: the figure, its reference measured in
+    the same run, their ratio (value / reference_value, None when either is missing or 0), and the
+    target the issue or docs/operations.md sets ("—" where none was set)."""
+    ratio = value / reference_value if value is not None and reference_value else None
+    return {"name": name, "value": value, "unit": unit, "reference": reference, "reference_value": reference_value,
+            "ratio": ratio, "target": target}
+
+
+def write_results(name: str, payload: dict[str, Any], headlines: list[dict[str, Any]] | None = None) -> Path:
+    """Write `payload` (plus machine facts) to bench/results/<name>.json and return the path.
+
+    `headlines` (see `headline`) go under "headline", where `make bench`'s summary finds them."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     document = {
         "benchmark": name,
@@ -47,6 +59,8 @@ def write_results(name: str, payload: dict[str, Any]) -> Path:
                     "machine": platform.machine()},
         **payload,
     }
+    if headlines is not None:
+        document["headline"] = headlines
     path = RESULTS_DIR / f"{name}.json"
     path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
     print(f"\nwrote {path.relative_to(RESULTS_DIR.parent.parent)}")

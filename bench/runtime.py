@@ -48,7 +48,7 @@ import numpy as np
 
 from apps.experts import backends
 from apps.experts.backends import CpuBackend, TensorIn
-from bench.report import print_table, write_results
+from bench.report import headline, print_table, write_results
 from testkit.blocks import random_blocks
 
 DIMS = {"Qwen3-30B-A3B": (2048, 768), "DeepSeek-V3": (7168, 2048)}
@@ -235,7 +235,13 @@ def main(quick: bool = False, kernels_only: bool = False) -> None:
                     ["expert", "format", "batch", "fused ms", "tiled ms", "fused/tiled", "faster"], cross_rows)
     results["tables"] = {"f32": f32_rows, "batch1": bw_rows, "quantized": q_rows, "crossover": cross_rows,
                          "kernel_variants": variant_rows}
-    write_results("runtime", results)
+    write_results("runtime", results, [
+        *(headline(f"f32 expert forward {r[0]}, batch {r[1]}", r[3], "GFLOP/s", reference="numpy sgemm peak",
+                   reference_value=r[4], target="≥ 0.80 of sgemm") for r in f32_rows if r[1] >= 64),
+        *(headline(f"{r[1]} expert forward {r[0]}, batch {r[2]} (tiled)", r[4], "ms", reference="f32 forward",
+                   reference_value=r[5], target="≤ 1.25× f32") for r in q_rows if r[7] != "-"),
+        *(headline(f"{r[1]} batch-1 cold forward {r[0]}", r[3], "ms", reference="f32 cold forward",
+                   reference_value=r[3] / r[7], target="≤ 0.50× f32") for r in bw_rows if r[1] != "f32")])
 
 
 if __name__ == "__main__":

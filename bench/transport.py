@@ -37,7 +37,7 @@ from apps.quantization.payload import encode_expert_payload
 from apps.transport.quic import QuicSettings, quic_connection
 from testkit.nodes import TOKEN, NodeProcess
 
-from .report import print_table, write_results
+from .report import headline, print_table, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 D_MODEL, D_FF, MODEL = 2048, 768, "bench/qwen3-30b-a3b-expert"
@@ -189,7 +189,10 @@ def main() -> None:
             [table_row(r) for r in records],
         )
         write_results("transport", {"before": args.before if tree else None, "d_model": D_MODEL, "d_ff": D_FF,
-                                    "results": records})
+                                    "results": records},
+                      [headline(f"moe/execute over QUIC less compute, {r['rows']} rows", r["quic_after_ms"]
+                                - r["compute_ms"], "ms", reference="TCP echo of the same bytes",
+                                reference_value=r["tcp_echo_ms"]) for r in records])
     finally:
         for node in nodes.values():
             node.stop()

@@ -47,7 +47,7 @@ from ._quic_echo import (
     time_quic_concurrent,
     time_tcp,
 )
-from .report import print_table, write_results
+from .report import headline, print_table, write_results
 
 MIB = 1 << 20
 LIBRARIES = ("qh3", "aioquic")
@@ -238,7 +238,10 @@ def main() -> None:
             node_rows = run_node(libraries, work, repeats)
             print_table(*node_table(node_rows))
         write_results("transport_quic", {"sizes": SIZES, "rounds": rounds, "repeats": repeats,
-                                         "socket_buffers_granted": buffers, "echo": rows, "node": node_rows})
+                                         "socket_buffers_granted": buffers, "echo": rows, "node": node_rows},
+                      [headline(f"node moe/execute {r['size']} over QUIC ({r['library']})", r["quic"]["ms"], "ms",
+                                reference="over HTTP", reference_value=r["http"]["ms"], target="QUIC ≤ HTTP")
+                       for r in node_rows])
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -42,10 +42,14 @@ class NodeProcess:
     log_path: Path | None = None
     # Run the node from another checkout of the project (a benchmark's "before"); default: this one.
     source_root: Path | None = None
+    # Where it listens, and what its command line is prefixed with: a network namespace's address
+    # and `ip netns exec NAME` (testkit/netns.py); default: loopback, no prefix.
+    host: str = "127.0.0.1"
+    launcher: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"http://{self.host}:{self.http_port}"
 
     @property
     def redis_url(self) -> str:
@@ -61,8 +65,8 @@ class NodeProcess:
         if self.source_root is not None:  # its packages come first on sys.path, before this checkout's
             env["PYTHONPATH"] = str(self.source_root)
         argv = [
-            sys.executable, "-m", "apps.cli.main", "node", "run",
-            "--http", f"127.0.0.1:{self.http_port}", "--quic", f"127.0.0.1:{self.quic_port}",
+            *self.launcher, sys.executable, "-m", "apps.cli.main", "node", "run",
+            "--http", f"{self.host}:{self.http_port}", "--quic", f"{self.host}:{self.quic_port}",
             "--data-dir", str(self.data_dir), "--redis-url", self.redis_url, "--peers", ",".join(self.peers),
         ]
         with open(self.log_path, "wb") as log:

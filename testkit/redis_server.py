@@ -33,12 +33,13 @@ class RedisServer:
     every connection and every key, as a crashed and restarted Redis would."""
 
     port: int = field(default_factory=lambda: free_port(socket.SOCK_STREAM))
+    host: str = "127.0.0.1"
     process: subprocess.Popen | None = None
     _work: tempfile.TemporaryDirectory | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
+        return f"redis://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         binary = shutil.which("redis-server")
@@ -47,8 +48,11 @@ class RedisServer:
         if self._work is None:
             self._work = tempfile.TemporaryDirectory(prefix="tenzro-redis-")
         self.process = subprocess.Popen(
-            [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
-             "--dir", self._work.name, "--logfile", ""],
+            [binary, "--bind", self.host, "--port", str(self.port), "--save", "", "--appendonly", "no",
+             "--dir", self._work.name, "--logfile", "",
+             # protected mode refuses non-loopback clients without a password; a bridge address is
+             # reachable only from this machine's own namespaces (testkit/netns.py)
+             *(["--protected-mode", "no"] if self.host != "127.0.0.1" else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s
         while True:
@@ -76,9 +80,11 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def private_redis(timeout_s: float = 10.0) -> Iterator[str]:
-    """Yield `redis://127.0.0.1:<port>` of a fresh server (no persistence); RuntimeError if none starts."""
-    server = RedisServer()
+def private_redis(timeout_s: float = 10.0, host: str = "127.0.0.1") -> Iterator[str]:
+    """Yield `redis://<host>:<port>` of a fresh server (no persistence); RuntimeError if none starts.
+
+    `host`: the address it listens on (a bridge's, for nodes in network namespaces: testkit/netns.py)."""
+    server = RedisServer(host=host)
     try:
         yield server.start(timeout_s).url
     finally:

@@ -84,6 +84,13 @@ class _ClientConnection:
         except asyncio.CancelledError:
             self._abandon(stream_id)
             raise
+        except self._lib.connection_error as exc:
+            # The connection closed itself (seen under 30 ms RTT with loss: qh3 closed on a peer's
+            # FinalSizeSmallerThanReceived) and its ConnectionTerminated event has not been handled
+            # yet: it is dead. Say so, so the pool drops it and the caller routes elsewhere; before,
+            # this escaped as an internal error and every later call reused the dead connection.
+            self.terminated = self.terminated or f"closed by the library: {exc}"
+            raise TransportError("connection_closed", f"connection closed: {self.terminated}") from exc
         finally:
             self._waiters.pop(stream_id, None)
 

@@ -53,6 +53,9 @@ class QuicLibrary:
     connect: Any  # asynccontextmanager: connect(host, port, configuration=, create_protocol=)
     serve: Any  # coroutine: serve(host, port, configuration=, create_protocol=) -> server
     events: ModuleType
+    # What the connection raises when asked to send after it closed itself (e.g. on a protocol
+    # error it detected) before its ConnectionTerminated event was handled.
+    connection_error: type[Exception]
     max_datagram_size: int
     congestion_controls: tuple[str, ...]
 
@@ -143,5 +146,6 @@ def load(name: str | None = None) -> QuicLibrary:
         name=name, version=str(getattr(package, "__version__", "?")),
         configuration_class=configuration.QuicConfiguration, protocol_class=asyncio_api.QuicConnectionProtocol,
         connect=asyncio_api.connect, serve=asyncio_api.serve, events=events,
+        connection_error=importlib.import_module(f"{name}.quic.connection").QuicConnectionError,
         max_datagram_size=_MAX_DATAGRAM[name], congestion_controls=_CONGESTION[name],
     )

@@ -297,3 +297,30 @@ def test_nobody_listening_fails_cleanly(identity, library) -> None:
             await pool.close()
 
     assert asyncio.run(scenario()) in {"timeout", "connection_failed"}
+
+
+def test_a_connection_the_library_closed_itself_is_dropped_and_the_next_call_reconnects(identity, library) -> None:
+    """A connection that closed itself (a protocol error it detected: qh3 did so under loss, on a
+    peer's FinalSizeSmallerThanReceived) before its ConnectionTerminated event was handled refuses
+    sends with the library's QuicConnectionError: the call fails as connection_closed, not as an
+    unexpected exception, and the pool opens a new connection for the next one."""
+    async def scenario():
+        server = await Server(identity, library).start()
+        pool = _pool(library)
+        try:
+            await _call(pool, server, params={"n": 1})
+            (pooled,) = pool._pooled.values()
+            quic = pooled.connection.protocol._quic
+            quic.close(error_code=0x1, reason_phrase="protocol violation seen")  # no event handled yet
+            with pytest.raises(TransportError) as failure:
+                await _call(pool, server, params={"n": 2})
+            assert failure.value.reason == "connection_closed"
+            result, _ = await _call(pool, server, params={"n": 3})
+            assert result == {"n": 3}
+            return pool.stats()
+        finally:
+            await pool.close()
+            server.stop()
+
+    stats = asyncio.run(scenario())
+    assert stats["handshakes"] == 2 and stats["open_connections"] == 1

@@ -1,0 +1,199 @@
+"""The distributed forward under network conditions: latency against the clean forward and the path's RTT.
+
+    .venv/bin/python -m bench.netem [--quick] [--loopback] [--repeats N]
+
+What is measured, and how. Three real nodes (`tenzro node run`), each in a network namespace of
+its own on one bridge (testkit/netns.py; `--loopback`, or a machine where namespaces cannot be
+made, runs them on loopback), with a user-space netem relay (testkit/netem.py: this kernel has
+no netem qdisc) in front of each node's QUIC door, which the node advertises as its QUIC
+endpoint (testkit/impaired.py). A router holds only the gate; two holders hold every expert of
+a 16-expert top-4 softmax layer (d_model 1024, d_ff 512, f32 payloads), so every (token, expert)
+pair crosses one relay, impaired both ways. For each condition (the relays' delay, jitter and
+loss, switched live), the run measures:
+
+* the reference: a plain UDP ping (64-byte datagrams every 5 ms) through a relay of its own with
+  the same impairment, i.e. the RTT the condition adds to one exchange;
+* `tenzro_moeForward` on the router (JSON-RPC, client wall clock) for 64 tokens with Q8_0 and
+  with f32 on the wire: p50 and p99, beside the same forward with the relays passing through
+  unimpaired ("clean"), and the relative error against `forward_local` in this process.
+
+"RTTs added" = (p50 − clean p50) / ping p50: how many round trips of the path the forward pays
+(one exchange per holder, in parallel, is 1; loss recovery, congestion windows growing from
+their initial size, and hedges add more). Connections are pooled, so no handshake is timed.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # as bench/forward.py: idle BLAS threads must not spin
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from bench.forward import Forwarder, Layer, local_runtime, rel_error, write_layer
+from testkit.impaired import impaired_network
+from testkit.netem import Impairment
+from testkit.nodes import TOKEN, NodeProcess
+
+from .report import headline, print_table, write_results
+
+LAYER = Layer("bench/netem-layer", 1024, 512, 16, 4)
+TOKENS = 64
+CONDITIONS = {
+    "clean (relays pass through)": Impairment(),
+    "30 ms RTT ±5, 0.1% loss": Impairment(delay_ms=15, jitter_ms=2.5, loss=0.001),
+    "30 ms RTT ±5, 2% loss": Impairment(delay_ms=15, jitter_ms=2.5, loss=0.02),
+    "100 ms RTT ±10, 0.5% loss": Impairment(delay_ms=50, jitter_ms=5, loss=0.005),
+    "30 ms RTT ±5, 1% reorder": Impairment(delay_ms=15, jitter_ms=2.5, reorder=0.01),
+}
+NODE_ENV = {
+    "TENZRO_GOSSIP_INTERVAL_S": "1", "TENZRO_GOSSIP_HEARTBEAT_S": "2", "TENZRO_GOSSIP_TTL_S": "120",
+    "TENZRO_REACHABILITY_CHECK_S": "120",
+    "TENZRO_PEER_MAX_STREAMS": "256", "TENZRO_PEER_RATE_PER_S": "1000000", "TENZRO_PEER_BURST": "1000000",
+    "TENZRO_MEMORY_BUDGET_BYTES": str(2 << 30), "TENZRO_WORKER_TIMEOUT_S": "120",
+}
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def load(nodes: list[NodeProcess], gate: Path, experts: list[Path]) -> None:
+    router, holders = nodes[0], nodes[1:]
+    router.result("tenzro_moeGateLoad", {"path": str(gate)}, token=TOKEN)
+    for holder in holders:
+        for path in experts:
+            answer = holder.rpc("tenzro_moeExpertLoad", {"path": str(path)}, token=TOKEN, timeout=120)
+            assert "result" in answer, answer
+
+
+def wait_converged(router: NodeProcess, timeout_s: float = 120.0) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        shard = router.result("tenzro_moeShardMap", {"model_id": LAYER.model_id})["holders"]
+        if len(shard) == LAYER.n_routed and all(
+                len(e["holders"]) == 2 and all(h["quic_endpoint"] for h in e["holders"]) for e in shard):
+            return time.monotonic() - started
+        time.sleep(0.5)
+    raise RuntimeError(f"the router did not see both holders of every expert within {timeout_s} s")
+
+
+def measure(forward: Forwarder, bodies: dict[str, bytes], want: np.ndarray, repeats: int) -> dict[str, Any]:
+    """Forwards of each wire, interleaved; one warm-up each (the hedging book learns the new latencies)."""
+    samples: dict[str, list[float]] = {w: [] for w in bodies}
+    errors: dict[str, float] = dict.fromkeys(bodies, 0.0)
+    failures, hedges, retries = 0, 0, 0
+    for body in bodies.values():
+        forward(LAYER, body)
+    for _ in range(repeats):
+        for wire, body in bodies.items():
+            try:
+                seconds, stats, out = forward(LAYER, body)
+            except AssertionError as exc:  # an error answer: counted, not timed
+                failures += 1
+                print(f"forward failed ({wire}): {exc}"[:400])
+                continue
+            samples[wire].append(seconds * 1e3)
+            errors[wire] = max(errors[wire], rel_error(out, want))
+            hedges += stats["hedges_fired"]
+            retries += stats["retries"]
+    return {"samples_ms": samples, "rel_error": errors, "failures": failures, "hedges_fired": hedges,
+            "retries": retries}
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    gate, experts = write_layer(LAYER, work / "payloads", rng)
+    runtime = local_runtime({LAYER: (gate, experts)}, work / "local")
+    hidden = rng.standard_normal((TOKENS, LAYER.d_model), dtype=np.float32)
+    want = runtime.forward_local(model_id=LAYER.model_id, layer=0, hidden=hidden)
+    with impaired_network(3, work / "nodes", NODE_ENV, use_namespaces=not args.loopback) as network:
+        print(f"topology: {network.topology}; relays on {network.relay_host}")
+        load(network.nodes, gate, experts)
+        print(f"every expert seen at both holders {wait_converged(network.nodes[0]):.0f} s after loading")
+        results: dict[str, Any] = {"topology": network.topology, "tokens": TOKENS, "repeats": args.repeats,
+                                   "layer": LAYER.__dict__, "conditions": {}}
+        with httpx.Client(timeout=120) as client:
+            forward = Forwarder(network.nodes[0], client)
+            bodies = {wire: forward.body(LAYER, hidden, wire) for wire in ("q8_0", "f32")}
+            for name, impairment in CONDITIONS.items():
+                network.set(impairment)
+                ping = network.ping(impairment, count=300)
+                before = network.relays.counters()
+                measured = measure(forward, bodies, want, args.repeats)
+                after = network.relays.counters()
+                results["conditions"][name] = {
+                    "impairment": impairment.describe(), "ping": ping.summary(), **measured,
+                    "relay_datagrams": after.received - before.received, "relay_lost": after.lost - before.lost}
+                print(f"{name}: ping p50 {ping.percentile(50):.2f} ms, forwards done")
+    return results
+
+
+def table(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Print the table; return the headline figures."""
+    conditions = results["conditions"]
+    clean = {w: percentile(s, 50) for w, s in conditions["clean (relays pass through)"]["samples_ms"].items()}
+    rows, heads = [], []
+    for name, c in conditions.items():
+        ping = c["ping"]
+        for wire, samples in c["samples_ms"].items():
+            if not samples:
+                rows.append([name, wire, "-", "-", "-", "-", "-", "-", "-", c["failures"], "-", "-"])
+                continue
+            p50, p99 = percentile(samples, 50), percentile(samples, 99)
+            added = (p50 - clean[wire]) / ping["p50_ms"] if ping["p50_ms"] and ping["p50_ms"] > 1 else None
+            rows.append([name, wire, ping["p50_ms"], ping["p99_ms"], f"{ping['lost']}/{ping['sent']}", p50, p99,
+                         f"{p50 / clean[wire]:.2f}x", "-" if added is None else f"{added:.1f}", c["failures"],
+                         f"{c['rel_error'][wire]:.1e}", f"{c['hedges_fired']}/{c['retries']}"])
+            if name != "clean (relays pass through)":
+                heads.append(headline(f"forward p50, {TOKENS} tokens, {wire} wire, {name}", p50, "ms",
+                                      reference="clean forward p50 (relays pass through)",
+                                      reference_value=clean[wire]))
+                heads.append(headline(f"latency added by {name} ({wire} wire; ratio = RTTs added)",
+                                      p50 - clean[wire], "ms", reference="relay ping RTT p50",
+                                      reference_value=ping["p50_ms"]))
+    print_table(
+        f"Distributed forward under network conditions ({results['topology']}; router holds the gate, 2 holders "
+        f"hold all {LAYER.n_routed} experts, top-{LAYER.top_k}, d_model {LAYER.d_model}, d_ff {LAYER.d_ff}; "
+        f"{TOKENS} tokens, "
+        f"{results['repeats']} forwards per wire per condition); ms; RTTs added = (p50 - clean p50) / ping p50",
+        ["condition", "wire", "ping p50", "ping p99", "ping lost", "forward p50", "forward p99", "/clean",
+         "RTTs added", "failed", "rel error (max)", "hedges/retries"], rows)
+    heads.append(headline("forwards failed, all conditions", sum(c["failures"] for c in conditions.values()),
+                          "forwards", target="0"))
+    heads.append(headline("relative error of f32-wire forwards, worst of all conditions",
+                          max(c["rel_error"]["f32"] for c in conditions.values()), "",
+                          reference="forward_local in this process", target="< 1e-5"))
+    return heads
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="5 forwards per wire per condition")
+    parser.add_argument("--repeats", type=int, default=None, help="forwards per wire per condition (default 20)")
+    parser.add_argument("--loopback", action="store_true", help="no network namespaces (nodes on 127.0.0.1)")
+    args = parser.parse_args()
+    args.repeats = args.repeats or (5 if args.quick else 20)
+    work = Path(tempfile.mkdtemp(prefix="tenzro-bench-netem-"))
+    try:
+        results = run(args, work)
+    except BaseException:
+        print(f"failed: node logs kept under {work}")
+        raise
+    shutil.rmtree(work, ignore_errors=True)
+    results["headline"] = table(results)
+    write_results("netem", results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""The distributed forward across three real nodes under network conditions: delay, jitter, loss.
+
+Each node runs in a network namespace of its own on one bridge (or on loopback where namespaces
+cannot be made, e.g. not root, or with TENZRO_TEST_NETNS=0); in front of each node's QUIC door
+sits a user-space netem relay (testkit/netem.py: the kernel here has no netem qdisc), which the
+node advertises as its QUIC endpoint (testkit/impaired.py). Node a holds only the gate, b and c
+every expert (replication 2), so every (token, expert) pair crosses an impaired path. The reference is the single-node
+local forward in this process; the relay's own RTT is measured beside it with a plain UDP ping.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+
+import numpy as np
+import pytest
+
+from apps.experts.runtime import ExpertRuntime
+from testkit.impaired import ImpairedNetwork, impaired_network
+from testkit.netem import Impairment
+from testkit.nodes import TOKEN
+from tests.e2e.test_gossip import FAST, wait_for
+from tests.experts.factories import expert_payload, expert_weights, qwen_gate
+
+pytestmark = pytest.mark.e2e
+MODEL, D_MODEL, D_FF, N_ROUTED, TOP_K = "test/qwen3-moe-netem", 64, 32, 8, 2
+ENV = {**FAST, "TENZRO_GOSSIP_TTL_S": "60", "TENZRO_FORWARD_ATTEMPT_TIMEOUT_S": "10"}
+# 30 ms RTT ± 5 ms (σ 2.5 ms each way, ~3.5 ms on the round trip), as the issue asks; then 2 % loss.
+WAN = Impairment(delay_ms=15, jitter_ms=2.5, loss=0.001)
+LOSSY = Impairment(delay_ms=15, jitter_ms=2.5, loss=0.02)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> tuple[ImpairedNetwork, ExpertRuntime]:
+    rng = np.random.default_rng(15)
+    gate = qwen_gate(rng, d_model=D_MODEL, n_routed=N_ROUTED, top_k=TOP_K, norm=True, model_id=MODEL)[0]
+    experts = [expert_payload(expert_weights(rng, D_MODEL, D_FF), expert=e, model_id=MODEL) for e in range(N_ROUTED)]
+    local = ExpertRuntime(data_dir=tmp_path_factory.mktemp("reference"))
+    local.gate_load(payload=gate)
+    for payload in experts:
+        local.expert_load(payload=payload)
+    # TENZRO_TEST_NETNS=0 runs the same test on loopback (what a machine without root gets)
+    namespaces = os.environ.get("TENZRO_TEST_NETNS", "1") != "0"
+    with impaired_network(3, tmp_path_factory.mktemp("netem"), ENV, use_namespaces=namespaces) as network:
+        a, b, c = network.nodes
+        print(f"\ntopology: {network.topology}")
+        a.result("tenzro_moeGateLoad", {"payload": b64(gate)}, token=TOKEN)
+        for holder in (b, c):
+            for payload in experts:
+                holder.result("tenzro_moeExpertLoad", {"payload": b64(payload)}, token=TOKEN)
+
+        def both_holders_seen_with_quic() -> bool:
+            shard = a.result("tenzro_moeShardMap", {"model_id": MODEL})["holders"]
+            return len(shard) == N_ROUTED and all(
+                len(e["holders"]) == 2 and all(h["quic_endpoint"] for h in e["holders"]) for e in shard)
+
+        wait_for(both_holders_seen_with_quic, 60, "a to see both holders of every expert, with QUIC doors")
+        # One clean forward first: the router's pooled QUIC connections open unimpaired (on a loaded
+        # machine, one run's first impaired forward timed out on both holders at once; see the report)
+        hidden = np.ones((4, D_MODEL), dtype=np.float32)
+        assert "result" in a.rpc("tenzro_moeForward", {"model_id": MODEL, "d_model": D_MODEL,
+                                                       "hidden": b64(hidden.tobytes())}, timeout=60)
+        yield network, local
+
+
+@pytest.mark.parametrize("impairment", [WAN, LOSSY], ids=["30ms-rtt-0.1pct-loss", "30ms-rtt-2pct-loss"])
+def test_the_forward_stays_correct_under_delay_jitter_and_loss(setup, impairment) -> None:
+    network, local = setup
+    a = network.nodes[0]
+    network.set(impairment)
+    ping = network.ping(impairment, count=100)
+    before = network.relays.counters()
+    rng = np.random.default_rng(int(impairment.loss * 1e4))
+    elapsed = []
+    for codec in ("f32", "q8_0") * 3:
+        hidden = rng.standard_normal((32, D_MODEL)).astype(np.float32)
+        answer = a.rpc("tenzro_moeForward", {"model_id": MODEL, "d_model": D_MODEL, "hidden": b64(hidden.tobytes()),
+                                             "wire": codec}, timeout=60)
+        assert "result" in answer, answer
+        result = answer["result"]
+        out = np.frombuffer(base64.b64decode(result["output"]), dtype="<f4").reshape(32, D_MODEL)
+        want = local.forward_local(model_id=MODEL, layer=0, hidden=hidden)
+        error = float(np.linalg.norm(out - want) / np.linalg.norm(want))
+        # the bounds of tests/e2e/test_forward.py: f32 is exact up to summation order, Q8_0 within 5 %
+        assert error < (1e-5 if codec == "f32" else 0.05), (codec, error)
+        assert result["missing"] == [] and result["lost_gate_mass"] == []
+        stats = result["stats"]
+        assert {h["transport"] for h in stats["holders"] if h["rows"]} == {"quic"}  # the impaired path
+        elapsed.append(stats["elapsed_ms"])
+    after = network.relays.counters()
+    print(f"\n{impairment.describe()} ({network.topology}): relay ping RTT p50 {ping.percentile(50):.1f} ms "
+          f"p99 {ping.percentile(99):.1f} ms ({ping.lost}/{ping.sent} lost); forwards {sorted(elapsed)} ms; "
+          f"relays: {after.received - before.received} datagrams, {after.lost - before.lost} lost")
+    assert after.received > before.received  # the forwards' datagrams did cross the relays
+    assert ping.percentile(50) >= 2 * impairment.delay_ms * 0.8  # the relay adds what it says
