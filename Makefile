@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 REDIS_URL ?= redis://127.0.0.1:6379/0
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-postgres test-fast bench lint install redis chromium superuser clean
+.PHONY: run test test-e2e test-postgres test-fast bench lint install redis chromium superuser clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ TEST_WORKERS ?= 2
 test: install chromium
 	REDIS_URL=redis://127.0.0.1:6379/15 scripts/ensure-redis.sh
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -p testkit.xdist_redis
+
+## Only the multi-process tests (real nodes on loopback: the walkthrough, the fault suite, network
+## conditions, the peer door as an outsider…), on the same workers; `make test` runs them too.
+test-e2e: install chromium
+	REDIS_URL=redis://127.0.0.1:6379/15 scripts/ensure-redis.sh
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -p testkit.xdist_redis -m e2e
 
 ## The database-touching in-process tests again on PostgreSQL (needs a server at POSTGRES_URL).
 POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/tenzro

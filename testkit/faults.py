@@ -3,7 +3,7 @@
 Each test that injects a fault (kills a holder, stops one, drops Redis, kills the Celery
 worker, corrupts a blob) opens an entry when it injects it and closes it once every
 invariant held: survived, and how much was lost (forwards answered wrongly or not at all,
-jobs or settlements lost, payments made twice), which must be 0. tests/e2e/conftest.py hands
+jobs or settlements lost, payments made twice), which must be 0. tests/conftest.py hands
 tests a FaultLog and prints the table at the end of the pytest run (even with -q), so an
 entry never closed reads as not survived.
 """

@@ -1,10 +1,12 @@
 """Fixtures shared by the whole suite: real node processes for multi-process tests."""
 
+import dataclasses
 import importlib
 import itertools
 
 import pytest
 
+from testkit.faults import Fault, FaultLog, summary_lines
 from testkit.nodes import NodeProcess
 
 # Redis databases 1-14 are for e2e nodes (0: `make run`, 15: in-process tests).
@@ -67,3 +69,40 @@ def shared_node(tmp_path_factory):
     node.start()
     yield node
     node.stop()
+
+
+# The fault log of the end-to-end tests and its summary table at the end of the run. Under
+# pytest-xdist each worker keeps its own log and hands it to the controller when it finishes
+# (workeroutput), and the controller prints the table: these hooks live in this top conftest
+# because the controller loads no other.
+_FAULTS = pytest.StashKey[list[Fault]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_FAULTS] = []
+
+
+@pytest.fixture
+def faults(request: pytest.FixtureRequest) -> FaultLog:
+    """Open an entry per fault a test injects (`faults.inject(...)`), close it when it survived."""
+    return FaultLog(test=request.node.nodeid, faults=request.config.stash[_FAULTS])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: its faults travel to the controller
+        workeroutput["tenzro_faults"] = [dataclasses.asdict(f) for f in session.config.stash[_FAULTS]]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    node.config.stash[_FAULTS].extend(Fault(**f) for f in getattr(node, "workeroutput", {}).get("tenzro_faults", []))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    faults = config.stash.get(_FAULTS, [])
+    if not faults:
+        return
+    terminalreporter.section("faults injected")
+    for line in summary_lines(faults):
+        terminalreporter.write_line(line)

@@ -5,7 +5,7 @@ four experts, loaded by blob URI, so every expert has two holders. The faults ru
 the same network: b SIGKILLed while forwards stream; b restarted with its data dir after a
 byte of one of its blobs was flipped; the Redis server dropped for seconds; a's Celery worker
 killed while it holds a settlement. Every forward is compared with the single-node reference;
-each fault is logged with what was injected and observed (tests/e2e/conftest.py prints the
+each fault is logged with what was injected and observed (tests/conftest.py prints the
 summary table). Faults injected elsewhere report into the same log: a hanging holder and
 killed holders (test_forward.py), a Celery kill during a prepare job and a tampered blob
 (test_prepare_blobs.py), a worker restart (test_worker_state.py), a settlement delivered
