@@ -13,6 +13,7 @@ import json
 import re
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -119,6 +120,17 @@ def write_checkpoint(root: Path, config: dict, tensors: dict[str, tuple[str, np.
 # ---- model builders -----------------------------------------------------------------------------
 
 
+def _add_moe_layer(add: Callable[[str, tuple[int, ...]], None], layer: int, *, n_experts: int, d_model: int,
+                   d_ff: int) -> None:
+    """One Qwen3-MoE layer's router and experts, under their hub names, in the order the builders
+    draw them (their random weights depend on it)."""
+    add(f"model.layers.{layer}.mlp.gate.weight", (n_experts, d_model))
+    for e in range(n_experts):
+        add(f"model.layers.{layer}.mlp.experts.{e}.gate_proj.weight", (d_ff, d_model))
+        add(f"model.layers.{layer}.mlp.experts.{e}.up_proj.weight", (d_ff, d_model))
+        add(f"model.layers.{layer}.mlp.experts.{e}.down_proj.weight", (d_model, d_ff))
+
+
 @dataclass
 class TinyModel:
     root: Path
@@ -144,11 +156,7 @@ def qwen3_moe(root: Path, *, seed: int = 0, d_model: int = 64, d_ff: int = 32, n
         dense[name] = stored.astype(np.float32)
 
     for layer in range(n_layers):
-        add(f"model.layers.{layer}.mlp.gate.weight", (n_experts, d_model))
-        for e in range(n_experts):
-            add(f"model.layers.{layer}.mlp.experts.{e}.gate_proj.weight", (d_ff, d_model))
-            add(f"model.layers.{layer}.mlp.experts.{e}.up_proj.weight", (d_ff, d_model))
-            add(f"model.layers.{layer}.mlp.experts.{e}.down_proj.weight", (d_model, d_ff))
+        _add_moe_layer(add, layer, n_experts=n_experts, d_model=d_model, d_ff=d_ff)
         add(f"model.layers.{layer}.self_attn.o_proj.weight", (d_model, d_model))  # bytes nobody should read
     write_checkpoint(root, config, tensors, shards=shards)
     return TinyModel(root=root, config=config, dense=dense, tensors=tensors)
@@ -263,11 +271,7 @@ def qwen3_moe_whole(root: Path, *, seed: int = 3, d_model: int = 256, d_ff: int 
     for name, shape in dense_tensor_shapes(spec_from_config(config, model_id="builder")).items():
         add(name, shape)
     for layer in range(n_layers):
-        add(f"model.layers.{layer}.mlp.gate.weight", (n_experts, d_model))
-        for e in range(n_experts):
-            add(f"model.layers.{layer}.mlp.experts.{e}.gate_proj.weight", (d_ff, d_model))
-            add(f"model.layers.{layer}.mlp.experts.{e}.up_proj.weight", (d_ff, d_model))
-            add(f"model.layers.{layer}.mlp.experts.{e}.down_proj.weight", (d_model, d_ff))
+        _add_moe_layer(add, layer, n_experts=n_experts, d_model=d_model, d_ff=d_ff)
     write_checkpoint(root, config, tensors, shards=shards)
     return TinyModel(root=root, config=config, dense={n: a for n, (_, a) in tensors.items()}, tensors=tensors)
 

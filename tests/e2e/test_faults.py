@@ -321,14 +321,20 @@ def test_the_celery_worker_killed_during_a_settlement(net, faults) -> None:
         forward_id = FORWARD_IDS[-1]
         wait_for(lambda: broker.hlen("unacked") > unacked_before, 30, "the worker to take the settlement")
         assert a.result("tenzro_moeSettlements", {"forward_id": forward_id})["settlements"] == []
-        main.kill()  # its pool dies with it (PR_SET_PDEATHSIG)
+        # The pool first: a stopped child would otherwise meet its parent-death signal only once
+        # resumed, and could run the settlement before dying, with nothing restarted.
+        for child in pool:
+            child.kill()
+        main.kill()
     finally:
         for child in pool:
             if child.is_running():
                 child.resume()
     paid = wait_for(lambda: a.result("tenzro_moeSettlements", {"forward_id": forward_id})["settlements"], 90,
                     "the restarted worker to settle the forward")
-    after = next(p for p in a.result("tenzro_nodeProcesses")["processes"] if p["name"] == "celery-worker")
+    after = wait_for(lambda: next((p for p in a.result("tenzro_nodeProcesses")["processes"]
+                                   if p["name"] == "celery-worker" and p["restarts"] >= 1), None), 30,
+                     "the supervisor to count the Celery worker's restart")
 
     # Nothing lost, nothing paid twice: every forward of this module with remote work, once.
     def settled(fid: str) -> int:
