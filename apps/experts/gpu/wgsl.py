@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -61,7 +61,8 @@ def open_device(*, allow_software: bool = True) -> WgslOps:
         import wgpu
     except ImportError as exc:
         raise DeviceUnavailable("wgpu is not installed (pip install -r requirements-gpu-wgsl.txt)") from exc
-    no_adapter = "no WebGPU adapter: no Vulkan, Metal or D3D12 driver found (on Debian: apt install mesa-vulkan-drivers)"
+    no_adapter = ("no WebGPU adapter: no Vulkan, Metal or D3D12 driver found "
+                  "(on Debian: apt install mesa-vulkan-drivers)")
     try:
         adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
     except Exception as exc:  # wgpu-native raises RuntimeError when no backend has an adapter
@@ -72,7 +73,8 @@ def open_device(*, allow_software: bool = True) -> WgslOps:
     software = info.get("adapter_type") == "CPU"
     name = info.get("device") or info.get("description") or info.get("vendor") or "unknown WebGPU adapter"
     if software and not allow_software:
-        raise DeviceUnavailable(f"the only WebGPU adapter is a software one ({name}); software adapters are not allowed")
+        raise DeviceUnavailable(f"the only WebGPU adapter is a software one ({name}); "
+                                "software adapters are not allowed")
     limits = {k: adapter.limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size")}
     try:
         device = adapter.request_device_sync(required_limits=limits)
@@ -209,10 +211,8 @@ class WgslOps:
         if self._ws is not None:
             _destroy_all([self._ws.x, self._ws.gu, self._ws.h, self._ws.y, self._ws.readback, self._ws.tokens])
             self._ws = None
-        try:
+        with suppress(Exception):  # close never raises; the device is gone either way
             self._device.destroy()
-        except Exception:  # noqa: BLE001 - close never raises; the device is gone either way
-            pass
 
     # -- forward -----------------------------------------------------------------------------
 
@@ -342,7 +342,7 @@ class WgslOps:
             text = str(exc).lower()
             fatal = any(s in text for s in _LOST) or isinstance(exc, self._wgpu.GPUInternalError)
             if fatal:
-                self._fatal = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+                self._fatal = str(exc).strip().splitlines()[-1].strip() if str(exc).strip() else type(exc).__name__
             kind = "out of device memory" if isinstance(exc, self._wgpu.GPUOutOfMemoryError) else type(exc).__name__
             raise DeviceError(f"wgpu {what} failed ({kind}): {exc}", fatal=fatal) from exc
 
@@ -353,10 +353,8 @@ def _shader(name: str) -> str:
 
 def _destroy_all(buffers: list[Any]) -> None:
     for buf in buffers:
-        try:
+        with suppress(Exception):  # freeing never raises (the device may be gone already)
             buf.destroy()
-        except Exception:  # noqa: BLE001 - freeing never raises (the device may be gone already)
-            pass
 
 
 def _check(host: CpuExpert, types: tuple[str, str, str]) -> None:

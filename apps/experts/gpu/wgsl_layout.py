@@ -100,10 +100,7 @@ def dequantize_device(layout: DeviceLayout) -> np.ndarray:
     """f32 [m, n]: a*q - b in f32 as the layout defines it (the shader's weights, for tests)."""
     m, n = layout.shape
     q = layout.quants.view(np.int8).reshape(m, n // layout.group, layout.group).astype(np.float32)
-    if layout.has_offset:
-        w = layout.meta[..., 0:1] * q - layout.meta[..., 1:2]
-    else:
-        w = layout.meta[..., None] * q
+    w = layout.meta[..., 0:1] * q - layout.meta[..., 1:2] if layout.has_offset else layout.meta[..., None] * q
     return w.reshape(m, n)
 
 
