@@ -34,7 +34,7 @@ from testkit.blocks import random_blocks
 from tests.experts.factories import bit_report, expert_payload, expert_weights, reference_weights
 
 FORMATS = ["Q8_0", "Q4_K", "Q6_K"]
-BATCHES = [1, 3, 8, 33, 130]
+BATCHES = [1, 2, 3, 8, 33, 130]  # every token chunk (TC 1, 2, 4, 8) and partial chunks
 U = 2.0**-24
 NORM_RTOL = 1e-5
 

@@ -11,9 +11,9 @@ Device layout of an expert (uploaded once, freed by `release`):
     stacked in one matrix or two of different formats.
 
 Kernels (apps/experts/gpu/shaders/): matmul_f32.wgsl and matmul_q.wgsl (one workgroup of
-64 invocations per weight row and chunk of 8 tokens: the invocations stride over the row,
-coalesced, so each weight is read once per token chunk; 8 partial sums per invocation,
-summed in workgroup memory), silu_mul.wgsl. One forward = one command submission:
+64 invocations per weight row and chunk of TC tokens, TC = 1, 2, 4 or 8 by batch size: the
+invocations stride over the row, coalesced, so each weight is read once per token chunk; TC
+partial sums per invocation, summed in workgroup memory), silu_mul.wgsl. One forward = one command submission:
 gate|up matmul(s) -> silu·mul -> down matmul(s) -> copy to a mapped buffer, one readback.
 Activation buffers (the workspace) are reused between calls and grow with the batch.
 
@@ -44,7 +44,10 @@ from apps.experts.backends import BLOCK_TYPES, DENSE_TYPES, CpuExpert, CpuWeight
 from apps.experts.gpu.ops import DeviceError, DeviceUnavailable
 from apps.experts.gpu.wgsl_layout import SUB_BLOCK, transcode
 
-TOKENS_PER_GROUP = 8  # TC in the matmul shaders: tokens whose partial sums an invocation keeps
+# TC in the matmul shaders: tokens whose partial sums an invocation keeps. A batch of t takes
+# the smallest of these >= min(t, 8), so batch 1 (decode) does no work for padding tokens.
+TOKEN_CHUNKS = (1, 2, 4, 8)
+TOKENS_PER_GROUP = TOKEN_CHUNKS[-1]
 _MAX_GROUPS = 65535  # maxComputeWorkgroupsPerDimension (WebGPU's default and usual limit)
 _WORKSPACE_MAX = 64 << 20  # bytes per activation buffer; larger batches take several submissions
 _LOST = ("device is lost", "device lost", "destroyed", "device is invalid", "invalid device")
@@ -133,7 +136,8 @@ class WgslOps:
         self.software = software
         # bytes one binding (and so one buffer) may hold; tests lower it to exercise the row split
         self.max_binding = int(min(device.limits["max-storage-buffer-binding-size"], device.limits["max-buffer-size"]))
-        self._pipelines: dict[str, Any] = {}
+        self._pipelines: dict[tuple[str, int], Any] = {}  # (kernel, TC) -> pipeline
+        self._layouts: dict[int, Any] = {}  # bindings -> bind group layout (shared by TC variants)
         self._ws: _Workspace | None = None
         self._fatal: str | None = None  # why the device is unusable, once it is
 
@@ -176,9 +180,10 @@ class WgslOps:
                     gate_up += self._upload_weight(w, 2 * d_ff, i * d_ff, buffers)
                 down = self._upload_weight(host.down, d_model, 0, buffers)
                 silu = self._buffer(np.array([d_ff, 0, 0, 0], np.uint32), uniform=True, into=buffers)
-                for p in gate_up + down:
-                    self._pipeline(p.kernel)
-                self._pipeline("silu")
+                for kernel in {p.kernel for p in gate_up + down}:
+                    for tc in TOKEN_CHUNKS:  # compiled once per device, at the first upload using them
+                        self._pipeline(kernel, tc)
+                self._pipeline("silu", 1)
         except BaseException:
             _destroy_all(buffers)
             raise
@@ -243,18 +248,19 @@ class WgslOps:
         groups = iter(handle.bind_groups[1])
         dev.queue.write_buffer(ws.x, 0, x)
         dev.queue.write_buffer(ws.tokens, 0, np.array([t, 0, 0, 0], np.uint32))
-        chunks = -(-t // TOKENS_PER_GROUP)
+        tc = next(c for c in TOKEN_CHUNKS if c >= min(t, TOKENS_PER_GROUP))
+        chunks = -(-t // tc)
         enc = dev.create_command_encoder()
         cp = enc.begin_compute_pass()
         for p in handle.gate_up:
-            cp.set_pipeline(self._pipelines[p.kernel])
+            cp.set_pipeline(self._pipelines[p.kernel, tc])
             cp.set_bind_group(0, next(groups))
             cp.dispatch_workgroups(p.rows, chunks)
-        cp.set_pipeline(self._pipelines["silu"])
+        cp.set_pipeline(self._pipelines["silu", 1])
         cp.set_bind_group(0, next(groups))
         cp.dispatch_workgroups(min(_MAX_GROUPS, -(-t * d_ff // 256)))
         for p in handle.down:
-            cp.set_pipeline(self._pipelines[p.kernel])
+            cp.set_pipeline(self._pipelines[p.kernel, tc])
             cp.set_bind_group(0, next(groups))
             cp.dispatch_workgroups(p.rows, chunks)
         cp.end()
@@ -271,7 +277,7 @@ class WgslOps:
     def _bind(self, handle: WgslExpert, ws: _Workspace) -> list[Any]:
         """Bind groups in dispatch order: gate|up passes, silu, down passes."""
         def group(kernel: str, *buffers: Any) -> Any:
-            layout = self._pipelines[kernel].get_bind_group_layout(0)
+            layout = self._layout(len(buffers))
             entries = [{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)]
             return self._device.create_bind_group(layout=layout, entries=entries)
 
@@ -312,22 +318,36 @@ class WgslOps:
         into.append(buf)
         return buf
 
-    def _pipeline(self, kernel: str) -> Any:
-        """The compute pipeline for "F32", a block format or "silu", compiled on first use."""
-        if kernel not in self._pipelines:
-            if kernel == "F32":
-                code = _shader("matmul_f32.wgsl")
-            elif kernel == "silu":
-                code = _shader("silu_mul.wgsl")
+    def _layout(self, bindings: int) -> Any:
+        """Bind group layout: two uniforms (params, tokens), the input, the output, then the
+        read-only weight buffers; 4 bindings silu, 5 dense, 6 block formats."""
+        if bindings not in self._layouts:
+            compute = self._wgpu.ShaderStage.COMPUTE
+            kinds = ["uniform", "uniform", "read-only-storage", "storage"] + ["read-only-storage"] * (bindings - 4)
+            self._layouts[bindings] = self._device.create_bind_group_layout(entries=[
+                {"binding": i, "visibility": compute, "buffer": {"type": k}} for i, k in enumerate(kinds)])
+        return self._layouts[bindings]
+
+    def _pipeline(self, kernel: str, tc: int) -> Any:
+        """The compute pipeline for "F32", a block format or "silu" with TC tokens per
+        invocation, compiled on first use."""
+        if (kernel, tc) not in self._pipelines:
+            if kernel == "silu":
+                code, bindings = _shader("silu_mul.wgsl"), 4
+            elif kernel == "F32":
+                code, bindings = _shader("matmul_f32.wgsl"), 5
             else:
                 group, offset = SUB_BLOCK[kernel]
                 code = (_shader("matmul_q.wgsl").replace("$META", "vec2<f32>" if offset else "f32")
                         .replace("$WPS", str(group // 4)).replace("$SCALE", "m.x" if offset else "m")
                         .replace("$OFFSET", "- m.y * (xv.x + xv.y + xv.z + xv.w)" if offset else ""))
-            module = self._device.create_shader_module(label=f"tenzro-{kernel}", code=code)
-            self._pipelines[kernel] = self._device.create_compute_pipeline(
-                layout="auto", compute={"module": module, "entry_point": "main"})
-        return self._pipelines[kernel]
+                bindings = 6
+            code = code.replace("$TC", str(tc)).replace("$RED", str(tc * 64))
+            module = self._device.create_shader_module(label=f"tenzro-{kernel}-{tc}", code=code)
+            layout = self._device.create_pipeline_layout(bind_group_layouts=[self._layout(bindings)])
+            self._pipelines[kernel, tc] = self._device.create_compute_pipeline(
+                layout=layout, compute={"module": module, "entry_point": "main"})
+        return self._pipelines[kernel, tc]
 
     @contextmanager
     def _guard(self, what: str) -> Iterator[None]:

@@ -16,8 +16,8 @@ a and b are computed with exactly the f32 operations gguf-py's dequantizer uses 
 to f32, times the 6-bit or int8 sub-block scale as f32), so `dequantize_device` (a*q - b in
 f32) is bit-identical to gguf.quants.dequantize; tests/experts/test_gpu_wgsl.py checks it.
 One layout means one shader for all block formats (compiled per G and offset/no offset) and
-no bit-unpacking of 4- and 6-bit fields on the device, at the price of device memory: 1.25
-bytes a weight for Q8_0 and Q4_K (raw 1.06 and 0.56), 1.25 for Q6_K (raw 0.82).
+no bit-unpacking of 4- and 6-bit fields on the device, at the price of device memory: 1.125
+bytes a weight for Q8_0 (raw 1.06), 1.25 for Q4_K (raw 0.56) and Q6_K (raw 0.82).
 
 Pure numpy: no wgpu import, so the transcoding is testable without a device.
 """

@@ -1,6 +1,6 @@
 // Dense f32 matmul, one binding's rows: Y[t, y_row0 + r] = sum_k X[t, k] * W[r, k].
 //
-// One workgroup per (weight row r, chunk of TC tokens). Its 64 invocations stride over the
+// One workgroup per (weight row r, chunk of TC tokens; TC = 1, 2, 4 or 8, compiled per value). Its 64 invocations stride over the
 // row's n columns (consecutive invocations read consecutive weights: coalesced), each
 // keeping TC partial sums in registers, so every weight is read once per token chunk; the
 // 64 partials per token are then summed in workgroup memory (a tree of 6 levels).
@@ -16,15 +16,15 @@ struct Tokens { t: u32, p1: u32, p2: u32, p3: u32 }
 @group(0) @binding(4) var<storage, read> w: array<f32>;
 
 const WG: u32 = 64u;
-const TC: u32 = 8u;
-var<workgroup> red: array<f32, 512>;  // [TC][WG]
+const TC: u32 = $TCu;
+var<workgroup> red: array<f32, $REDu>;  // [TC][WG]
 
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let r = wid.x;
     let t0 = wid.y * TC;
     let last = tk.t - 1u;
-    var acc: array<f32, 8>;
+    var acc: array<f32, $TCu>;
     let wbase = r * p.n;
     for (var k = lid; k < p.n; k += WG) {
         let wk = w[wbase + k];

@@ -5,7 +5,7 @@
 // G = 32, 4 for G = 16); OFFSET is "- m.y * (xv.x + xv.y + xv.z + xv.w)" for formats with an
 // offset b (scales = vec2 (a, b)), empty otherwise (scales = a).
 //
-// One workgroup per (weight row r, chunk of TC tokens); its 64 invocations stride over the
+// One workgroup per (weight row r, chunk of TC tokens; TC = 1, 2, 4 or 8, compiled per value); its 64 invocations stride over the
 // row's u32 words (consecutive invocations read consecutive words: coalesced), so each weight
 // is read once per token chunk. Per word and token: a * dot(q, x) - b * sum(x) over the
 // word's 4 values, accumulated in registers; the 64 partials per token are then summed in
@@ -22,9 +22,9 @@ struct Tokens { t: u32, p1: u32, p2: u32, p3: u32 }
 @group(0) @binding(5) var<storage, read> scales: array<$META>;
 
 const WG: u32 = 64u;
-const TC: u32 = 8u;
+const TC: u32 = $TCu;
 const WPS: u32 = $WPSu;
-var<workgroup> red: array<f32, 512>;  // [TC][WG]
+var<workgroup> red: array<f32, $REDu>;  // [TC][WG]
 
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -32,7 +32,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let t0 = wid.y * TC;
     let last = tk.t - 1u;
     let nw = p.n / 4u;
-    var acc: array<f32, 8>;
+    var acc: array<f32, $TCu>;
     let qbase = r * nw;
     let mbase = r * (nw / WPS);
     for (var k = lid; k < nw; k += WG) {
