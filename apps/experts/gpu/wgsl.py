@@ -293,7 +293,8 @@ class WgslOps:
             return ws
         old = ws.sizes if ws is not None else (0, 0, 0)
         # at least double the old ones (amortized growth), 16-byte multiples (vec4 bindings)
-        sizes = tuple(max(need, min(2 * had, _WORKSPACE_MAX), 16) + 15 & ~15
+        grow = min(_WORKSPACE_MAX, self.max_binding)
+        sizes = tuple(max(need, min(2 * had, grow), 16) + 15 & ~15
                       for need, had in zip((xy, gu, h), old, strict=True))
         if ws is not None:
             self._ws = None
@@ -301,12 +302,20 @@ class WgslOps:
         usage = self._wgpu.BufferUsage
         io = usage.STORAGE | usage.COPY_DST | usage.COPY_SRC
 
-        def make(size: int, use: int) -> Any:
-            return self._device.create_buffer(size=size, usage=use)
+        made: list[Any] = []
 
-        self._ws = _Workspace((ws.gen + 1) if ws else 1, make(sizes[0], io), make(sizes[1], io), make(sizes[2], io),
-                              make(sizes[0], io), make(sizes[0], usage.MAP_READ | usage.COPY_DST),
-                              make(16, usage.UNIFORM | usage.COPY_DST), sizes)
+        def make(size: int, use: int) -> Any:
+            made.append(self._device.create_buffer(size=size, usage=use))
+            return made[-1]
+
+        try:
+            self._ws = _Workspace((ws.gen + 1) if ws else 1, make(sizes[0], io), make(sizes[1], io),
+                                  make(sizes[2], io), make(sizes[0], io),
+                                  make(sizes[0], usage.MAP_READ | usage.COPY_DST),
+                                  make(16, usage.UNIFORM | usage.COPY_DST), sizes)
+        except BaseException:  # out of memory half way: free what was made, the next call retries
+            _destroy_all(made)
+            raise
         return self._ws
 
     # -- device plumbing ---------------------------------------------------------------------
