@@ -25,7 +25,8 @@ Products, by weight format and batch t:
                           64 MiB, allocated once, reused), cublasSgemm of each tile into rows of Y
 F16/BF16 with f32 activations: cublasGemmEx takes A and B of one type, so an f16 GEMM would
 round the activations to f16 (2^-11 relative, overflow past 65504) and a bf16 one to bf16
-(2^-8). Decoding weight tiles to f32 instead keeps the products those of the CPU path: the
+(2^-8); cupy.matmul of two f16 arrays is such a GemmEx (f32 compute, tensor-op math) and
+also writes f16 output. Decoding weight tiles to f32 instead keeps the products those of the CPU path: the
 f32 bound below, no activation rounding; the cost is the tile decode, small next to the GEMM
 at the batches that take this path.
 
@@ -46,10 +47,13 @@ against the host decoder bit for bit, every mat-vec and the silu kernel against 
 kernel that misbehaves on some GPU makes the device unavailable instead of wrong.
 
 Verified where (no GPU on the development machines): the decoders compiled for the host
-(g++) match gguf-py bit for bit; nvcc --ptx (sm_80) and NVRTC 12.9 compile the file with no
-warning; CuPy API names checked against CuPy 14.2 (installed, no driver): open_device's
-"no CUDA device" path ran for real. The kernels, cuBLAS calls and the whole forward run only
-in tests/experts/test_gpu_cuda.py's GPU tests, which skip without a CUDA device.
+(g++) match gguf-py bit for bit; nvcc 13.0 --ptx (sm_80) compiles the file with no warning and
+no FMA in the decode kernels; NVRTC 12.9 (the pip one CuPy uses) compiled it by hand with an
+empty log; CuPy API names checked against CuPy 14.2's source and install (no driver here:
+open_device's "no CUDA device" path ran for real); the Python side (layouts, tiles, launch
+argument types, self-test) ran against an emulated cupy in the tests. The kernels' device code,
+cuBLAS calls and real forwards run only in tests/experts/test_gpu_cuda.py's GPU tests, which
+skip without a CUDA device.
 """
 
 from __future__ import annotations
@@ -169,6 +173,7 @@ class CudaOps:
 
     kind = "cuda"
     software = False
+    small_batch = SMALL_BATCH
 
     def __init__(self, device_index: int) -> None:
         import cupy
@@ -232,6 +237,10 @@ class CudaOps:
             raise ValueError(f"x must be f32 [t >= 1, {d_model}], got {x.dtype} {list(x.shape)}")
         return self._run("forward", self._forward, handle, np.ascontiguousarray(x))
 
+    def put_weight(self, fmt: str, shape: tuple[int, int], data: np.ndarray) -> DeviceWeight:
+        """One matrix in its device form (u8 blocks, u16 bits or f32) on the device."""
+        return self._run("upload", lambda: DeviceWeight(fmt, shape, self._cp.asarray(data)))
+
     def release(self, handle: CudaExpert) -> None:
         # the arrays go back to our pool when the last reference drops; nothing can fail here
         del handle
@@ -285,12 +294,21 @@ class CudaOps:
         tile = self._tile(rows * n)
         for r0 in range(0, m, rows):
             r1 = min(m, r0 + rows)
-            buf = tile[: (r1 - r0) * n].reshape(r1 - r0, n)
-            groups = (r1 - r0) * n // 4  # >= the kernels' threads needed / 2: a good grid size either way
-            self._launch(f"tz_dq_{suffix}", (max(1, min(_GRID_CAP, -(-groups // 256))),), (256,),
-                         (w.data, row_bytes, np.int32(n), np.int32(r0), np.int32(r1 - r0), buf))
+            buf = self.decode(w, r0, r1 - r0, out=tile[: (r1 - r0) * n].reshape(r1 - r0, n))
             self._gemm("N", "N", buf, xt, out=y[r0:r1])  # same stream: runs after the decode
         return y
+
+    def decode(self, w: DeviceWeight, r0: int, rows: int, out: Any = None) -> Any:
+        """Rows r0 .. r0+rows of a non-F32 weight as f32 [rows, n] on the device, into `out`
+        (a workspace view) when given (call inside _run)."""
+        n = w.shape[1]
+        if out is None:
+            out = self._cp.empty((rows, n), dtype=self._cp.float32)
+        suffix = BLOCK_FORMATS.get(w.fmt) or HALF_FORMATS[w.fmt]
+        groups = rows * n // 4  # >= half the threads any decode kernel wants: a fine grid either way
+        self._launch(f"tz_dq_{suffix}", (max(1, min(_GRID_CAP, -(-groups // 256))),), (256,),
+                     (w.data, np.int64(w.data.nbytes // w.shape[0]), np.int32(n), np.int32(r0), np.int32(rows), out))
+        return out
 
     def _tile(self, size: int) -> Any:
         """The f32 workspace, grown to `size` floats once and then reused (stream-ordered: the

@@ -15,16 +15,13 @@ maximum is 1.0998 at g ≈ 2.40), which carries the gate's error through silu.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from apps.experts.backends import CpuExpert, CpuWeight
 from apps.quantization.registry import dequantize
 from apps.quantization.types import GGMLType
-
-if TYPE_CHECKING:
-    from apps.experts.gpu.cuda import CudaOps
 
 U = 2.0**-24  # f32 unit roundoff
 SILU_SLOPE = 1.1  # sup |silu'(g)|
@@ -73,20 +70,17 @@ def _device_form(raw: np.ndarray, fmt: str) -> np.ndarray:
     return raw.view(np.uint16) if fmt in ("F16", "BF16") else raw
 
 
-def self_test(ops: CudaOps) -> None:
-    """Raises AssertionError (or DeviceError) naming the first kernel that is wrong."""
-    from apps.experts.gpu.cuda import SMALL_BATCH, DeviceWeight
-
+def self_test(ops: Any) -> None:
+    """ops: a cuda.CudaOps (not imported: cuda imports this module). Raises AssertionError
+    (or DeviceError) naming the first kernel that is wrong."""
     cp = ops._cp
     rng = np.random.default_rng(16)
     m, n = 12, 512  # 12 rows: the last mat-vec thread block has idle warps
     for fmt in ("Q8_0", "Q4_K", "Q6_K", "F16", "BF16"):
         raw = random_weight(rng, fmt, m, n)
         ref = dequantize(raw, fmt, (m, n))
-        w = ops._run("self-test upload", lambda raw=raw, fmt=fmt: DeviceWeight(fmt, (m, n),
-                                                                             cp.asarray(_device_form(raw, fmt))))
-        # the tiled path at t = SMALL_BATCH + 1 decodes the whole matrix into the workspace
-        for t in (1, 3, SMALL_BATCH, SMALL_BATCH + 1):
+        w = ops.put_weight(fmt, (m, n), _device_form(raw, fmt))
+        for t in (1, 3, ops.small_batch, ops.small_batch + 1):  # fused mat-vec, then the tiles
             x = rng.standard_normal((t, n)).astype(np.float32)
             y = ops._run("self-test matmul", lambda w=w, x=x: ops.matmul(w, cp.asarray(x.T.copy())).get())
             exact = ref.astype(np.float64) @ x.T.astype(np.float64)
@@ -94,7 +88,7 @@ def self_test(ops: CudaOps) -> None:
             assert y.shape == (m, t) and y.dtype == np.float32, f"{fmt} t={t}: {y.dtype} {y.shape}"
             worst = float((np.abs(y - exact) - bound).max())
             assert worst <= 0, f"{fmt} product at t={t} exceeds its f32 error bound by {worst:.3g}"
-        decoded = ops._run("self-test decode", lambda: ops._workspace[: m * n].reshape(m, n).get())
+        decoded = ops._run("self-test decode", lambda w=w: ops.decode(w, 0, m).get())
         differ = int((decoded.view(np.uint32) != ref.view(np.uint32)).sum())
         assert differ == 0, f"{fmt} decode kernel: {differ} of {m * n} values differ from the host decoder"
     # one whole forward (silu kernel, stacking, transposes) on a small F32 expert
