@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 REDIS_URL ?= redis://127.0.0.1:6379/0
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-e2e test-postgres test-fast bench lint install redis chromium superuser clean
+.PHONY: run test test-e2e test-postgres test-fast bench lint install install-gpu-wgsl install-gpu-cuda lavapipe redis chromium superuser clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,6 +15,20 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+## Optional GPU backends (a default install carries neither): WGSL through wgpu on any Vulkan,
+## Metal or D3D12 driver; CUDA through CuPy on an NVIDIA driver (apps/experts/gpu/).
+install-gpu-wgsl: $(VENV)/.installed-gpu-wgsl
+$(VENV)/.installed-gpu-wgsl: requirements-gpu-wgsl.txt $(STAMP)
+	$(BIN)/pip install --quiet -r requirements-gpu-wgsl.txt
+	touch $@
+
+install-gpu-cuda: install
+	$(BIN)/pip install --quiet -r requirements-gpu-cuda.txt
+
+## Mesa's lavapipe: a Vulkan driver on the CPU, on which the tests run the WGSL backend.
+lavapipe:
+	scripts/ensure-lavapipe.sh
 
 redis:
 	REDIS_URL=$(REDIS_URL) scripts/ensure-redis.sh
@@ -30,15 +44,17 @@ run: install redis
 ## TEST_WORKERS pytest-xdist workers (whole files per worker: a module's shared nodes start once;
 ## every worker but the first gets a Redis server of its own, testkit/xdist_redis.py).
 TEST_WORKERS ?= 2
-test: install chromium
+## The WGSL backend runs too, on lavapipe (TENZRO_TEST_REQUIRE_WGSL: an error, not a skip, if it cannot);
+## the CUDA tests skip where no NVIDIA device exists, and the summary says why.
+test: install install-gpu-wgsl lavapipe chromium
 	REDIS_URL=redis://127.0.0.1:6379/15 scripts/ensure-redis.sh
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -p testkit.xdist_redis
+	TENZRO_TEST_REQUIRE_WGSL=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -p testkit.xdist_redis
 
 ## Only the multi-process tests (real nodes on loopback: the walkthrough, the fault suite, network
 ## conditions, the peer door as an outsider…), on the same workers; `make test` runs them too.
-test-e2e: install chromium
+test-e2e: install install-gpu-wgsl lavapipe chromium
 	REDIS_URL=redis://127.0.0.1:6379/15 scripts/ensure-redis.sh
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -p testkit.xdist_redis -m e2e
+	TENZRO_TEST_REQUIRE_WGSL=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -p testkit.xdist_redis -m e2e
 
 ## The database-touching in-process tests again on PostgreSQL (needs a server at POSTGRES_URL).
 POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/tenzro
@@ -47,8 +63,8 @@ test-postgres: install
 	DATABASE_URL=$(POSTGRES_URL) REDIS_URL=redis://127.0.0.1:6379/15 $(BIN)/pytest -q tests/api tests/governance tests/catalog/test_api.py tests/worker tests/providers/test_services.py tests/generation/test_records.py
 
 ## Pure cores only (no services needed).
-test-fast: install
-	$(BIN)/pytest -m "not e2e"
+test-fast: install install-gpu-wgsl lavapipe
+	TENZRO_TEST_REQUIRE_WGSL=1 $(BIN)/pytest -m "not e2e"
 
 ## Every benchmark in bench/ (forward and generate: five real nodes and a redis-server of their own,
 ## ~10 and ~8 min; load ~2 min; netem ~4 min), then bench/results/summary.md (bench/summary.py),

@@ -25,8 +25,9 @@ from collections.abc import Callable
 import numpy as np
 from nacl.signing import SigningKey
 
-from apps.experts.backends import cpu_isa, quant_matmul_variants, select_backend
+from apps.experts.backends import cpu_isa, quant_matmul_variants
 from apps.experts.ffn import build_expert, expert_forward
+from apps.experts.selection import select_backend
 from apps.experts.wire import decode_rows, encode_rows
 from apps.quantization.payload import encode_expert_payload
 from apps.receipts.commitment import Expected, ReceiptSigner, blake3_hex, verify_receipt

@@ -60,8 +60,11 @@ class NodeProcess:
         self.log_path = self.data_dir.with_suffix(".log")
         # Repair passes would re-replicate what a test loads once on purpose (it changes holders and
         # forwards mid-test): they are off unless a test asks for them (tests/e2e/test_repair.py).
+        # The CPU backend unless a test asks for another: auto-detection would open the test machine's
+        # only WebGPU adapter (lavapipe) in every node just to refuse it (~1 s, ~100 MB each);
+        # tests/e2e/test_gpu_backend.py runs auto and a forced wgsl node.
         env = {**os.environ, "TENZRO_OPERATOR_TOKEN": TOKEN, "DJANGO_SETTINGS_MODULE": "tenzro_site.settings.base",
-               "TENZRO_REPAIR_TICK_S": "86400", **env_overrides}
+               "TENZRO_REPAIR_TICK_S": "86400", "TENZRO_EXPERT_BACKEND": "cpu", **env_overrides}
         if self.source_root is not None:  # its packages come first on sys.path, before this checkout's
             env["PYTHONPATH"] = str(self.source_root)
         argv = [

@@ -11,6 +11,8 @@ import click
 
 from apps.cli.client import DEFAULT_NODE
 from apps.cli.context import CliContext, print_json
+from apps.experts.backend_names import CHOICES as BACKEND_CHOICES
+from apps.experts.backend_names import GPU_CHOICES
 from tenzro_site.settings.env import (
     DEFAULT_DATA_DIR,
     DEFAULT_HTTP,
@@ -56,8 +58,12 @@ def _csv(value: str) -> list[str]:
               help=f"Comma-separated roles: {', '.join(ROLES)}.")
 @click.option("--celery-concurrency", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Celery worker processes (prepare jobs are CPU-bound).")
+@click.option("--expert-backend", default=lambda: os.environ.get("TENZRO_EXPERT_BACKEND", "auto"), show_default="auto",
+              type=click.Choice(BACKEND_CHOICES, case_sensitive=False),
+              help="Compute backend of the expert worker: auto-detect, or force one (a forced GPU backend that "
+                   "cannot run stops the start with the reason).")
 def node_run(http: str, quic: str, data_dir: str, peers: str, redis_url: str, roles: str,
-             celery_concurrency: int) -> None:
+             celery_concurrency: int, expert_backend: str) -> None:
     """Start every process of one node and supervise them until Ctrl-C / SIGTERM."""
     from apps.node.supervisor import NodeOptions, run_node
 
@@ -66,11 +72,26 @@ def node_run(http: str, quic: str, data_dir: str, peers: str, redis_url: str, ro
     if unknown:
         raise click.BadParameter(f"unknown role(s) {', '.join(unknown)}; choose from {', '.join(ROLES)}",
                                  param_hint="--roles")
+    expert_backend = expert_backend.lower()
+    if expert_backend in GPU_CHOICES:
+        _check_device(expert_backend)
     # Children run from the project root, so hand them an absolute data dir.
     path = Path(data_dir).resolve()
     options = NodeOptions(http=http, quic=quic, data_dir=path, peers=_csv(peers), redis_url=redis_url,
-                          roles=role_list, celery_concurrency=celery_concurrency)
+                          roles=role_list, celery_concurrency=celery_concurrency, expert_backend=expert_backend)
     sys.exit(run_node(options))
+
+
+def _check_device(kind: str) -> None:
+    """Open and close the forced device before any process starts: a missing driver or library is
+    one clear error here rather than an expert worker restarting in a loop."""
+    from apps.experts.selection import BackendUnavailable, choose_backend
+
+    try:
+        choice = choose_backend(choice=kind, device_budget_bytes=1)
+    except BackendUnavailable as exc:
+        raise click.BadParameter(str(exc), param_hint="--expert-backend") from exc
+    choice.backend.close()
 
 
 @node.command("info")

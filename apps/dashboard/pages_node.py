@@ -41,5 +41,7 @@ def network_rows(request: HttpRequest) -> HttpResponse:
 def runtime(request: HttpRequest) -> HttpResponse:
     status = worker_status_published()
     budget = status["memory_budget_bytes"]
-    context = {"status": status, "used_pct": round(100 * status["memory_used_bytes"] / budget, 1) if budget else 0}
+    active = [c["reason"] for c in status["compute"]["candidates"] if c["active"]]
+    context = {"status": status, "used_pct": round(100 * status["memory_used_bytes"] / budget, 1) if budget else 0,
+               "backend_reason": active[0] if active else None, "device": status["compute"]["device"]}
     return render(request, "dashboard/runtime.html", context)

@@ -376,19 +376,3 @@ class CpuBackend:
         r1 = r0 + out.shape[0]
         out[...] = dequantize(w.data[r0:r1], w.ggml_type, (r1 - r0, w.shape[1]))
 
-
-def select_backend(*, prefer: str | None = None) -> ComputeBackend:
-    """Pick the compute backend at start.
-
-    `prefer` (or $TENZRO_EXPERT_BACKEND): "cpu" (C kernels when built, else numba),
-    "cpu-numba" (numba, not the C kernels), "cpu-numpy" (no compiled kernels). GPU backends
-    will register here; until then "auto" means the CPU backend.
-    """
-    choice = (prefer or os.environ.get("TENZRO_EXPERT_BACKEND") or "auto").lower()
-    if choice == "cpu-numpy":
-        return CpuBackend(use_numba=False)
-    if choice == "cpu-numba":
-        return CpuBackend(c_variant="off")
-    if choice in ("auto", "cpu"):
-        return CpuBackend()
-    raise ValueError(f"unknown expert backend {choice!r} (known: auto, cpu, cpu-numba, cpu-numpy)")

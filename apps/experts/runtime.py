@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from apps.durable_files import link_or_write_atomic, write_atomic
-from apps.experts.backends import ComputeBackend, select_backend
+from apps.experts.backends import ComputeBackend
 from apps.experts.errors import ExpertNotLoaded, GateNotLoaded, InsufficientMemory, InvalidPayload, ModelMismatch
 from apps.experts.ffn import (
     ExpertHeader,
@@ -39,7 +39,9 @@ from apps.experts.ffn import (
 )
 from apps.experts.gate_payload import GateSpec, read_gate_payload
 from apps.experts.gating import Routing, route
+from apps.experts.gpu.backend import GpuBackend
 from apps.experts.metering import ThroughputMeter
+from apps.experts.selection import cpu_backend
 from apps.experts.tiered_cache import Key, TieredCache, default_memory_budget, model_dir_name
 from apps.experts.validation import check_hidden
 
@@ -64,15 +66,21 @@ class ExpertRuntime:
         data_dir: pathlib.Path,
         memory_budget_bytes: int | None = None,
         backend: ComputeBackend | None = None,
+        backend_candidates: list[dict[str, Any]] | None = None,
         on_change: Callable[[], None] | None = None,
         on_corrupt: Callable[[tuple[str, int, int], str | None], None] | None = None,
     ) -> None:
         """`on_change()` is called after anything a holder advertises changes: an expert or gate
         loaded or unloaded, promoted or evicted (see TieredCache). It must be cheap and
         thread-safe; the expert worker publishes its holdings to the control plane from it.
-        `on_corrupt(key, blob_uri)`: an expert's disk-tier payload failed its hash and was forgotten."""
+        `on_corrupt(key, blob_uri)`: an expert's disk-tier payload failed its hash and was forgotten.
+        `backend_candidates`: how the backend was chosen (apps/experts/selection.py), for status()."""
         self.data_dir = pathlib.Path(data_dir)
-        self.backend = backend if backend is not None else select_backend()
+        # no backend given: the CPU one; the expert worker chooses (and may open a GPU) itself
+        self.backend = backend if backend is not None else cpu_backend()
+        self._candidates = list(backend_candidates or [])
+        if isinstance(self.backend, GpuBackend) and self.backend.on_state_change is None:
+            self.backend.on_state_change = self._changed  # a failed device stops the node advertising moe_gpu
         budget = default_memory_budget() if memory_budget_bytes is None else int(memory_budget_bytes)
         self._root = self.data_dir / "moe"
         self._on_change = on_change
@@ -272,7 +280,14 @@ class ExpertRuntime:
             "gpu_backend_active": bool(self.backend.is_gpu),
             "backend": self.backend.name,
             "cpu_kernel": self.backend.cpu_kernel,
+            "compute": self.compute_status(),
         }
+
+    def compute_status(self) -> dict[str, Any]:
+        """How the backend was chosen ({name, available, active, reason} per candidate) and, for a
+        GPU backend, its device tier and health (apps/experts/gpu/backend.py device_status)."""
+        device_status = getattr(self.backend, "device_status", None)
+        return {"candidates": self._candidates, "device": device_status() if device_status else None}
 
     @property
     def memory_budget_bytes(self) -> int:

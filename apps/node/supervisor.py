@@ -70,6 +70,7 @@ class NodeOptions:
     redis_url: str
     roles: list[str]
     celery_concurrency: int = 1
+    expert_backend: str = "auto"
 
 
 @dataclass
@@ -103,6 +104,7 @@ def child_environment(options: NodeOptions) -> dict[str, str]:
         TENZRO_DATA_DIR=str(options.data_dir),
         TENZRO_PEERS=",".join(options.peers),
         TENZRO_ROLES=",".join(options.roles),
+        TENZRO_EXPERT_BACKEND=options.expert_backend,
         REDIS_URL=options.redis_url,
         PYTHONUNBUFFERED="1",
     )

@@ -27,8 +27,8 @@ from apps.blobs.resolver import HttpBlobSource, resolve_blob
 from apps.blobs.selectors import blob_store
 from apps.blobs.store import BlobError, parse_blob_uri
 from apps.errors import NotFound, TenzroError
-from apps.experts.backends import select_backend
 from apps.experts.ffn import build_expert, expert_forward
+from apps.experts.selection import cpu_backend
 from apps.experts.wire import decode_rows
 from apps.governance.selectors import policy_active
 from apps.metrics import node as metrics
@@ -105,7 +105,9 @@ def recompute(receipt: Receipt) -> np.ndarray:
     body = receipt.body
     hidden = decode_rows(bytes(receipt.carrier), body["input_encoding"], tokens=len(body["token_indices"]),
                          d_model=body["d_model"])
-    backend = select_backend()
+    # the CPU backend, whatever the worker runs: a dispute re-executes in a Celery worker, where
+    # opening a GPU per task would cost seconds and device memory the expert worker budgets
+    backend = cpu_backend()
     expert = build_expert(_expert_payload(receipt), backend)
     if expert.key != (receipt.model_id, receipt.layer, receipt.expert):
         raise TenzroError(f"{receipt.blob_uri} holds expert {expert.key}, the receipt names "

@@ -104,6 +104,42 @@ class Counts(Out):
     gates: int
 
 
+class BackendCandidate(Out):
+    name: str = Field(description="`cuda`, `wgsl` or `cpu`.")
+    available: bool | None = Field(description="None when it was not probed (another was forced or found first).")
+    active: bool
+    reason: str = Field(description="Why it is or is not the active backend.")
+
+
+class DeviceCounts(Out):
+    uploads: int
+    evictions: int
+    device_rows: int
+    cpu_rows: int = Field(description="Rows run on the CPU by this backend: fallbacks, experts over the budget.")
+    too_large: int
+    device_errors: int
+    upload_ms: int
+
+
+class DeviceTier(Out):
+    kind: str
+    name: str
+    software: bool = Field(description="A CPU-emulated adapter (lavapipe): only ever used when forced.")
+    state: str = Field(description="`ok`, or `failed` after a fatal device error (every expert then runs on the CPU).")
+    failed: str | None
+    memory_total_bytes: int | None
+    memory_budget_bytes: int
+    memory_used_bytes: int
+    experts: int = Field(description="Experts resident on the device.")
+    last_error: str | None
+    counts: DeviceCounts
+
+
+class Compute(Out):
+    candidates: list[BackendCandidate]
+    device: DeviceTier | None
+
+
 class ExpertStatusOut(Out):
     experts: list[ExpertRow]
     gates: list[GateRow]
@@ -114,6 +150,7 @@ class ExpertStatusOut(Out):
     gpu_backend_active: bool
     backend: str | None
     cpu_kernel: str | None
+    compute: Compute = Field(description="How the compute backend was chosen and the GPU device tier, if any.")
     stale: bool = Field(description="True when the worker has not reported for TENZRO_WORKER_STALE_S or stopped.")
     published_at: str | None
     heartbeat_age_s: float | None

@@ -29,6 +29,8 @@ class WorkerState(models.Model):
     backend = models.CharField(max_length=32)
     cpu_kernel = models.CharField(max_length=64)
     gpu_backend_active = models.BooleanField(default=False)
+    compute = models.JSONField(default=dict, blank=True, help_text=(
+        "How the compute backend was chosen (a reason per candidate) and the GPU device tier's figures."))
 
     def __str__(self) -> str:
         return f"expert worker pid {self.pid}"

@@ -20,7 +20,7 @@ from apps.worker.models import HeldExpert, HeldGate, Residency, WorkerState
 
 _EMPTY_STATUS = {
     "memory_budget_bytes": 0, "memory_used_bytes": 0, "committed_tps": 0, "gpu_backend_active": False,
-    "backend": None, "cpu_kernel": None,
+    "backend": None, "cpu_kernel": None, "compute": {"candidates": [], "device": None},
 }
 
 
@@ -60,6 +60,7 @@ def worker_status_published() -> dict[str, Any]:
         "memory_budget_bytes": state.memory_budget_bytes, "memory_used_bytes": state.memory_used_bytes,
         "committed_tps": state.committed_tps, "gpu_backend_active": state.gpu_backend_active,
         "backend": state.backend, "cpu_kernel": state.cpu_kernel or None,
+        "compute": {"candidates": [], "device": None, **(state.compute or {})},
     }
     return {
         "experts": experts,

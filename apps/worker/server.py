@@ -29,8 +29,10 @@ from apps.blobs.quic_fetch import QuicBlobSource
 from apps.blobs.resolver import HttpBlobSource, resolve_blob
 from apps.blobs.selectors import blob_store
 from apps.blobs.store import parse_blob_uri
+from apps.experts.gpu.backend import GpuBackend
 from apps.experts.handlers import ExpertHandlers, Payload
 from apps.experts.runtime import ExpertRuntime
+from apps.experts.selection import choose_backend
 from apps.metrics import node as metrics
 from apps.node.selectors import node_identity
 from apps.receipts.commitment import ReceiptSigner
@@ -102,7 +104,13 @@ class WorkerServer:
             heartbeat_s=settings.TENZRO_WORKER_HEARTBEAT_S,
         )
         budget = settings.TENZRO_MEMORY_BUDGET_BYTES or None  # 0: 60% of available memory
+        # a forced GPU backend that cannot run stops the worker here, with the reason (BackendUnavailable)
+        self.compute = choose_backend(choice=settings.TENZRO_EXPERT_BACKEND,
+                                      device_budget_bytes=settings.TENZRO_GPU_MEMORY_BUDGET_BYTES or None,
+                                      device_index=settings.TENZRO_GPU_DEVICE)
+        logger.info("%s", self.compute.summary())
         self.runtime = ExpertRuntime(data_dir=settings.TENZRO_DATA_DIR, memory_budget_bytes=budget,
+                                     backend=self.compute.backend, backend_candidates=self.compute.candidates,
                                      on_change=self.publisher.changed, on_corrupt=self._on_corrupt)
         self.control_plane = ControlPlaneView(executor=ThreadPoolExecutor(1, thread_name_prefix="control"),
                                               ttl_s=settings.TENZRO_WORKER_CONTROL_TTL_S)
@@ -287,3 +295,5 @@ class WorkerServer:
             task.cancel()
         await self.publisher.close(final=_in_db(lambda: services.worker_state_stopped(pid=os.getpid())))
         self.executor.shutdown(wait=False, cancel_futures=True)
+        if isinstance(self.runtime.backend, GpuBackend):
+            self.runtime.backend.close()  # hands the device memory back before the process exits

@@ -64,6 +64,7 @@ def _state_values(status: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
         "memory_budget_bytes": status["memory_budget_bytes"], "memory_used_bytes": status["memory_used_bytes"],
         "committed_tps": status["committed_tps"], "backend": status["backend"],
         "cpu_kernel": status["cpu_kernel"] or "", "gpu_backend_active": status["gpu_backend_active"],
+        "compute": status.get("compute") or {},
     }
 
 

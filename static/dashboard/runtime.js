@@ -46,9 +46,19 @@ function showGauge(status) {
   document.getElementById("cpu-kernel").textContent = status.cpu_kernel || "–";
   document.getElementById("backend").textContent = status.backend || "–";
   document.getElementById("gpu-active").textContent = status.gpu_backend_active ? "active" : "inactive";
+  showCompute(status.compute || {candidates: [], device: null});
   document.getElementById("committed-tps").textContent = String(status.committed_tps);
   document.getElementById("worker-state").textContent = status.stale
     ? "stale" + (status.heartbeat_age_s === null ? "" : " (" + status.heartbeat_age_s + " s silent)") : "reporting";
+}
+
+function showCompute(compute) {
+  // why this backend runs, and the GPU device tier when there is one (docs/operations.md, "GPU backends")
+  const active = compute.candidates.filter(function (c) { return c.active; });
+  document.getElementById("backend-reason").textContent = active.length ? active[0].reason : "–";
+  const d = compute.device;
+  document.getElementById("device-memory").textContent = d
+    ? size(d.memory_used_bytes) + " of " + size(d.memory_budget_bytes) + ", " + d.experts + " experts, " + d.state : "–";
 }
 
 function showExperts(status) {

@@ -129,6 +129,15 @@ TENZRO_WORKER_STALE_S = env_int("TENZRO_WORKER_STALE_S", 15)
 TENZRO_WORKER_CONTROL_TTL_S = env_int("TENZRO_WORKER_CONTROL_TTL_S", 5)
 # Memory-tier budget of the expert runtime in bytes; 0 = 60% of available memory (4 GiB if unknown).
 TENZRO_MEMORY_BUDGET_BYTES = env_int("TENZRO_MEMORY_BUDGET_BYTES", 0)
+# Compute backend of the expert worker (apps/experts/selection.py): auto (CUDA, else a hardware
+# WebGPU adapter, else the CPU), cuda, wgsl (forced: an error at start if it cannot run), cpu,
+# cpu-numba, cpu-numpy.
+TENZRO_EXPERT_BACKEND = env_str("TENZRO_EXPERT_BACKEND", "auto")
+# Device-memory tier of a GPU backend in bytes; 0 = 80% of the device's memory (2 GiB under
+# WebGPU, which cannot say). Experts past it stay in host memory and are uploaded LRU.
+TENZRO_GPU_MEMORY_BUDGET_BYTES = env_int("TENZRO_GPU_MEMORY_BUDGET_BYTES", 0)
+# Which CUDA device the worker uses (CUDA ordinal).
+TENZRO_GPU_DEVICE = env_int("TENZRO_GPU_DEVICE", 0)
 # Threads of the expert worker that run expert compute and payload decoding.
 TENZRO_COMPUTE_THREADS = env_int("TENZRO_COMPUTE_THREADS", 2)
 # Largest blob this node fetches from a peer, in bytes.

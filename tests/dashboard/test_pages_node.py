@@ -106,6 +106,19 @@ def test_runtime_page_renders_the_published_state() -> None:
     worker_services.worker_state_publish(provider_id="p", pid=1, started_at=dt.datetime.now(dt.UTC), status=status)
     html = Client().get("/runtime/").content.decode()
     assert 'data-key="test/moe-tiny/2/5"' in html and "25.0%" in html and 'id="runtime-initial"' in html
+    assert '<dd id="device-memory">–</dd>' in html  # published before GPU backends existed: no compute
+
+    device = {"kind": "wgsl", "name": "llvmpipe", "software": True, "state": "ok", "failed": None,
+              "memory_total_bytes": None, "memory_budget_bytes": 2 << 30, "memory_used_bytes": 3 << 20, "experts": 4,
+              "last_error": None, "counts": {}}
+    compute = {"candidates": [{"name": "wgsl", "available": True, "active": True, "reason": "forced: llvmpipe"}],
+               "device": device}
+    worker_services.worker_state_publish(provider_id="p", pid=1, started_at=dt.datetime.now(dt.UTC),
+                                         status={**status, "backend": "wgsl", "gpu_backend_active": True,
+                                                 "compute": compute})
+    html = Client().get("/runtime/").content.decode()
+    assert '<dd id="backend-reason">forced: llvmpipe</dd>' in html
+    assert '<dd id="device-memory">3.0\xa0MB of 2.0\xa0GB, 4 experts, ok</dd>' in html
 
 
 @pytest.mark.django_db

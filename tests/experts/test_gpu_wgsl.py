@@ -31,6 +31,7 @@ from apps.experts.ffn import build_expert
 from apps.experts.gpu.ops import DeviceError, DeviceUnavailable
 from apps.experts.gpu.wgsl_layout import SUB_BLOCK, dequantize_device, magnitude_device, transcode
 from testkit.blocks import random_blocks
+from testkit.gpu import wgsl_unavailable
 from tests.experts.factories import bit_report, expert_payload, expert_weights, reference_weights
 
 FORMATS = ["Q8_0", "Q4_K", "Q6_K"]
@@ -68,13 +69,12 @@ def test_transcode_rejects_bad_input():
 
 
 def _open():
-    pytest.importorskip("wgpu", reason="wgpu is not installed (make install-gpu-wgsl)")
+    # make test sets TENZRO_TEST_REQUIRE_WGSL: there a missing wgpu or adapter fails instead of skipping
+    if reason := wgsl_unavailable():
+        pytest.skip(reason)
     from apps.experts.gpu.wgsl import open_device
 
-    try:
-        return open_device()
-    except DeviceUnavailable as exc:
-        pytest.skip(f"{exc} (apt install mesa-vulkan-drivers gives lavapipe)")
+    return open_device()
 
 
 @pytest.fixture(scope="module")

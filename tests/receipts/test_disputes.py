@@ -12,8 +12,8 @@ from nacl.signing import SigningKey
 from apps.blobs.selectors import blob_store
 from apps.blobs.store import BLOB_URI_PREFIX
 from apps.errors import NotFound, TenzroError
-from apps.experts.backends import select_backend
 from apps.experts.ffn import build_expert, expert_forward
+from apps.experts.selection import cpu_backend
 from apps.experts.wire import decode_rows, encode_rows
 from apps.forward.engine import Failure
 from apps.forward.services import forward_outcome_record
@@ -39,7 +39,7 @@ def _kept(key: SigningKey, payload: bytes, blob_uri: str | None, *, lie: float =
     """A holder's batch as the router keeps it; `lie` scales the rows it returns (and commits to)."""
     rows = np.random.default_rng(seed).standard_normal((6, D_MODEL)).astype(np.float32)
     carrier = encode_rows(rows, "q8_0")
-    backend = select_backend()
+    backend = cpu_backend()
     out = expert_forward(build_expert(payload, backend), decode_rows(carrier, "q8_0", tokens=6, d_model=D_MODEL),
                          backend) * np.float32(lie)
     answer = encode_rows(out, "q8_0")

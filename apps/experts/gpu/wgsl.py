@@ -76,8 +76,8 @@ def open_device(*, allow_software: bool = True) -> WgslOps:
     software = info.get("adapter_type") == "CPU"
     name = info.get("device") or info.get("description") or info.get("vendor") or "unknown WebGPU adapter"
     if software and not allow_software:
-        raise DeviceUnavailable(f"the only WebGPU adapter is a software one ({name}); "
-                                "software adapters are not allowed")
+        raise DeviceUnavailable(f"the only WebGPU adapter is a software one ({name}): it emulates a GPU on "
+                                "the CPU, slower than the CPU backend (force it with TENZRO_EXPERT_BACKEND=wgsl)")
     limits = {k: adapter.limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size")}
     try:
         device = adapter.request_device_sync(required_limits=limits)

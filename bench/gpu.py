@@ -1,0 +1,143 @@
+"""GPU backends against the CPU backend: expert-forward throughput (rows/s), same run, same experts.
+
+    .venv/bin/python -m bench.gpu [--quick] [--full]
+
+Expert dims: Qwen3-30B-A3B (d_model 2048, d_ff 768) and DeepSeek-V3 (7168, 2048); formats F16
+(dense), Q8_0 and q4_k_m (Q4_K gate/up, Q6_K down); batches 1, 8, 32, 128, 512. Each GPU backend
+that opens here (CUDA through CuPy on an NVIDIA device; WGSL through wgpu) is timed through
+GpuBackend.forward with the expert resident on the device, so a time includes the copy of x to
+the device and of y back, as a request pays it. The reference is the CPU backend of this same
+machine (C kernels up to its fused limit, dequantized tiles + BLAS above), timed on the same
+expert in the same run; the ratio is GPU rows/s over CPU rows/s.
+
+A software adapter (Mesa's lavapipe: WebGPU emulated on these same cores) is measured only at
+Qwen3 dims and batches up to 32 unless --full: it shows the WGSL path works, not GPU speed.
+Without any GPU backend the table says why each is unavailable. Quantized weights are random
+valid GGML blocks (speed does not depend on the values). Times are the minimum over repetitions.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # see bench/runtime.py
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from apps.experts.backends import CpuBackend, TensorIn
+from apps.experts.gpu.backend import GpuBackend
+from apps.experts.gpu.ops import DeviceUnavailable
+from apps.experts.selection import device_budget
+from apps.quantization.registry import f32_to_dense
+from apps.quantization.types import GGMLType
+from bench.report import headline, print_table, write_results
+from bench.runtime import best
+from testkit.blocks import random_blocks
+
+DIMS = {"Qwen3-30B-A3B": (2048, 768), "DeepSeek-V3": (7168, 2048)}
+BATCHES = (1, 8, 32, 128, 512)
+FORMATS = {"F16": ("F16", "F16", "F16"), "Q8_0": ("Q8_0", "Q8_0", "Q8_0"), "q4_k_m": ("Q4_K", "Q4_K", "Q6_K")}
+
+
+def tensors(rng: np.random.Generator, d_model: int, d_ff: int, fmts: tuple[str, ...]) -> list[TensorIn]:
+    shapes = ((d_ff, d_model), (d_ff, d_model), (d_model, d_ff))
+    out = []
+    for fmt, (rows, n) in zip(fmts, shapes, strict=True):
+        if fmt in ("F32", "F16", "BF16"):
+            w = (rng.standard_normal((rows, n), dtype=np.float32) / np.sqrt(n)).astype(np.float32)
+            data = f32_to_dense(w, GGMLType(fmt)).view(np.uint8).reshape(rows, -1)
+        else:
+            data = random_blocks(rng, fmt, rows, n)
+        out.append(TensorIn(fmt, (rows, n), data))
+    return out
+
+
+def compare(cpu: CpuBackend, gpu: GpuBackend, weights: list[TensorIn], x_all: np.ndarray, batches: list[int],
+            reps: int) -> list[tuple[int, float, float]]:
+    """(batch, CPU seconds, GPU seconds) of one expert's forward at each batch; the GPU copy is
+    released (the host copy dropped) before returning."""
+    on_cpu, on_gpu = cpu.prepare_expert(*weights), gpu.prepare_expert(*weights)
+    out = []
+    for batch in batches:
+        x = np.ascontiguousarray(x_all[:batch])
+        out.append((batch, best(lambda x=x: cpu.forward(on_cpu, x), reps),
+                    best(lambda x=x: gpu.forward(on_gpu, x), reps)))
+    return out
+
+
+def open_devices() -> tuple[dict[str, Any], dict[str, str]]:
+    """{kind: DeviceOps} of every GPU backend that opens here, and {kind: why not} for the rest."""
+    opened: dict[str, Any] = {}
+    missing: dict[str, str] = {}
+    for kind in ("cuda", "wgsl"):
+        try:
+            if kind == "cuda":
+                from apps.experts.gpu import cuda
+
+                opened[kind] = cuda.open_device()
+            else:
+                from apps.experts.gpu import wgsl
+
+                opened[kind] = wgsl.open_device(allow_software=True)
+        except DeviceUnavailable as exc:
+            missing[kind] = str(exc)
+    return opened, missing
+
+
+def main(quick: bool = False, full: bool = False) -> None:
+    cpu = CpuBackend()
+    opened, missing = open_devices()
+    reps = 2 if quick else 4
+    rows: list[list[object]] = []
+    results: list[dict[str, Any]] = []
+    for kind, ops in opened.items():
+        gpu = GpuBackend(ops, cpu=cpu, device_budget_bytes=device_budget(ops, None))
+        software = ops.software and not full
+        for model, (d_model, d_ff) in DIMS.items():
+            if software and model != "Qwen3-30B-A3B":
+                continue
+            for fmt_name, fmts in FORMATS.items():
+                if quick and fmt_name == "F16":
+                    continue
+                rng = np.random.default_rng(0)
+                weights = tensors(rng, d_model, d_ff, fmts)
+                x_all = rng.standard_normal((max(BATCHES), d_model), dtype=np.float32)
+                batches = [b for b in BATCHES if not ((software and b > 32) or (quick and b not in (1, 32, 512)))]
+                for batch, t_cpu, t_gpu in compare(cpu, gpu, weights, x_all, batches, reps):
+                    rows.append([kind, model, fmt_name, batch, round(batch / t_gpu), round(batch / t_cpu),
+                                 f"{t_cpu / t_gpu:.3g}x"])
+                    results.append({"backend": kind, "device": ops.device_name, "software": ops.software,
+                                    "model": model, "format": fmt_name, "batch": batch,
+                                    "gpu_rows_per_s": batch / t_gpu, "cpu_rows_per_s": batch / t_cpu,
+                                    "ratio": t_cpu / t_gpu})
+        counts = gpu.device_status()["counts"]
+        if counts["cpu_rows"]:
+            print(f"warning: {kind} ran {counts['cpu_rows']} rows on the CPU (last error: {gpu.last_error})")
+        gpu.close()
+    print(f"\nCPU reference: {cpu.cpu_kernel} (fused up to batch {cpu.fused_max_rows}, BLAS tiles above)")
+    for kind, ops in opened.items():
+        print(f"{kind}: {ops.device_name}" + (" (software adapter: a correctness run, not GPU speed)"
+                                               if ops.software else ""))
+    for kind, why in missing.items():
+        print(f"{kind}: not measured: {why}")
+    print_table("Expert forward, GPU backend vs CPU backend (rows/s, x to the device and y back included)",
+                ["backend", "model", "format", "batch", "gpu rows/s", "cpu rows/s", "gpu/cpu"], rows)
+    headlines = []
+    for kind in opened:
+        mine = [r for r in results if r["backend"] == kind]
+        for batch in (1, 512):
+            at = [r for r in mine if r["batch"] == batch and r["format"] == "Q8_0"]
+            if at:
+                r = max(at, key=lambda r: DIMS[r["model"]][0])
+                headlines.append(headline(f"{kind} Q8_0 {r['model']} batch {batch}", r["gpu_rows_per_s"], "rows/s",
+                                          reference=f"CPU backend ({cpu.cpu_kernel})",
+                                          reference_value=r["cpu_rows_per_s"]))
+    write_results("gpu", {"cpu_kernel": cpu.cpu_kernel, "unavailable": missing, "results": results}, headlines)
+
+
+if __name__ == "__main__":
+    main(quick="--quick" in sys.argv, full="--full" in sys.argv)
