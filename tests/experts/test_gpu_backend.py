@@ -16,7 +16,7 @@ import pytest
 
 from apps.experts.backends import CpuBackend
 from apps.experts.ffn import build_expert
-from apps.experts.gpu.backend import GpuBackend
+from apps.experts.gpu.backend import GpuBackend, GpuExpert
 from apps.experts.runtime import ExpertRuntime
 from apps.experts.selection import BackendUnavailable, choose_backend
 from testkit.gpu import wgsl_unavailable
@@ -124,6 +124,19 @@ def test_a_lost_device_loses_no_request_and_stops_the_gpu_flag(gpu):
     assert changes == [False]
     assert close_to(gpu.forward(expert, x), reference(payload, x))  # and later ones, without retrying
     assert gpu.device_status()["counts"]["device_errors"] == 1
+
+
+def test_an_unexpected_device_module_error_costs_the_request_nothing(gpu):
+    payload = payloads(1)[0]
+    dense = build_expert(payload, gpu).prepared
+    # the same host form labelled with a block type: the device module's upload refuses it (ValueError)
+    mislabelled = GpuExpert(host=dense.host, types=("Q8_0", "Q8_0", "Q8_0"))
+    x = np.random.default_rng(8).standard_normal((3, D_MODEL)).astype(np.float32)
+    assert close_to(gpu.forward(mislabelled, x), reference(payload, x))
+    status = gpu.device_status()
+    assert status["state"] == "ok" and "ValueError" in status["last_error"] and status["counts"]["cpu_rows"] == 3
+    assert close_to(gpu.forward(dense, x), reference(payload, x))  # the device still serves
+    assert gpu.device_status()["counts"]["device_rows"] == 3
 
 
 def test_concurrent_forwards_from_many_threads_all_come_back_right(gpu):

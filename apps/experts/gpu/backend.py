@@ -57,6 +57,16 @@ class GpuExpert:
         return self.host.nbytes
 
 
+def _as_device_error(exc: Exception) -> DeviceError:
+    """A device op's failure as a DeviceError. Anything else a device module raises (a bug in its
+    layout code, a library error it did not map) is logged with its traceback and costs the
+    request nothing either: the host copy answers it, and the device is kept for the next one."""
+    if isinstance(exc, DeviceError):
+        return exc
+    log.error("unexpected error from the device module, this request runs on the CPU", exc_info=exc)
+    return DeviceError(f"{type(exc).__name__}: {exc}", fatal=False)
+
+
 @dataclass
 class _Resident:
     handle: Any
@@ -103,8 +113,8 @@ class GpuBackend:
                 self._drain()
                 try:
                     self._upload(expert, evict=False)
-                except DeviceError as exc:
-                    self._device_error(exc, "upload")
+                except Exception as exc:  # any failure: see _as_device_error
+                    self._device_error(_as_device_error(exc), "upload")
         return expert
 
     def forward(self, prepared: GpuExpert, x: np.ndarray) -> np.ndarray:
@@ -119,8 +129,8 @@ class GpuBackend:
                         self.counts["device_rows"] += x.shape[0]
                         return y
                     self.counts["too_large"] += 1
-                except DeviceError as exc:
-                    self._device_error(exc, "forward")
+                except Exception as exc:  # any failure: see _as_device_error
+                    self._device_error(_as_device_error(exc), "forward")
         self.counts["cpu_rows"] += x.shape[0]
         return self.cpu.forward(prepared.host, x)
 
