@@ -344,12 +344,13 @@ class WgslOps:
             if kernel == "silu":
                 code, bindings = _shader("silu_mul.wgsl"), 4
             elif kernel == "F32":
-                code, bindings = _shader("matmul_f32.wgsl"), 5
+                code, bindings = _shader("matmul_common.wgsl") + _shader("matmul_f32.wgsl"), 5
             else:
                 group, offset = SUB_BLOCK[kernel]
-                code = (_shader("matmul_q.wgsl").replace("$META", "vec2<f32>" if offset else "f32")
-                        .replace("$WPS", str(group // 4)).replace("$SCALE", "m.x" if offset else "m")
-                        .replace("$OFFSET", "- m.y * (xv.x + xv.y + xv.z + xv.w)" if offset else ""))
+                code = (_shader("matmul_common.wgsl") + _shader("matmul_q.wgsl")).replace(
+                    "$META", "vec2<f32>" if offset else "f32").replace("$WPS", str(group // 4)).replace(
+                    "$SCALE", "m.x" if offset else "m").replace(
+                    "$OFFSET", "- m.y * (xv.x + xv.y + xv.z + xv.w)" if offset else "")
                 bindings = 6
             code = code.replace("$TC", str(tc)).replace("$RED", str(tc * 64))
             module = self._device.create_shader_module(label=f"tenzro-{kernel}-{tc}", code=code)

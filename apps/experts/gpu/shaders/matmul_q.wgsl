@@ -11,20 +11,12 @@
 // word's 4 values, accumulated in registers; the 64 partials per token are then summed in
 // workgroup memory. x is read as vec4 (n is a multiple of 32 for every block format).
 
-struct Params { n: u32, m_out: u32, y_row0: u32, pad: u32 }
-struct Tokens { t: u32, p1: u32, p2: u32, p3: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> tk: Tokens;
+// bindings 0, 1 (uniforms) and 3 (y) are in matmul_common.wgsl
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> q: array<u32>;
 @group(0) @binding(5) var<storage, read> scales: array<$META>;
 
-const WG: u32 = 64u;
-const TC: u32 = $TCu;
 const WPS: u32 = $WPSu;
-var<workgroup> red: array<f32, $REDu>;  // [TC][WG]
 
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -46,19 +38,5 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             acc[j] += $SCALE * dot(qv, xv) $OFFSET;
         }
     }
-    for (var j = 0u; j < TC; j++) {
-        red[j * WG + lid] = acc[j];
-    }
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            for (var j = 0u; j < TC; j++) {
-                red[j * WG + lid] += red[j * WG + lid + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    if (lid < TC && t0 + lid < tk.t) {
-        y[(t0 + lid) * p.m_out + p.y_row0 + r] = red[lid * WG];
-    }
+    reduce_store(acc, lid, t0, r);
 }
