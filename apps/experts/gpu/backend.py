@@ -90,6 +90,7 @@ class GpuBackend:
         self.device_budget_bytes = int(device_budget_bytes)
         self.on_state_change = on_state_change
         self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
         self._resident: collections.OrderedDict[int, _Resident] = collections.OrderedDict()
         self._dropped: collections.deque[int] = collections.deque()  # appended by finalizers, drained under _lock
         self._used = 0
@@ -131,7 +132,8 @@ class GpuBackend:
                     self.counts["too_large"] += 1
                 except Exception as exc:  # any failure: see _as_device_error
                     self._device_error(_as_device_error(exc), "forward")
-        self.counts["cpu_rows"] += x.shape[0]
+        with self._count_lock:  # CPU rows run outside the device lock, on several threads at once
+            self.counts["cpu_rows"] += x.shape[0]
         return self.cpu.forward(prepared.host, x)
 
     # -- device tier (under _lock) ----------------------------------------------------------------
@@ -189,19 +191,23 @@ class GpuBackend:
     # -- reporting -------------------------------------------------------------------------------
 
     def device_status(self) -> dict[str, Any]:
-        """The device tier and its health, for tenzro_moeExpertStatus's `compute.device`."""
-        with self._lock:
-            if self.failed is None:
+        """The device tier and its health, for tenzro_moeExpertStatus's `compute.device`. Never waits
+        for a device call in flight (a status read must not queue behind a large batch): the figures
+        are read as they stand, and dropped experts are released only if the device is idle."""
+        if self.failed is None and self._lock.acquire(blocking=False):
+            try:
                 self._drain()
-            return {
-                "kind": self.ops.kind, "name": self.ops.device_name, "software": self.ops.software,
-                "state": "ok" if self.failed is None else "failed", "failed": self.failed,
-                "memory_total_bytes": self.ops.memory_total_bytes,
-                "memory_budget_bytes": self.device_budget_bytes, "memory_used_bytes": self._used,
-                "experts": len(self._resident), "last_error": self.last_error,
-                "counts": {k: int(self.counts[k]) for k in ("uploads", "evictions", "device_rows", "cpu_rows",
-                                                            "too_large", "device_errors", "upload_ms")},
-            }
+            finally:
+                self._lock.release()
+        return {
+            "kind": self.ops.kind, "name": self.ops.device_name, "software": self.ops.software,
+            "state": "ok" if self.failed is None else "failed", "failed": self.failed,
+            "memory_total_bytes": self.ops.memory_total_bytes,
+            "memory_budget_bytes": self.device_budget_bytes, "memory_used_bytes": self._used,
+            "experts": len(self._resident), "last_error": self.last_error,
+            "counts": {k: int(self.counts[k]) for k in ("uploads", "evictions", "device_rows", "cpu_rows",
+                                                        "too_large", "device_errors", "upload_ms")},
+        }
 
     def close(self) -> None:
         with self._lock:
