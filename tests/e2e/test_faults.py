@@ -87,9 +87,11 @@ class Network:
             FORWARD_IDS.append(result["stats"]["forward_id"])
         return "correct"
 
+    def holders_detail(self) -> list[dict]:
+        return self.a.result("tenzro_moeShardMap", {"model_id": MODEL})["holders"]
+
     def holders(self) -> dict[int, set[str]]:
-        experts = self.a.result("tenzro_moeShardMap", {"model_id": MODEL})["holders"]
-        return {e["expert"]: {h["provider"] for h in e["holders"]} for e in experts}
+        return {e["expert"]: {h["provider"] for h in e["holders"]} for e in self.holders_detail()}
 
 
 def provider_of(node: RedisNode) -> str:
@@ -241,7 +243,13 @@ def test_a_holder_restarted_with_its_data_dir_after_a_blob_rotted(net, faults) -
     outcomes = [net.outcome(net.forward(hidden), hidden) for _ in range(3)]
     restart.observe(f"a sees b holding all {N_EXPERTS} experts again; 3 forwards after it: {outcomes}"
                     + (f" (last closed: {net.last_error})" if net.last_error else ""))
-    assert "wrong" not in outcomes and outcomes[-1] == "correct", net.last_error
+    # On a failure, what a's planner says of expert 0 now (an intermittent forward_incomplete here
+    # with no holder failing is not understood yet: its unroutable reason is what to look at).
+    planned = {} if outcomes[-1] == "correct" else {
+        "plan": net.a.result("tenzro_moePlanDispatch", {"model_id": MODEL, "routings": [
+            {"token_index": 0, "experts": [{"layer": 0, "expert": 0}]}]}),
+        "holders of expert 0": [e for e in net.holders_detail() if e["expert"] == 0]}
+    assert "wrong" not in outcomes and outcomes[-1] == "correct", (net.last_error, planned)
     restart.close(lost=outcomes.count("wrong"))
     rot.close(lost=0)
 
@@ -307,19 +315,27 @@ def test_the_celery_worker_killed_during_a_settlement(net, faults) -> None:
     a = net.a
     fault = faults.inject("Celery worker killed during a settlement",
                           "SIGKILL to a's Celery worker while it holds a settle_forward message, its pool stopped")
-    worker = next(p for p in a.result("tenzro_nodeProcesses")["processes"] if p["name"] == "celery-worker")
-    main = psutil.Process(worker["pid"])
+    processes = {p["name"]: p["pid"] for p in a.result("tenzro_nodeProcesses")["processes"]}
+    main = psutil.Process(processes["celery-worker"])
     pool = main.children(recursive=True)
     assert pool, "a prefork Celery worker has a pool process"
+    # Beat stopped too: with its pool stopped the worker reserves at most 4 messages (one process,
+    # prefetch multiplier 4), and this module's 1-2 s periodic tasks would fill them before the
+    # forward's settlement arrives, leaving it in the queue (the test then waited in vain).
+    beat = psutil.Process(processes["celery-beat"])
+    beat.suspend()
     for child in pool:
         child.suspend()  # the message is delivered to the worker, never run
     broker = redis.Redis.from_url(a.redis_url)
     try:
-        unacked_before = broker.hlen("unacked")
         hidden = hidden_rows(9)
         assert net.outcome(net.forward(hidden), hidden) == "correct"
         forward_id = FORWARD_IDS[-1]
-        wait_for(lambda: broker.hlen("unacked") > unacked_before, 30, "the worker to take the settlement")
+        # This forward's own message among the worker's unacknowledged ones (its headers' argsrepr
+        # names the forward_id): a count of them would also move with messages restored by a worker
+        # that restarted earlier in the module (Celery sometimes exits on the Redis drop).
+        wait_for(lambda: any(forward_id.encode() in v for v in broker.hvals("unacked")), 30,
+                 "the worker to take the settlement")
         assert a.result("tenzro_moeSettlements", {"forward_id": forward_id})["settlements"] == []
         # The pool first: a stopped child would otherwise meet its parent-death signal only once
         # resumed, and could run the settlement before dying, with nothing restarted.
@@ -330,6 +346,7 @@ def test_the_celery_worker_killed_during_a_settlement(net, faults) -> None:
         for child in pool:
             if child.is_running():
                 child.resume()
+        beat.resume()
     paid = wait_for(lambda: a.result("tenzro_moeSettlements", {"forward_id": forward_id})["settlements"], 90,
                     "the restarted worker to settle the forward")
     after = wait_for(lambda: next((p for p in a.result("tenzro_nodeProcesses")["processes"]
