@@ -28,10 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from apps.experts.backend_names import GPU_CHOICES
 from apps.experts.backends import CpuBackend, TensorIn
 from apps.experts.gpu.backend import GpuBackend
 from apps.experts.gpu.ops import DeviceUnavailable
-from apps.experts.selection import device_budget
+from apps.experts.selection import device_budget, open_device
 from apps.quantization.registry import f32_to_dense
 from apps.quantization.types import GGMLType
 from bench.report import headline, print_table, write_results
@@ -73,16 +74,9 @@ def open_devices() -> tuple[dict[str, Any], dict[str, str]]:
     """{kind: DeviceOps} of every GPU backend that opens here, and {kind: why not} for the rest."""
     opened: dict[str, Any] = {}
     missing: dict[str, str] = {}
-    for kind in ("cuda", "wgsl"):
+    for kind in GPU_CHOICES:
         try:
-            if kind == "cuda":
-                from apps.experts.gpu import cuda
-
-                opened[kind] = cuda.open_device()
-            else:
-                from apps.experts.gpu import wgsl
-
-                opened[kind] = wgsl.open_device(allow_software=True)
+            opened[kind] = open_device(kind)
         except DeviceUnavailable as exc:
             missing[kind] = str(exc)
     return opened, missing

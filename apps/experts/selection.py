@@ -48,7 +48,8 @@ class BackendChoice:
         return f"expert backend {active['name']} ({active['reason']})" + ("; " + "; ".join(parts) if parts else "")
 
 
-def _open(kind: str, *, device_index: int, allow_software: bool) -> DeviceOps:
+def open_device(kind: str, *, device_index: int = 0, allow_software: bool = True) -> DeviceOps:
+    """Open the `kind` ("cuda" | "wgsl") device; raises DeviceUnavailable saying why not."""
     if kind == "cuda":
         from apps.experts.gpu import cuda
 
@@ -96,7 +97,7 @@ def choose_backend(*, choice: str | None = None, device_budget_bytes: int | None
                                "reason": f"not probed ({ops.kind} was found first)"})
             continue
         try:
-            opened = _open(kind, device_index=device_index, allow_software=choice == kind)
+            opened = open_device(kind, device_index=device_index, allow_software=choice == kind)
         except DeviceUnavailable as exc:
             if choice == kind:
                 raise BackendUnavailable(f"TENZRO_EXPERT_BACKEND={kind}, but {exc}") from exc
