@@ -17,7 +17,7 @@ $(STAMP): requirements.txt pyproject.toml
 install: $(STAMP)
 
 ## Optional GPU backends (a default install carries neither): WGSL through wgpu on any Vulkan,
-## Metal or D3D12 driver; CUDA through CuPy on an NVIDIA driver (apps/experts/gpu/).
+## Metal or D3D12 driver; CUDA through CuPy on an NVIDIA driver (core/experts/gpu/).
 install-gpu-wgsl: $(VENV)/.installed-gpu-wgsl
 $(VENV)/.installed-gpu-wgsl: requirements-gpu-wgsl.txt $(STAMP)
 	$(BIN)/pip install --quiet -r requirements-gpu-wgsl.txt

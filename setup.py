@@ -1,10 +1,10 @@
 """Build the optional C extensions; everything else is in pyproject.toml.
 
-* apps.experts._quant_matmul (apps/experts/_quant_matmul.c): integer SIMD matmuls and
+* core.experts._quant_matmul (core/experts/_quant_matmul.c): integer SIMD matmuls and
   dequantizers over GGML blocks for quantized experts; without it the expert backend falls
-  back to the numba kernels (apps/experts/numba_matmul.py).
-* apps.quantization._kquant_encoders (apps/quantization/_kquant_encoders.c): llama.cpp's
-  reference Q4_K/Q6_K encoders; without it apps.quantization uses its numpy encoders, which
+  back to the numba kernels (core/experts/numba_matmul.py).
+* core.quantization._kquant_encoders (core/quantization/_kquant_encoders.c): llama.cpp's
+  reference Q4_K/Q6_K encoders; without it core.quantization uses its numpy encoders, which
   write the same bytes.  -ffp-contract=off keeps every multiply and add separately rounded,
   as the reference's bytes require.
 
@@ -14,9 +14,9 @@ Both are optional at build time (no compiler: the install still succeeds) and at
 from setuptools import Extension, setup
 
 setup(ext_modules=[
-    Extension("apps.experts._quant_matmul", ["apps/experts/_quant_matmul.c"], extra_compile_args=["-O3"],
+    Extension("core.experts._quant_matmul", ["core/experts/_quant_matmul.c"], extra_compile_args=["-O3"],
               optional=True),
-    Extension("apps.quantization._kquant_encoders", ["apps/quantization/_kquant_encoders.c"],
+    Extension("core.quantization._kquant_encoders", ["core/quantization/_kquant_encoders.c"],
               extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread"],
               extra_link_args=["-pthread"], optional=True),
 ])

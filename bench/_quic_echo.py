@@ -1,6 +1,6 @@
 """Echo servers and timers for bench/transport_quic.py (a helper: `make bench` skips _-modules).
 
-A QUIC echo server is the node's own peer-door server (apps/transport/quic_server.py) with a
+A QUIC echo server is the node's own peer-door server (core/transport/quic_server.py) with a
 handler that answers the request body; the TCP echo is a plain asyncio stream server with an
 8-byte length prefix, the floor any transport pays to move the same bytes on loopback. Either
 runs in the benchmark's event loop ("in-process": client and server share one thread) or in
@@ -26,9 +26,9 @@ from typing import Any
 
 import psutil
 
-from apps.transport.framing import Reply
-from apps.transport.pool import QuicPool
-from apps.transport.quic import PeerRequest, QuicSettings, start_server
+from core.transport.framing import Reply
+from core.transport.pool import QuicPool
+from core.transport.quic import PeerRequest, QuicSettings, start_server
 
 LENGTH = struct.Struct(">Q")
 # The body sizes every table reports: a few rows, a decode batch, a prefill batch of f32 rows.

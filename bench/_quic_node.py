@@ -21,10 +21,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-from apps.experts.runtime import ExpertRuntime
-from apps.transport.framing import FRAME_CONTENT_TYPE, FrameDecoder, request_frame
-from apps.transport.pool import QuicPool
-from apps.transport.quic import QuicSettings
+from core.experts.runtime import ExpertRuntime
+from core.transport.framing import FRAME_CONTENT_TYPE, FrameDecoder, request_frame
+from core.transport.pool import QuicPool
+from core.transport.quic import QuicSettings
 from testkit.nodes import TOKEN, NodeProcess
 
 from ._quic_echo import SIZES

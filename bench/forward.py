@@ -17,7 +17,7 @@ which leaves out the JSON-RPC/base64 edge) for 64 and 512 tokens with f32 and Q8
 as a ratio to the local forward (target <= 1.5x at 512 tokens), with the relative error of the
 output; (2) wire bytes per token from `stats.bytes_sent + bytes_received` (target: Q8_0 >= 3.5x
 fewer); (3) one holder's `moe/execute` for 64 KB, 1 MB and 4 MB of f32 rows over QUIC
-(apps.transport.pool.QuicPool, pinned) and over the HTTP peer path (`POST /peer/moe/execute`,
+(core.transport.pool.QuicPool, pinned) and over the HTTP peer path (`POST /peer/moe/execute`,
 one raw frame, one keep-alive client), beside the same rows' compute (in this process, and the
 `compute_ms` the holder reports) and an in-process QUIC echo of the same bytes (the library and
 adapter alone, with the node's QUIC settings and with those before tuning: aioquic, 1,350-byte
@@ -64,13 +64,13 @@ from typing import Any
 import httpx
 import numpy as np
 
-from apps.experts.gate_payload import encode_gate_payload
-from apps.experts.runtime import ExpertRuntime
 from apps.node.identity import CERT_FILE, CERT_KEY_FILE
-from apps.quantization.payload import encode_expert_payload
-from apps.transport.framing import FRAME_CONTENT_TYPE, FrameDecoder, Reply, request_frame
-from apps.transport.pool import QuicPool
-from apps.transport.quic import QuicSettings, quic_connection, start_server
+from core.experts.runtime import ExpertRuntime
+from core.formats.expert_payload import encode_expert_payload
+from core.formats.gate_payload import encode_gate_payload
+from core.transport.framing import FRAME_CONTENT_TYPE, FrameDecoder, Reply, request_frame
+from core.transport.pool import QuicPool
+from core.transport.quic import QuicSettings, quic_connection, start_server
 from testkit.nodes import TOKEN, NodeProcess, free_port
 from testkit.redis_server import RedisNode, private_redis
 
@@ -317,10 +317,10 @@ class ExecuteProbe:
 
     * compute: ExpertRuntime.execute of the rows in this process (alone, or `concurrency` 1-row
       calls through the holder's 2 compute threads);
-    * quic: `moe/execute` over apps.transport.pool.QuicPool, pinned, one connection;
+    * quic: `moe/execute` over core.transport.pool.QuicPool, pinned, one connection;
     * http: `POST /peer/moe/execute` with one raw request frame over one keep-alive httpx client;
     * echo: the same body echoed by an in-process server of the same QUIC adapter
-      (apps.transport.quic), the library alone, with each of ECHO_SETTINGS.
+      (core.transport.quic), the library alone, with each of ECHO_SETTINGS.
     """
 
     def __init__(self, holder: NodeProcess, pin: str, runtime: ExpertRuntime) -> None:

@@ -7,7 +7,7 @@ Qwen3-30B-A3B's widths (hidden 2048, 32 query / 4 KV heads of 128, q/k RMSNorm, 
 routed experts of d_ff 768, top-8 softmax with norm_topk_prob) is written to a temp dir: config.json
 and model.safetensors with the dense tensors in BF16 under their hub names (embeddings, attention,
 norms, the MoE gates, LM head), small-magnitude random (~1/sqrt(fan_in)). The 256 experts are not in
-the checkpoint: they are Q8_0 expert payload files (apps.quantization.payload.encode_expert_payload
+the checkpoint: they are Q8_0 expert payload files (core.formats.expert_payload.encode_expert_payload
 of random f32 weights), the realistic format of a holder. The vocabulary is smaller than the real
 151,936 by default (see VOCAB below: the LM head, the same work in both runs, would otherwise be
 ~80% of a decode step with 2 of the 48 layers and hide what is measured); `--vocab 151936` runs
@@ -59,11 +59,11 @@ import testkit.nodes
 from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.shapes import shape_from_config
 from apps.catalog.slicing import gate_payload_for_layer
-from apps.experts.runtime import ExpertRuntime
 from apps.generation.model import WholeModel
 from apps.generation.spec import spec_from_config
 from apps.generation.weights import dense_tensor_shapes, load_dense_weights
-from apps.quantization.payload import encode_expert_payload
+from core.experts.runtime import ExpertRuntime
+from core.formats.expert_payload import encode_expert_payload
 from testkit.checkpoints import f32_to_bf16_bits, write_checkpoint
 from testkit.nodes import TOKEN, NodeProcess
 from testkit.redis_server import RedisNode, private_redis

@@ -28,15 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from apps.experts.backend_names import GPU_CHOICES
-from apps.experts.backends import CpuBackend, TensorIn
-from apps.experts.gpu.backend import GpuBackend
-from apps.experts.gpu.ops import DeviceUnavailable
-from apps.experts.selection import device_budget, open_device
-from apps.quantization.registry import f32_to_dense
-from apps.quantization.types import GGMLType
 from bench.report import headline, print_table, write_results
 from bench.runtime import best
+from core.experts.backend_names import GPU_CHOICES
+from core.experts.backends import CpuBackend, TensorIn
+from core.experts.gpu.backend import GpuBackend
+from core.experts.gpu.ops import DeviceUnavailable
+from core.experts.selection import device_budget, open_device
+from core.quantization.registry import f32_to_dense
+from core.quantization.types import GGMLType
 from testkit.blocks import random_blocks
 
 DIMS = {"Qwen3-30B-A3B": (2048, 768), "DeepSeek-V3": (7168, 2048)}

@@ -41,9 +41,9 @@ import numpy as np
 from nacl.signing import VerifyKey
 
 from apps.providers.records import RECORD_DOMAIN, verify_record
-from apps.shardmap.aggregation import shard_map
-from apps.shardmap.index import ShardIndex
-from apps.shardmap.planner import plan_dispatch, plan_pairs
+from core.shardmap.aggregation import shard_map
+from core.shardmap.index import ShardIndex
+from core.shardmap.planner import plan_dispatch, plan_pairs
 from testkit.records import holdings as record_holdings
 from testkit.records import new_key, signed_record
 from testkit.shard_views import MODEL, POLICY, routings_json, routings_pairs, skewed_routings, synthetic_view

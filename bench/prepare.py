@@ -27,8 +27,8 @@ import numpy as np
 from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.shapes import shape_from_config
 from apps.catalog.slicing import expert_tensor, gate_tensor, prepare_layer
-from apps.quantization.registry import quantize
-from apps.quantization.types import GGMLType
+from core.quantization.registry import quantize
+from core.quantization.types import GGMLType
 from testkit.checkpoints import FileServer, f32_to_bf16_bits, write_checkpoint
 
 from .report import headline, print_table, write_results

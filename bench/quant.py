@@ -6,7 +6,7 @@ Throughput is MB/s of f32 (input for quantize, output for dequantize), best of s
 runs, measured back to back with the `gguf` package's kernels on the same bytes; the ratio
 is ours / gguf.  gguf-py has no Q4_K/Q6_K quantizer, so those rows have no reference.
 The "encoder" column says which quantizer ran (registry.encoder): "c" is the
-apps.quantization._kquant_encoders extension (llama.cpp's reference Q4_K/Q6_K quantizers, bit for
+core.quantization._kquant_encoders extension (llama.cpp's reference Q4_K/Q6_K quantizers, bit for
 bit), "numba" / "numpy" the Python paths; TENZRO_KQUANT_C=0 forces numpy for Q4_K/Q6_K.
 "variant" is the copy of the C encoder that ran (kquant_c.variant(): avx512, avx2 or scalar;
 TENZRO_KQUANT_VARIANT picks one).  When the C encoder ran, "numpy enc" is the numpy encoder
@@ -18,7 +18,7 @@ to the numpy encoder, Q6_K's speed relative to Q4_K's in the same copy, and whet
 equal the numpy encoder's (they must).  An AVX2-only machine runs the avx2 and scalar rows.
 The C encoder splits a large input over one thread per CPU (the threads column).
 Quality is the relative RMSE sqrt(mean (y-x)^2 / mean x^2) on Gaussian and Student-t (3 dof)
-weights, next to the naive min/max encoder of the same layout (apps.quantization.baseline)
+weights, next to the naive min/max encoder of the same layout (core.quantization.baseline)
 and llama.cpp reference figures (see LLAMA_CPP below).
 """
 
@@ -31,10 +31,10 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import quants as gq
 
-from apps.quantization import kquant_c
-from apps.quantization.baseline import NAIVE
-from apps.quantization.registry import KERNELS, dequantize, encoder, quantize
-from apps.quantization.types import GGMLType
+from core.quantization import kquant_c
+from core.quantization.baseline import NAIVE
+from core.quantization.registry import KERNELS, dequantize, encoder, quantize
+from core.quantization.types import GGMLType
 
 from .report import headline, print_table, write_results
 

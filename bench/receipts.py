@@ -25,13 +25,13 @@ from collections.abc import Callable
 import numpy as np
 from nacl.signing import SigningKey
 
-from apps.experts.backends import cpu_isa, quant_matmul_variants
-from apps.experts.ffn import build_expert, expert_forward
-from apps.experts.selection import select_backend
-from apps.experts.wire import decode_rows, encode_rows
-from apps.quantization.payload import encode_expert_payload
 from apps.receipts.commitment import Expected, ReceiptSigner, blake3_hex, verify_receipt
 from bench.report import headline, print_table, write_results
+from core.experts.backends import cpu_isa, quant_matmul_variants
+from core.experts.ffn import build_expert, expert_forward
+from core.experts.selection import select_backend
+from core.formats.expert_payload import encode_expert_payload
+from core.formats.wire import decode_rows, encode_rows
 
 D_MODEL, D_FF, TOPK = 2048, 768, 16
 BATCHES = (8, 64)

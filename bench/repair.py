@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from apps.experts.backends import cpu_isa
 from apps.repair.selection import ExpertView, RepairRules, _keys, _scores, key64, select_repairs
+from core.experts.backends import cpu_isa
 
 from .report import headline, print_table, timed, write_results
 

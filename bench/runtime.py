@@ -1,4 +1,4 @@
-"""Expert-forward benchmark of the CPU compute backend (apps.experts.backends).
+"""Expert-forward benchmark of the CPU compute backend (core.experts.backends).
 
     .venv/bin/python -m bench.runtime [--quick] [--kernels]
 
@@ -18,7 +18,7 @@ Expert dims: Qwen3-30B-A3B (d_model 2048, d_ff 768) and DeepSeek-V3 (7168, 2048)
   more experts than fit in cache. Q8_0 and q4_k_m batch-1 cold times are reported as a
   ratio to the f32 cold time (target <= 0.5: they read 4-7x fewer bytes).
 
-* C kernel variants (apps/experts/_quant_matmul.c): every copy this CPU runs (avx512vnni,
+* C kernel variants (core/experts/_quant_matmul.c): every copy this CPU runs (avx512vnni,
   avxvnni, avx2, scalar) on one thread, at Qwen3 gate|up shape: the fused matmul at batch 1
   and 8 and the row dequantizer, each as a ratio to the scalar copy; `--kernels` runs only
   this table. The variant the backend picked is the "cpu kernel" reference row.
@@ -46,9 +46,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from apps.experts import backends
-from apps.experts.backends import CpuBackend, TensorIn
 from bench.report import headline, print_table, write_results
+from core.experts import backends
+from core.experts.backends import CpuBackend, TensorIn
 from testkit.blocks import random_blocks
 
 DIMS = {"Qwen3-30B-A3B": (2048, 768), "DeepSeek-V3": (7168, 2048)}

@@ -32,9 +32,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from apps.experts.runtime import ExpertRuntime
-from apps.quantization.payload import encode_expert_payload
-from apps.transport.quic import QuicSettings, quic_connection
+from core.experts.runtime import ExpertRuntime
+from core.formats.expert_payload import encode_expert_payload
+from core.transport.quic import QuicSettings, quic_connection
 from testkit.nodes import TOKEN, NodeProcess
 
 from .report import headline, print_table, write_results

@@ -3,7 +3,7 @@
 Run: .venv/bin/python -m bench.transport_quic [--quick] [--no-node]
 
 1. Echo of 64 KB, 1 MB and 4 MB bodies through the peer-door server and the client pool
-   (apps/transport), per variant: the tuned default of each library (qh3, aioquic), the
+   (core/transport), per variant: the tuned default of each library (qh3, aioquic), the
    settings before tuning (1,350-byte datagrams, the kernel's socket buffers), and one knob
    changed at a time — datagram size, flow-control windows, socket buffers, congestion
    control (aioquic), event loop (uvloop). Each runs in-process (server and client on one
@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from apps.node.identity import load_or_create_identity
-from apps.transport import quic_lib
-from apps.transport.pool import QuicPool
-from apps.transport.udp import tune_socket
+from core.transport import quic_lib
+from core.transport.pool import QuicPool
+from core.transport.udp import tune_socket
 
 from ._quic_echo import (
     SIZES,

@@ -1,5 +1,11 @@
-"""Django project package of the Tenzro MoE node.
+"""The roof of the house: the Django project (settings, urls, asgi) and the Celery app.
 
-The Celery app is imported by apps.node's AppConfig.ready() rather than here, so that the
-plain modules under tenzro_site.settings.env stay importable without Django.
+It only imports: no app imports anything from here. The Celery app is loaded with the
+project (as Celery's Django guide does), so `@shared_task` binds to the node's broker in
+every process that sets Django up (web, expert worker, Celery) and `celery -A tenzro_site`
+finds it. Settings helpers live in core/env.py and core/logs.py (docs/architecture.md).
 """
+
+from tenzro_site.celery import app as celery_app
+
+__all__ = ["celery_app"]

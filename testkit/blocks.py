@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from apps.quantization.types import GGMLType
+from core.quantization.types import GGMLType
 
 F16_FIELDS = {"Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}  # byte offsets of f16 d / dmin in a block
 

@@ -15,8 +15,8 @@ import os
 def wgsl_unavailable() -> str | None:
     """None when a WebGPU adapter opens here, else the reason (DeviceUnavailable's message).
     Raises RuntimeError instead when TENZRO_TEST_REQUIRE_WGSL is set."""
-    from apps.experts.gpu.ops import DeviceUnavailable
-    from apps.experts.gpu.wgsl import open_device
+    from core.experts.gpu.ops import DeviceUnavailable
+    from core.experts.gpu.wgsl import open_device
 
     try:
         open_device(allow_software=True).close()
@@ -30,8 +30,8 @@ def wgsl_unavailable() -> str | None:
 @functools.cache
 def cuda_unavailable() -> str | None:
     """None when CuPy sees an NVIDIA device, else why the CUDA tests skip."""
-    from apps.experts.gpu.cuda import open_device
-    from apps.experts.gpu.ops import DeviceUnavailable
+    from core.experts.gpu.cuda import open_device
+    from core.experts.gpu.ops import DeviceUnavailable
 
     try:
         open_device().close()

@@ -68,7 +68,7 @@ class NodeProcess:
         if self.source_root is not None:  # its packages come first on sys.path, before this checkout's
             env["PYTHONPATH"] = str(self.source_root)
         argv = [
-            *self.launcher, sys.executable, "-m", "apps.cli.main", "node", "run",
+            *self.launcher, sys.executable, "-m", "cli.main", "node", "run",
             "--http", f"{self.host}:{self.http_port}", "--quic", f"{self.host}:{self.quic_port}",
             "--data-dir", str(self.data_dir), "--redis-url", self.redis_url, "--peers", ",".join(self.peers),
         ]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from apps.shardmap.views import HoldingView, ProviderView, ReplicationPolicy
+from core.shardmap.gossip_view import HoldingView, ProviderView, ReplicationPolicy
 
 MODEL = "test-moe"
 # The governance defaults (DESIGN.md "Policy"), for tests that do not care about their values.

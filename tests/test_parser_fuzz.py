@@ -32,12 +32,12 @@ from hypothesis import strategies as st
 
 from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.sources import CheckpointError
-from apps.errors import TenzroError
-from apps.experts.ffn import parse_payload, read_header
-from apps.experts.gate_payload import read_gate_payload
 from apps.providers.records import RecordError, verify_heartbeat, verify_record
 from apps.receipts.commitment import Expected, ReceiptError, receipt_body, sign_receipt, sketch_bytes, verify_receipt
-from apps.transport.framing import FrameDecoder, FramingError, request_frame, response_frame
+from core.errors import TenzroError
+from core.experts.ffn import parse_payload, read_header
+from core.formats.gate_payload import read_gate_payload
+from core.transport.framing import FrameDecoder, FramingError, request_frame, response_frame
 from testkit.checkpoints import qwen3_moe
 from testkit.records import heartbeat, new_key, signed_record
 from tests.experts.factories import expert_payload, expert_weights, qwen_gate

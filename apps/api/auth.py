@@ -12,7 +12,7 @@ from functools import cache
 
 from django.conf import settings
 
-from tenzro_site.settings.env import OPERATOR_TOKEN_FILE, read_or_create_secret
+from core.env import OPERATOR_TOKEN_FILE, read_or_create_secret
 
 
 @cache

@@ -14,7 +14,7 @@ from typing import Any
 
 import pybase64
 
-from apps.errors import InvalidInput
+from core.errors import InvalidInput
 
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
-from apps.errors import PayloadTooLarge
-from apps.transport.framing import FRAME_CONTENT_TYPE, Reply
+from core.errors import PayloadTooLarge
+from core.transport.framing import FRAME_CONTENT_TYPE, Reply
 
 Scope = dict[str, Any]
 Message = dict[str, Any]

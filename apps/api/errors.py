@@ -1,6 +1,6 @@
 """JSON-RPC 2.0's own error codes and the error object (spec: jsonrpc.org/specification#error_object).
 
-Application errors, their reasons and their codes live in apps/errors.py; this module only
+Application errors, their reasons and their codes live in core/errors.py; this module only
 adds what the JSON-RPC protocol itself defines.
 """
 

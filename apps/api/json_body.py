@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from apps.errors import InvalidInput
+from core.errors import InvalidInput
 
 # orjson's own fixed limit (it cannot be changed); documented in docs/protocol.md.
 MAX_NESTING = 1024

@@ -23,8 +23,8 @@ from apps.api.errors import (
 )
 from apps.api.json_body import JsonBodyError, loads
 from apps.api.registry import REGISTRY, RpcMethod
-from apps.errors import PayloadTooLarge, TenzroError, Unauthorized
-from apps.metrics import node as metrics
+from core import metrics
+from core.errors import PayloadTooLarge, TenzroError, Unauthorized
 
 logger = logging.getLogger(__name__)
 

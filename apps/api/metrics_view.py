@@ -1,4 +1,4 @@
-"""`GET /metrics`: the node's Prometheus metrics (apps/metrics/node.py), in the exposition format.
+"""`GET /metrics`: the node's Prometheus metrics (core/metrics.py), in the exposition format.
 
 Open by default, like the node's other reads (TENZRO_METRICS_PUBLIC=1); with 0 it needs the
 operator token (Authorization: Bearer …), which Prometheus sends with `authorization:

@@ -2,7 +2,7 @@
 
 A method with params takes them as the JSON body (POST) or as query parameters (GET).
 Every error answers `{"detail": message, "reason": …}` (ErrorOut) with the status of its
-kind (apps/errors.py), and each route documents in OpenAPI every status it can answer.
+kind (core/errors.py), and each route documents in OpenAPI every status it can answer.
 """
 
 from typing import Any
@@ -21,7 +21,7 @@ from apps.api.auth import is_operator
 from apps.api.json_body import JsonBodyError, loads
 from apps.api.registry import REGISTRY, RpcMethod
 from apps.api.schemas import ErrorOut
-from apps.errors import PayloadTooLarge, TenzroError, Unauthorized
+from core.errors import PayloadTooLarge, TenzroError, Unauthorized
 
 _HTTP_REASONS = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 

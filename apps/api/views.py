@@ -11,7 +11,7 @@ from django.views.decorators.csrf import csrf_exempt
 from apps.api.auth import bearer_token, is_operator
 from apps.api.errors import error_object
 from apps.api.jsonrpc import handle_payload
-from apps.errors import PayloadTooLarge
+from core.errors import PayloadTooLarge
 
 
 @csrf_exempt

@@ -10,7 +10,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from apps.blobs.store import BlobError, BlobStore
-from apps.errors import InvalidInput, NotFound
+from core.errors import InvalidInput, NotFound
 
 Result = tuple[dict[str, Any], bytes]
 

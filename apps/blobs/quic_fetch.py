@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from blake3 import blake3
 
 from apps.blobs.store import BlobError
-from apps.transport.quic import QuicSettings, TransportError, quic_connection
-from tenzro_site.settings.env import split_host_port
+from core.env import split_host_port
+from core.transport.quic import QuicSettings, TransportError, quic_connection
 
 CHUNK_BYTES = 32 << 20  # one blob/get answer: well under TENZRO_QUIC_MAX_BODY
 

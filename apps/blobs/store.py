@@ -24,8 +24,8 @@ from pathlib import Path
 import httpx
 from blake3 import blake3
 
-from apps.durable_files import TMP_PREFIX, write_atomic
-from apps.errors import TenzroError
+from core.durable_files import TMP_PREFIX, write_atomic
+from core.errors import TenzroError
 
 BLOB_URI_PREFIX = "tenzro://blob/"
 _HASH = re.compile(r"^[0-9a-f]{64}$")

@@ -9,9 +9,9 @@ from pydantic import ConfigDict, model_validator
 from apps.api.registry import rpc_method
 from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams, absent_or, bounded_int
 from apps.catalog import selectors, services
-from apps.experts.gate_payload import MAX_DENSE_SLICES
-from apps.quantization.presets import PRESETS
-from apps.quantization.types import GGMLType
+from core.formats.gate_payload import MAX_DENSE_SLICES
+from core.quantization.presets import PRESETS
+from core.quantization.types import GGMLType
 
 # Spelled as the schema enumerates them; resolve_quant accepts exactly these.
 Preset = Literal[tuple(sorted(PRESETS))]  # type: ignore[valid-type]

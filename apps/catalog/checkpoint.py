@@ -32,7 +32,7 @@ import httpx
 import numpy as np
 
 from apps.catalog.sources import CheckpointError, HttpSource, LocalSource
-from apps.quantization.safetensors_header import header_length, parse_header
+from core.formats.safetensors_header import header_length, parse_header
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"

@@ -16,7 +16,7 @@ the sum of the slices' outputs::
     +---------+
 
 The slices are published as experts (model, L, 0 … n-1) with a dense gate
-(apps.experts.gate_payload: router "dense"), whose route sends every token to every slice with
+(core.formats.gate_payload: router "dense"), whose route sends every token to every slice with
 weight 1.0. The cut is `dense_slice_bounds` aligned to the block of the down projection's
 requested quant type (its rows run along d_ff): every slice but the last keeps whole blocks,
 and the last falls back (types.resolve_type) only when the block does not divide d_ff itself.
@@ -33,14 +33,14 @@ import numpy as np
 from apps.catalog.checkpoint import FP8_BLOCK, CheckpointReader
 from apps.catalog.shapes import ModelShape
 from apps.catalog.slicing import PreparedLayer, SlicingError, expert_tensor, gate_tensor
-from apps.experts.gate_payload import (
+from core.formats.expert_payload import encode_expert_payload, read_expert_payload
+from core.formats.gate_payload import (
     MAX_DENSE_SLICES,
     dense_slice_bounds,
     encode_dense_gate_payload,
     max_dense_slices,
 )
-from apps.quantization.payload import encode_expert_payload, read_expert_payload
-from apps.quantization.presets import PROJECTIONS, TENSOR_NAMES, resolve_quant
+from core.quantization.presets import PROJECTIONS, TENSOR_NAMES, resolve_quant
 
 # Rows of down_proj per ranged read: a multiple of DeepSeek's 128-row FP8 scale blocks, so no
 # scale row is fetched twice; 512 rows of an 18,432-wide layer are ~9 MB of FP8 (~38 MB as f32).

@@ -9,7 +9,7 @@ from apps.blobs.store import blob_uri
 from apps.catalog.checkpoint import CheckpointError, CheckpointReader
 from apps.catalog.models import PrepareJob
 from apps.catalog.shapes import CatalogError, ModelShape, catalog_shape, shape_from_config, shape_to_dict
-from apps.errors import InvalidInput, NotFound
+from core.errors import InvalidInput, NotFound
 
 HUB_URL = "https://huggingface.co/{repo}/resolve/main"
 

@@ -30,11 +30,11 @@ from apps.catalog.selectors import default_checkpoint, prepare_job_to_dict
 from apps.catalog.shapes import CatalogError, ModelShape, catalog_shape, shape_from_config
 from apps.catalog.signals import prepare_progressed
 from apps.catalog.slicing import SlicingError, gate_payload_for_layer, prepare_expert
-from apps.errors import InvalidInput
-from apps.experts.gate_payload import MAX_DENSE_SLICES
 from apps.node.selectors import redis_client
-from apps.quantization.payload import PayloadError
-from apps.quantization.presets import resolve_quant
+from core.errors import InvalidInput
+from core.formats.expert_payload import PayloadError
+from core.formats.gate_payload import MAX_DENSE_SLICES
+from core.quantization.presets import resolve_quant
 
 logger = logging.getLogger(__name__)
 LOCK_KEY = "tenzro:prepare-lock:{job_id}"

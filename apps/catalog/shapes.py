@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from apps.errors import TenzroError
+from core.errors import TenzroError
 
 ROUTERS = ("softmax", "sigmoid")
 

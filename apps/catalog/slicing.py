@@ -2,8 +2,8 @@
 
 Pure module (no Django). The inputs are a CheckpointReader (ranged reads) and a ModelShape;
 the outputs are the byte-exact payloads of DESIGN.md: the gate payload
-(apps.experts.gate_payload) and one expert payload per expert
-(apps.quantization.payload). Deterministic: the same checkpoint, shape, layer, experts and
+(core.formats.gate_payload) and one expert payload per expert
+(core.formats.expert_payload). Deterministic: the same checkpoint, shape, layer, experts and
 quant give byte-identical payloads, so a re-run prepare job publishes the same hashes.
 
 Shared experts (DeepSeek layout) are expert ids n_routed … n_routed+n_shared-1. The
@@ -23,10 +23,10 @@ import numpy as np
 
 from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.shapes import ModelShape
-from apps.errors import TenzroError
-from apps.experts.gate_payload import encode_gate_payload
-from apps.quantization.payload import encode_expert_payload, read_expert_payload
-from apps.quantization.presets import PROJECTIONS, TENSOR_NAMES
+from core.errors import TenzroError
+from core.formats.expert_payload import encode_expert_payload, read_expert_payload
+from core.formats.gate_payload import encode_gate_payload
+from core.quantization.presets import PROJECTIONS, TENSOR_NAMES
 
 
 class SlicingError(TenzroError, ValueError):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from apps.errors import TenzroError
+from core.errors import TenzroError
 
 MAX_JSON = 64 * 1024 * 1024  # config.json / index: a few MB at most for the largest hub models
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")

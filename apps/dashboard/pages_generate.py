@@ -23,10 +23,10 @@ from pydantic import ValidationError
 
 from apps.dashboard.access import dashboard_page
 from apps.dashboard.pages_work import _wants_json, operator_required
-from apps.errors import TenzroError
 from apps.generation import selectors
 from apps.generation.api import GenerateParams, generation_begin
 from apps.providers.selectors import held_models
+from core.errors import TenzroError
 
 GENERATIONS_SHOWN = 30
 STEPS_SHOWN = 200  # the newest steps' fan-out on the page; the whole record: tenzro_moeGeneration

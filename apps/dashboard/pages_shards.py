@@ -19,12 +19,12 @@ from pydantic import ValidationError
 
 from apps.dashboard import selectors_shards
 from apps.dashboard.access import dashboard_page
-from apps.errors import TenzroError
 from apps.providers.api import PlanParams
 from apps.providers.selectors import shard_index
-from apps.shardmap.planner import plan_dispatch
-from apps.shardmap.routings import PlanInputError
 from apps.worker import client as worker_client
+from core.errors import TenzroError
+from core.shardmap.planner import plan_dispatch
+from core.shardmap.routings import PlanInputError
 
 MAX_GENERATED_TOKENS = 4096
 MAX_D_MODEL = 1 << 16

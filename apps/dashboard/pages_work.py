@@ -23,14 +23,14 @@ from apps.catalog.models import PrepareJob
 from apps.catalog.selectors import prepare_job_to_dict
 from apps.catalog.services import prepare_job_create
 from apps.dashboard.access import dashboard_page
-from apps.errors import TenzroError
 from apps.forward.selectors import forwards_recent
-from apps.quantization.presets import PRESETS
 from apps.receipts.selectors import dispute_view, receipts_list
 from apps.receipts.services import dispute_open
 from apps.repair.selectors import repair_passes
 from apps.reputation.selectors import reputation_rows
 from apps.settlement.selectors import ledger_balances
+from core.errors import TenzroError
+from core.quantization.presets import PRESETS
 
 RECEIPTS_SHOWN = 100
 JOBS_SHOWN = 30

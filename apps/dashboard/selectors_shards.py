@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from apps.providers import selectors as provider_selectors
-from apps.shardmap.aggregation import shard_map_of
-from apps.shardmap.index import ShardIndex
+from core.shardmap.aggregation import shard_map_of
+from core.shardmap.index import ShardIndex
 
 # A heatmap wider or taller than this is not drawn (a malformed record naming expert 2**31-1
 # must not make the page allocate a huge grid); the page says so instead.

@@ -1,7 +1,7 @@
 from django.contrib import admin
 
+from apps.api.read_only_admin import ReadOnlyAdmin
 from apps.forward.models import HolderPenalty
-from apps.read_only_admin import ReadOnlyAdmin
 
 
 @admin.register(HolderPenalty)

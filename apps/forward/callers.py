@@ -27,14 +27,14 @@ from typing import Any
 import httpx
 import numpy as np
 
-from apps.errors import TenzroError, Unavailable, error_for_reason
-from apps.experts.wire import decode_rows, encode_rows
 from apps.forward.engine import Answer
 from apps.receipts.commitment import Expected, ReceiptError, SignedReceipt, blake3_hex, verify_receipt
-from apps.shardmap.views import ProviderView
-from apps.transport.framing import FRAME_CONTENT_TYPE, KIND_RESPONSE, FramingError, decode_frame, request_frame
-from apps.transport.pool import QuicPool
-from apps.transport.quic import TransportError
+from core.errors import TenzroError, Unavailable, error_for_reason
+from core.formats.wire import decode_rows, encode_rows
+from core.shardmap.gossip_view import ProviderView
+from core.transport.framing import FRAME_CONTENT_TYPE, KIND_RESPONSE, FramingError, decode_frame, request_frame
+from core.transport.pool import QuicPool
+from core.transport.quic import TransportError
 
 RunLocal = Callable[[int, int, np.ndarray], Awaitable[np.ndarray]]
 

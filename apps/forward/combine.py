@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from apps.errors import Unavailable
+from core.errors import Unavailable
 
 
 class ForwardIncomplete(Unavailable):

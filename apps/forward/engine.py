@@ -2,7 +2,7 @@
 
 Pure module (no Django, no aioquic): the caller injects how a batch is executed on a holder
 (`BatchExecutor`: locally, over QUIC or over HTTP; apps/forward/callers.py) and how pairs are
-planned (`Planner`: apps.shardmap.planner over the gossiped view), so the whole failover
+planned (`Planner`: core.shardmap.planner over the gossiped view), so the whole failover
 logic runs in unit tests with holders that fail, hang or answer late on purpose.
 
     run_forward(combine, hidden, plan, execute, book, limits) -> ForwardReport
@@ -31,11 +31,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from apps.errors import TenzroError
 from apps.forward.combine import StreamingCombine
 from apps.forward.hedging import LatencyBook
-from apps.shardmap.planner import Batch, DispatchPlan
-from apps.shardmap.views import ProviderView
+from core.errors import TenzroError
+from core.shardmap.gossip_view import ProviderView
+from core.shardmap.planner import Batch, DispatchPlan
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class BatchExecutor(Protocol):
 # of being failed, penalized and cooled down.
 BACKPRESSURE = frozenset({"rate_limited", "too_many_streams"})
 
-# (tokens, layers, experts, exclude) -> plan; pairs as in apps.shardmap.planner.plan_pairs
+# (tokens, layers, experts, exclude) -> plan; pairs as in core.shardmap.planner.plan_pairs
 Planner = Callable[[np.ndarray, np.ndarray, np.ndarray, frozenset[str]], DispatchPlan]
 
 

@@ -25,25 +25,24 @@ import numpy as np
 from django.conf import settings
 from django.db import close_old_connections
 
-from apps.errors import InvalidInput
-from apps.experts.handlers import hidden_param, str_param
-from apps.experts.wire import WIRE_CODECS, rows_to_bytes
 from apps.forward import services
 from apps.forward.callers import HolderCaller
 from apps.forward.combine import ForwardIncomplete, StreamingCombine
 from apps.forward.engine import ForwardLimits, ForwardReport, run_forward
 from apps.forward.hedging import HedgePolicy, LatencyBook
-from apps.generation.handlers import WholeModelHandlers
 from apps.governance.selectors import policy_active
-from apps.metrics import node as metrics
 from apps.providers.selectors import holding_views, provider_views, replication_policy
 from apps.receipts.sampling import keep_receipt
-from apps.shardmap.index import ShardIndex
-from apps.shardmap.planner import plan_pairs
-from apps.shardmap.views import HoldingView, ProviderView
-from apps.transport.pool import QuicPool
-from apps.transport.quic import QuicSettings
 from apps.worker.doors import CallContext, WorkerParts
+from apps.worker.params import flag_param, fraction_param, hidden_param, str_param
+from core import metrics
+from core.errors import InvalidInput
+from core.formats.wire import WIRE_CODECS, rows_to_bytes
+from core.shardmap.gossip_view import HoldingView, ProviderView
+from core.shardmap.index import ShardIndex
+from core.shardmap.planner import plan_pairs
+from core.transport.pool import QuicPool
+from core.transport.quic import QuicSettings
 
 logger = logging.getLogger("tenzro.forward")
 COOLING_LATENCY_MS = 3_600_000.0  # ranks a cooling holder after every other (the planner adds latency)
@@ -51,24 +50,18 @@ Result = tuple[dict[str, Any], bytes]
 View = tuple[list[ProviderView], list[HoldingView], Any, int]  # providers, holdings, policy, receipt 1-in-N
 
 
+def distributed_forward(parts: WorkerParts) -> DistributedForward:
+    """The worker's one DistributedForward: `moe/forward` and the whole-model methods that drive it
+    layer by layer (apps/generation/handlers.py) share its QUIC pool, latency book and cooldowns."""
+    forward = parts.shared.get("forward")
+    if forward is None:
+        forward = parts.shared["forward"] = DistributedForward(parts)
+    return forward
+
+
 def forward_handlers(parts: WorkerParts) -> dict[str, Any]:
-    """moe/forward, and the whole-model methods that drive it layer by layer (apps/generation)."""
-    forward = DistributedForward(parts)
-    return {"moe/forward": forward.forward, **WholeModelHandlers(parts, forward.forward_layer).table()}
-
-
-def _flag(params: dict[str, Any], name: str) -> bool:
-    value = params.get(name, False)
-    if not isinstance(value, bool):
-        raise InvalidInput(f"param {name!r} must be true or false, got {value!r}")
-    return value
-
-
-def _fraction(params: dict[str, Any], name: str) -> float:
-    value = params.get(name, 0.0)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (0.0 <= value <= 1.0):
-        raise InvalidInput(f"param {name!r} must be a number in [0, 1], got {value!r}")
-    return float(value)
+    """moe/forward."""
+    return {"moe/forward": distributed_forward(parts).forward}
 
 
 class DistributedForward:
@@ -128,8 +121,8 @@ class DistributedForward:
         model_id, layer = str_param(params, "model_id"), params.get("layer", 0)
         if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
             raise InvalidInput(f"param 'layer' must be a non-negative integer, got {layer!r}")
-        allow_partial, allow_cold = _flag(params, "allow_partial"), _flag(params, "allow_cold")
-        min_gate_mass = _fraction(params, "min_gate_mass")
+        allow_partial, allow_cold = flag_param(params, "allow_partial"), flag_param(params, "allow_cold")
+        min_gate_mass = fraction_param(params, "min_gate_mass")
         wire = params.get("wire")
         if wire is not None and wire not in WIRE_CODECS:
             raise InvalidInput(f"param 'wire' must be one of {list(WIRE_CODECS)}, got {wire!r}",

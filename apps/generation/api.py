@@ -20,9 +20,9 @@ from apps.api.b64 import b64_encode, base64_field
 from apps.api.registry import rpc_method
 from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams, bounded_int
 from apps.catalog.selectors import default_checkpoint
-from apps.errors import InvalidInput
 from apps.generation import selectors
 from apps.worker.client import worker_call
+from core.errors import InvalidInput
 
 _MODEL_ID = {"min_length": 1, "max_length": 200}
 TokenId = bounded_int(0, DB_INT_MAX)  # whether it is in the model's vocabulary only the worker knows

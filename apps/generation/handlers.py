@@ -30,14 +30,15 @@ from django.db import close_old_connections
 from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.shapes import shape_from_config
 from apps.catalog.slicing import gate_payload_for_layer
-from apps.errors import InvalidInput, NotFound, RateLimited, TenzroError
-from apps.experts.handlers import str_param
-from apps.experts.wire import WIRE_CODECS
+from apps.forward.handlers import distributed_forward
 from apps.generation import services
 from apps.generation.model import WholeModel
 from apps.generation.spec import spec_from_config
 from apps.generation.weights import load_dense_weights
 from apps.worker.doors import CallContext, Door, WorkerParts
+from apps.worker.params import str_param
+from core.errors import InvalidInput, NotFound, RateLimited, TenzroError
+from core.formats.wire import WIRE_CODECS
 
 logger = logging.getLogger("tenzro.generation")
 Result = tuple[dict[str, Any], bytes]
@@ -50,6 +51,11 @@ class LayerForward(Protocol):
                  allow_partial: bool = ..., allow_cold: bool = ..., min_gate_mass: float = ...,
                  codecs: tuple[str, ...] = ..., keep_record: bool = ...
                  ) -> Awaitable[tuple[dict[str, Any], np.ndarray]]: ...
+
+
+def generation_handlers(parts: WorkerParts) -> dict[str, Callable[..., Awaitable[Result]]]:
+    """moe/load_dense, moe/model_forward and moe/generate, over the worker's distributed forward."""
+    return WholeModelHandlers(parts, distributed_forward(parts).forward_layer).table()
 
 
 class LoadedModel:

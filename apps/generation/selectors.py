@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from apps.errors import NotFound
 from apps.generation.models import Generation, GenerationState
+from core.errors import NotFound
 
 
 def generation_to_dict(row: Generation, *, steps: bool = True) -> dict[str, Any]:

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from apps.catalog.checkpoint import CheckpointReader, TensorInfo
-from apps.errors import TenzroError
 from apps.generation.attention import attention_tensor_shapes
 from apps.generation.spec import TransformerSpec
+from core.errors import TenzroError
 
 F32_BYTES = 4
 

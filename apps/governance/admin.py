@@ -9,10 +9,10 @@ from typing import Any
 from django.contrib import admin, messages
 from django.http import HttpRequest
 
-from apps.errors import TenzroError
 from apps.governance import services
 from apps.governance.models import POLICY_VALUE_FIELDS, Policy, PolicyStatus
 from apps.governance.selectors import policy_active
+from core.errors import TenzroError
 
 
 @admin.register(Policy)

@@ -2,8 +2,8 @@
 
 from typing import Any
 
-from apps.errors import NotFound
 from apps.governance.models import Policy, PolicyStatus
+from core.errors import NotFound
 
 
 def policy_active() -> Policy:

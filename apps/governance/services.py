@@ -8,10 +8,10 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from apps.errors import Conflict, InvalidInput, NotFound
 from apps.governance.models import POLICY_VALUE_FIELDS, Policy, PolicyStatus
 from apps.governance.selectors import policy_active, policy_to_dict
 from apps.governance.signals import policy_activated
+from core.errors import Conflict, InvalidInput, NotFound
 
 
 def _check_values(policy: Policy) -> None:

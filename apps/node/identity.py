@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from nacl.signing import SigningKey, VerifyKey
 
-from apps.transport.pinning import certificate_sha256
+from core.transport.pinning import certificate_sha256
 
 KEY_FILE = "node.key"
 CERT_FILE = "quic-cert.pem"

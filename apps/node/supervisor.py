@@ -37,7 +37,7 @@ import redis
 
 from apps.node import liveness
 from apps.node.identity import load_or_create_identity
-from tenzro_site.settings.env import (
+from core.env import (
     BASE_DIR,
     OPERATOR_TOKEN_FILE,
     PREPARE_QUEUE,
@@ -46,7 +46,7 @@ from tenzro_site.settings.env import (
     read_or_create_secret,
     split_host_port,
 )
-from tenzro_site.settings.logs import Secrets, redact
+from core.logs import Secrets, redact
 
 STOP_GRACE_S = 15.0
 PIDS_FILE = "node.pids"
@@ -331,7 +331,7 @@ class Supervisor:
 
 def _json_line(name: str, line: str, *, node: str | None) -> str:
     """A child's JSON log line as it is; anything else (the supervisor's own lines, a child's raw
-    output) as a JSON object of the same shape (tenzro_site/settings/logs.py, JsonFormatter)."""
+    output) as a JSON object of the same shape (core/logs.py, JsonFormatter)."""
     if line.startswith("{") and line.endswith("}"):
         return line
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")

@@ -2,8 +2,8 @@
 
 from django.contrib import admin
 
+from apps.api.read_only_admin import ReadOnlyAdmin
 from apps.providers.models import GossipCount, Holding, Provider, Reachability
-from apps.read_only_admin import ReadOnlyAdmin
 
 
 @admin.register(Provider)

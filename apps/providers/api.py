@@ -6,11 +6,11 @@ from ninja import Field
 
 from apps.api.registry import rpc_method
 from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams
-from apps.errors import InvalidInput
 from apps.providers import selectors
-from apps.shardmap.aggregation import shard_map_of
-from apps.shardmap.planner import plan_dispatch
-from apps.shardmap.routings import PlanInputError
+from core.errors import InvalidInput
+from core.shardmap.aggregation import shard_map_of
+from core.shardmap.planner import plan_dispatch
+from core.shardmap.routings import PlanInputError
 
 _MODEL_ID = {"min_length": 1, "max_length": 200}
 

@@ -14,10 +14,10 @@ import httpx
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from apps.errors import Forbidden, InvalidInput
 from apps.providers import services
-from apps.transport.quic import QuicSettings, TransportError, quic_call
-from tenzro_site.settings.env import split_host_port
+from core.env import split_host_port
+from core.errors import Forbidden, InvalidInput
+from core.transport.quic import QuicSettings, TransportError, quic_call
 
 DIALBACK_TIMEOUT_S = 5.0
 

@@ -29,7 +29,7 @@ from typing import Any
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
-from apps.errors import InvalidInput
+from core.errors import InvalidInput
 
 RECORD_DOMAIN = b"tenzro/provider-record/v1\n"
 HEARTBEAT_DOMAIN = b"tenzro/heartbeat/v1\n"

@@ -32,8 +32,8 @@ from django.utils import timezone
 from apps.node.selectors import node_identity
 from apps.providers import services
 from apps.providers.models import Provider, Reachability
-from apps.transport.quic import QuicSettings, TransportError, quic_call
-from tenzro_site.settings.env import split_host_port
+from core.env import split_host_port
+from core.transport.quic import QuicSettings, TransportError, quic_call
 
 logger = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 10.0

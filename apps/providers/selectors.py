@@ -17,9 +17,9 @@ from apps.node.selectors import node_identity
 from apps.providers.models import GossipCount, Holding, Provider, Reachability
 from apps.providers.records import Holding as RecordHolding
 from apps.reputation.selectors import reputation_scores
-from apps.shardmap.index import ShardIndex
-from apps.shardmap.views import HoldingView, ProviderView, ReplicationPolicy
 from apps.worker import selectors as worker_selectors
+from core.shardmap.gossip_view import HoldingView, ProviderView, ReplicationPolicy
+from core.shardmap.index import ShardIndex
 
 
 def replication_policy() -> ReplicationPolicy:

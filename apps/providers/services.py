@@ -17,13 +17,13 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from apps.metrics import node as metrics
 from apps.node.selectors import node_identity
 from apps.providers.gossip import Gossip, Limits, parse_digest
 from apps.providers.models import GossipCount, Provider, Reachability
 from apps.providers.records import ProviderRecord, SignedRecord, sign_heartbeat, sign_record
 from apps.providers.selectors import announcement
 from apps.providers.signals import holdings_changed, providers_changed
+from core import metrics
 
 
 def now_ms() -> int:

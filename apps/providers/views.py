@@ -12,9 +12,9 @@ import orjson
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.views.decorators.csrf import csrf_exempt
 
-from apps.errors import NotFound, RateLimited, TenzroError
 from apps.providers.peer_methods import PEER_METHODS
 from apps.worker.peer_limits import HttpPeerSlot
+from core.errors import NotFound, RateLimited, TenzroError
 
 
 def _answer(payload: dict, status: int = 200) -> HttpResponse:

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from apps.read_only_admin import ReadOnlyAdmin
+from apps.api.read_only_admin import ReadOnlyAdmin
 from apps.receipts.models import Dispute, Receipt
 
 

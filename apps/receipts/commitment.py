@@ -32,7 +32,7 @@ import numpy as np
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
-from apps.experts.wire import decode_rows
+from core.formats.wire import decode_rows
 
 try:  # the compiled selection; the numpy reference does the same where numba is missing
     from apps.receipts.topk_kernel import sketch_q8_0 as _sketch_q8_0

@@ -26,18 +26,18 @@ from apps.blobs.peers import blob_holders
 from apps.blobs.resolver import HttpBlobSource, resolve_blob
 from apps.blobs.selectors import blob_store
 from apps.blobs.store import BlobError, parse_blob_uri
-from apps.errors import NotFound, TenzroError
-from apps.experts.ffn import build_expert, expert_forward
-from apps.experts.selection import cpu_backend
-from apps.experts.wire import decode_rows
 from apps.governance.selectors import policy_active
-from apps.metrics import node as metrics
 from apps.receipts.commitment import SignedReceipt, signature_valid, sketch_rows
 from apps.receipts.models import Dispute, DisputeState, Receipt
 from apps.receipts.selectors import receipts_list
 from apps.receipts.signals import dispute_decided, receipts_kept
 from apps.receipts.verdict import compare_sketch
 from apps.reputation.services import reputation_penalize
+from core import metrics
+from core.errors import NotFound, TenzroError
+from core.experts.ffn import build_expert, expert_forward
+from core.experts.selection import cpu_backend
+from core.formats.wire import decode_rows
 
 logger = logging.getLogger("tenzro.receipts")
 DISPUTE_TASK = "tenzro.receipts.dispute_run"

@@ -3,8 +3,8 @@
 from celery import shared_task
 from django.db import OperationalError
 
-from apps.errors import TenzroError
 from apps.receipts import services
+from core.errors import TenzroError
 
 
 class ExpertUnavailable(Exception):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from apps.quantization.f16 import F16_TO_F32
+from core.quantization.f16 import F16_TO_F32
 
 Q8_BLOCK, Q8_BLOCK_BYTES = 32, 34
 
@@ -88,7 +88,7 @@ def _sketch_q8_0(raw: np.ndarray, d: int, k: int, lut: np.ndarray) -> tuple[np.n
 
 def sketch_q8_0(data: bytes | bytearray | memoryview, *, tokens: int, d_model: int,
                 k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Q8_0 rows (apps.quantization.activations' layout) -> (indices int64 [tokens, k], values f32
+    """Q8_0 rows (core.quantization.activations' layout) -> (indices int64 [tokens, k], values f32
     [tokens, k]) of the rows they decode to, 1 <= k <= d_model. ValueError on a wrong byte count."""
     row_bytes = -(-d_model // Q8_BLOCK) * Q8_BLOCK_BYTES
     if len(data) != tokens * row_bytes:

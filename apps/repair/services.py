@@ -37,7 +37,6 @@ from django.utils import timezone
 
 from apps.blobs.peers import blob_holders
 from apps.blobs.store import parse_blob_uri
-from apps.errors import TenzroError
 from apps.governance.selectors import policy_active
 from apps.node.selectors import node_identity
 from apps.providers.selectors import holding_views
@@ -47,6 +46,7 @@ from apps.repair.signals import repair_pass_done
 from apps.worker import client as worker
 from apps.worker.models import HeldExpert
 from apps.worker.selectors import worker_status_published
+from core.errors import TenzroError
 
 logger = logging.getLogger("tenzro.repair")
 RUN_TASK = "tenzro.repair.run"

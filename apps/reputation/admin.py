@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 
-from apps.read_only_admin import ReadOnlyAdmin
+from apps.api.read_only_admin import ReadOnlyAdmin
 from apps.reputation.models import Reputation, ReputationEvent
 
 

@@ -14,8 +14,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from apps.errors import InvalidInput
 from apps.reputation.models import EventKind, Reputation, ReputationEvent
+from core.errors import InvalidInput
 
 QUANTUM = Decimal(1).scaleb(-12)  # the columns' 12 decimal places
 

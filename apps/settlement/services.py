@@ -20,11 +20,11 @@ from blake3 import blake3
 from celery import current_app
 from django.db import IntegrityError, transaction
 
-from apps.errors import InvalidInput
 from apps.governance.selectors import policy_active
 from apps.reputation.services import reputation_credit
 from apps.settlement.models import BURN_ACCOUNT, EntryKind, LedgerEntry, PendingSettlement, Settlement
 from apps.settlement.split import split_amounts
+from core.errors import InvalidInput
 
 logger = logging.getLogger(__name__)
 SETTLE_TASK = "tenzro.settlement.settle_forward"

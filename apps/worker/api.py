@@ -14,9 +14,9 @@ from pydantic import ConfigDict
 from apps.api.b64 import b64_decode, b64_encode, base64_field
 from apps.api.registry import rpc_method
 from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams, Unloaded, absent_or, exactly_one_of
-from apps.errors import InvalidInput
 from apps.node.selectors import redis_check
 from apps.worker import client, selectors
+from core.errors import InvalidInput
 
 _MODEL_ID = {"min_length": 1, "max_length": 200}
 _BLOB_URI = r"^tenzro://blob/[0-9a-f]{64}$"
@@ -181,71 +181,6 @@ class RowsOut(Out):
     output: str = Field(json_schema_extra=base64_field("Little-endian f32 [tokens, d_model], base64."))
 
 
-class ForwardParams(HiddenParams):
-    allow_partial: bool = Field(False, description="Return a renormalized partial result when some (expert, "
-                                                   "token) pairs cannot be served, instead of failing closed.")
-    allow_cold: bool = Field(False, description="Plan on Cold (disk-tier) holders when no Warm one is left.")
-    min_gate_mass: float = Field(0.0, ge=0.0, le=1.0, description="With allow_partial: a token that kept less "
-                                 "than this share of its gate mass is an error (gate_mass_lost), not a result.")
-    wire: Literal["q8_0", "f32"] = absent_or(description="Activation codec to send rows in (default: the first "
-                                             "of TENZRO_ACTIVATION_CODECS each holder's record lists).")
-
-
-class MissingPair(Out):
-    layer: int
-    expert: int
-    token_index: int
-
-
-class HolderForwardStats(Out):
-    provider: str
-    transport: Literal["local", "quic", "http", ""]
-    batches: int
-    rows: int
-    bytes_sent: int
-    bytes_received: int
-    failures: int
-    latency_ms_median: float | None
-    latency_ms_max: float | None
-    overhead_ms_median: float | None = Field(description="Latency minus the holder's reported compute.")
-    compute_ms: float | None = Field(None, description="The compute_ms its accepted batches' answers reported, "
-                                                       "summed (null when none reported it).")
-    receipts: int = Field(description="Its batches accepted with a verified receipt (0 for this node's own).")
-
-
-class ForwardFailure(Out):
-    provider: str
-    reason: str
-    layer: int
-    expert: int
-    rows: int
-    message: str
-
-
-class ForwardStats(Out):
-    forward_id: str = Field(description="The key of this forward's settlement (tenzro_moeSettlements).")
-    elapsed_ms: float
-    dispatch_ms: float
-    batches: int
-    hedges_fired: int
-    hedges_won: int
-    retries: int
-    replans: int
-    bytes_sent: int
-    bytes_received: int
-    lost_gate_mass: float | None = Field(description="Sum over tokens of the share of gate mass lost.")
-    codecs: list[str]
-    holders: list[HolderForwardStats]
-    failures: list[ForwardFailure]
-
-
-class ForwardOut(RowsOut):
-    missing: list[MissingPair] = Field(description="Unserved (layer, expert, token) pairs (allow_partial only).")
-    lost_gate_mass: list[float] = Field(description="Per token, the share of its gate mass lost; empty when "
-                                                    "nothing was.")
-    stats: ForwardStats
-
-
 class WorkerStatusOut(Out):
     provider_id: str
     quic_cert_sha256: str
@@ -298,7 +233,7 @@ def _source(params: PayloadSource, what: str) -> dict[str, Any]:
     return {"path": params.path} if params.path is not None else {"blob_uri": params.blob_uri}
 
 
-def _rows(result: dict[str, Any], body: bytes) -> dict[str, Any]:
+def rows_out(result: dict[str, Any], body: bytes) -> dict[str, Any]:
     return {"tokens": result["tokens"], "d_model": result["d_model"], "output": b64_encode(body)}
 
 
@@ -366,23 +301,8 @@ async def route(params: HiddenParams) -> dict[str, Any]:
 async def execute(params: ExecuteParams) -> dict[str, Any]:
     """Run a batch of rows through one resident expert."""
     rows = b64_decode(params.hidden, what="hidden")
-    return _rows(*await client.execute(model_id=params.model_id, layer=params.layer, expert=params.expert,
+    return rows_out(*await client.execute(model_id=params.model_id, layer=params.layer, expert=params.expert,
                                        d_model=params.d_model, rows=rows))
-
-
-@rpc_method("tenzro_moeForward", rest="/moe/forward", tag="moe", params=ForwardParams, response=ForwardOut,
-            errors=(404, 503))
-async def forward(params: ForwardParams) -> dict[str, Any]:
-    """Distributed layer forward: gate here → plan over the shard map → dispatch each holder's
-    batch (locally, QUIC or HTTP; failover, hedging, bounded replanning) → gate-weighted combine.
-
-    Fails closed (`forward_incomplete`, with `missing`) unless `allow_partial`."""
-    rows = b64_decode(params.hidden, what="hidden")
-    options = params.model_dump(include={"allow_partial", "allow_cold", "min_gate_mass", "wire"}, exclude_none=True)
-    result, body = await client.forward(model_id=params.model_id, layer=params.layer, d_model=params.d_model,
-                                        rows=rows, options=options)
-    return {**_rows(result, body), "missing": result["missing"], "lost_gate_mass": result["lost_gate_mass"],
-            "stats": result["stats"]}
 
 
 @rpc_method("tenzro_workerStatus", rest="/node/worker", http_method="GET", tag="node", response=WorkerStatusOut,
@@ -390,7 +310,6 @@ async def forward(params: ForwardParams) -> dict[str, Any]:
 async def worker_status() -> dict[str, Any]:
     """Ask the expert worker for its `moe/status` right now (liveness), over the operator door."""
     return await client.worker_status()
-
 
 
 @rpc_method("tenzro_nodeHealth", rest="/node/health", http_method="GET", tag="node", response=NodeHealthOut)

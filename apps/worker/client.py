@@ -17,7 +17,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from apps.errors import Unavailable, error_for_reason
+from core.errors import Unavailable, error_for_reason
 
 WORKER_CHANNEL = "tenzro.worker"
 

@@ -26,9 +26,9 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from apps.errors import Forbidden, NotFound, TenzroError, Unavailable
-from apps.metrics import node as metrics
-from apps.transport.framing import Reply
+from core import metrics
+from core.errors import Forbidden, NotFound, TenzroError, Unavailable
+from core.transport.framing import Reply
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -123,20 +123,24 @@ Handler = Callable[[dict[str, Any], bytes | bytearray, CallContext], Awaitable[t
 @dataclass(frozen=True)
 class WorkerParts:
     """What the worker lends the handlers other parts contribute: its runtime (an
-    apps.experts.runtime.ExpertRuntime), its compute executor, this node's provider id, its
+    core.experts.runtime.ExpertRuntime), its compute executor, this node's provider id, its
     view of the control plane (apps.worker.control_plane.ControlPlaneView), and the router's
-    receipt-sampling key (apps.receipts.sampling: derived from the node seed, never the seed)."""
+    receipt-sampling key (apps.receipts.sampling: derived from the node seed, never the seed).
+    `shared` holds what one part builds and another drives within this worker, by name (the
+    distributed forward that generation runs layer by layer: apps.forward.handlers)."""
 
     runtime: Any
     executor: Executor
     provider_id: str
     control_plane: Any
     sampling_key: bytes = b""
+    shared: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 # Handlers that other parts contribute to the worker (gossip from apps/providers, the distributed
-# forward from apps/forward), registered from their AppConfig.ready(): the worker serves them
-# without importing those parts. Each still needs its door in METHOD_DOORS above.
+# forward from apps/forward, whole-model generation from apps/generation), registered from their
+# AppConfig.ready(): the worker serves them without importing those parts, which sit above it.
+# Each still needs its door in METHOD_DOORS above.
 HandlerFactory = Callable[[WorkerParts], Mapping[str, Handler]]
 _CONTRIBUTED: list[HandlerFactory] = []
 

@@ -1,6 +1,6 @@
 """The peer door's limits from settings, and their HTTP half.
 
-The QUIC door admits every request against one PeerTable per server (apps/transport/
+The QUIC door admits every request against one PeerTable per server (core/transport/
 quic_server.py). The HTTP fallback of the peer door (`POST /peer/<method>`: gossip and
 `moe/execute`) is served by the web process, so it keeps a PeerTable of its own with the same
 limits, keyed by the request's remote address: a peer that falls back to HTTP, or uses both
@@ -15,8 +15,8 @@ import time
 
 from django.conf import settings
 
-from apps.metrics import node as metrics
-from apps.transport.admission import PeerLimits, PeerTable, Refusal, peer_key
+from core import metrics
+from core.transport.admission import PeerLimits, PeerTable, Refusal, peer_key
 
 
 def peer_limits() -> PeerLimits:

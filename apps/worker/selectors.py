@@ -14,9 +14,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from apps.blobs.store import parse_blob_uri
-from apps.errors import Conflict
 from apps.node.selectors import node_processes, redis_check
 from apps.worker.models import HeldExpert, HeldGate, Residency, WorkerState
+from core.errors import Conflict
 
 _EMPTY_STATUS = {
     "memory_budget_bytes": 0, "memory_used_bytes": 0, "committed_tps": 0, "gpu_backend_active": False,

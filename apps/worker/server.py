@@ -2,7 +2,7 @@
 
 `WorkerServer` has the lifecycle every long-lived service here has: `start()` builds the
 runtime and opens both doors, `ready` is set once they serve, `shutdown()` closes them and
-records the stop. The peer door is the QUIC endpoint (apps/transport/quic.py); the operator
+records the stop. The peer door is the QUIC endpoint (core/transport/quic.py); the operator
 door is the Channels channel WORKER_CHANNEL that this node's web process calls
 (apps/worker/client.py). Both dispatch through one MethodTable, which checks the door of each
 method (apps/worker/doors.py).
@@ -29,24 +29,24 @@ from apps.blobs.quic_fetch import QuicBlobSource
 from apps.blobs.resolver import HttpBlobSource, resolve_blob
 from apps.blobs.selectors import blob_store
 from apps.blobs.store import parse_blob_uri
-from apps.experts.gpu.backend import GpuBackend
-from apps.experts.handlers import ExpertHandlers, Payload
-from apps.experts.runtime import ExpertRuntime
-from apps.experts.selection import choose_backend
-from apps.metrics import node as metrics
 from apps.node.selectors import node_identity
 from apps.receipts.commitment import ReceiptSigner
 from apps.receipts.sampling import sampling_key
-from apps.transport.framing import Reply
-from apps.transport.quic import PeerRequest, QuicSettings, start_server
 from apps.worker import services
 from apps.worker.client import WORKER_CHANNEL
 from apps.worker.control_plane import ControlPlaneView
 from apps.worker.doors import CallContext, Door, MethodTable, WorkerParts, contributed_handlers
+from apps.worker.expert_methods import ExpertHandlers, Payload
 from apps.worker.peer_limits import peer_limits
 from apps.worker.publisher import StatePublisher
 from apps.worker.warmup import warm_kernels
-from tenzro_site.settings.env import split_host_port
+from core import metrics
+from core.env import split_host_port
+from core.experts.gpu.backend import GpuBackend
+from core.experts.runtime import ExpertRuntime
+from core.experts.selection import choose_backend
+from core.transport.framing import Reply
+from core.transport.quic import PeerRequest, QuicSettings, start_server
 
 logger = logging.getLogger("tenzro.worker")
 # The operator door's retry delay while Redis does not answer: first, then doubling up to the cap.

@@ -15,10 +15,10 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.views.decorators.csrf import csrf_exempt
 
-from apps.errors import REASONS, TenzroError
-from apps.transport.framing import FRAME_CONTENT_TYPE, KIND_REQUEST, FramingError, Reply, decode_frame
 from apps.worker.client import worker_call
 from apps.worker.peer_limits import HttpPeerSlot
+from core.errors import REASONS, TenzroError
+from core.transport.framing import FRAME_CONTENT_TYPE, KIND_REQUEST, FramingError, Reply, decode_frame
 
 
 def _answer(reply: Reply) -> HttpResponse:

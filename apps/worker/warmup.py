@@ -16,11 +16,11 @@ import time
 
 import numpy as np
 
-from apps.experts.backends import BLOCK_TYPES, ComputeBackend, TensorIn
-from apps.experts.wire import WIRE_CODECS, decode_rows, encode_rows
-from apps.quantization.registry import quantize
-from apps.quantization.types import GGMLType
 from apps.receipts.commitment import answer_sketch
+from core.experts.backends import BLOCK_TYPES, ComputeBackend, TensorIn
+from core.formats.wire import WIRE_CODECS, decode_rows, encode_rows
+from core.quantization.registry import quantize
+from core.quantization.types import GGMLType
 
 # One K-quant super-block per row (256 values), the smallest shape every format accepts.
 _D = 256

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dj_database_url
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from tenzro_site.settings.env import (
+from core.env import (
     BASE_DIR,
     DEFAULT_HTTP,
     DEFAULT_QUIC,
@@ -21,7 +21,7 @@ from tenzro_site.settings.env import (
     env_str,
     read_or_create_secret,
 )
-from tenzro_site.settings.logs import logging_config
+from core.logs import logging_config
 
 TENZRO_VERSION = "0.1.0"
 TENZRO_DATA_DIR = data_dir()
@@ -129,7 +129,7 @@ TENZRO_WORKER_STALE_S = env_int("TENZRO_WORKER_STALE_S", 15)
 TENZRO_WORKER_CONTROL_TTL_S = env_int("TENZRO_WORKER_CONTROL_TTL_S", 5)
 # Memory-tier budget of the expert runtime in bytes; 0 = 60% of available memory (4 GiB if unknown).
 TENZRO_MEMORY_BUDGET_BYTES = env_int("TENZRO_MEMORY_BUDGET_BYTES", 0)
-# Compute backend of the expert worker (apps/experts/selection.py): auto (CUDA, else a hardware
+# Compute backend of the expert worker (core/experts/selection.py): auto (CUDA, else a hardware
 # WebGPU adapter, else the CPU), cuda, wgsl (forced: an error at start if it cannot run), cpu,
 # cpu-numba, cpu-numpy.
 TENZRO_EXPERT_BACKEND = env_str("TENZRO_EXPERT_BACKEND", "auto")
@@ -183,7 +183,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "apps.metrics.middleware.RequestMetricsMiddleware",
+    "apps.api.metrics_middleware.RequestMetricsMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -274,6 +274,6 @@ CELERY_BEAT_SCHEDULE = {
     "repair-tick": {"task": "tenzro.repair.tick", "schedule": TENZRO_REPAIR_TICK_S},
 }
 
-# Every process of a node logs through one redacting handler (tenzro_site/settings/logs.py): text by
+# Every process of a node logs through one redacting handler (core/logs.py): text by
 # default, one JSON object per line with TENZRO_LOG_FORMAT=json.
 LOGGING = logging_config(level=env_str("TENZRO_LOG_LEVEL", "INFO"), fmt=env_str("TENZRO_LOG_FORMAT", "text"))

@@ -10,8 +10,8 @@ refuses its secure cookies). Only set it when the web port is reachable from the
 any client that reaches it directly could claim HTTPS.
 """
 
+from core.env import env_bool, env_int, env_list
 from tenzro_site.settings.base import *  # noqa: F403
-from tenzro_site.settings.env import env_bool, env_int, env_list
 
 SESSION_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", True)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE

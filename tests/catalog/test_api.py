@@ -9,8 +9,8 @@ from apps.blobs.store import parse_blob_uri
 from apps.catalog.models import JobState, PrepareJob
 from apps.catalog.selectors import prepare_job_to_dict
 from apps.catalog.services import prepare_job_run
-from apps.experts.gate_payload import read_gate_payload
-from apps.quantization.payload import read_expert_payload
+from core.formats.expert_payload import read_expert_payload
+from core.formats.gate_payload import read_gate_payload
 from testkit.checkpoints import deepseek_v3, llama_dense
 
 pytestmark = pytest.mark.django_db

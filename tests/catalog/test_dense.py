@@ -11,9 +11,9 @@ from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.dense import dense_layer, dense_tensor, prepare_dense_layer, slice_dense
 from apps.catalog.shapes import shape_from_config
 from apps.catalog.slicing import SlicingError, prepare_layer
-from apps.experts.backends import CpuBackend
-from apps.experts.gate_payload import read_gate_payload
-from apps.experts.runtime import ExpertRuntime
+from core.experts.backends import CpuBackend
+from core.experts.runtime import ExpertRuntime
+from core.formats.gate_payload import read_gate_payload
 from testkit.checkpoints import FileServer, deepseek_v3, llama_dense, write_checkpoint
 from tests.catalog.test_slicing import needed_bytes
 from tests.experts.factories import swiglu_reference

@@ -11,7 +11,7 @@ from celery import current_app
 from apps.catalog import services
 from apps.catalog.models import JobState, PrepareJob
 from apps.node.selectors import redis_client
-from tenzro_site.settings.env import PREPARE_QUEUE
+from core.env import PREPARE_QUEUE
 
 pytestmark = pytest.mark.django_db
 

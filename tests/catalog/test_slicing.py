@@ -20,10 +20,10 @@ from apps.catalog.slicing import (
     shared_tensor,
     slice_expert,
 )
-from apps.experts.backends import CpuBackend
-from apps.experts.ffn import build_expert, expert_forward
-from apps.experts.gate_payload import read_gate_payload
-from apps.quantization.payload import read_expert_payload
+from core.experts.backends import CpuBackend
+from core.experts.ffn import build_expert, expert_forward
+from core.formats.expert_payload import read_expert_payload
+from core.formats.gate_payload import read_gate_payload
 from testkit.checkpoints import FileServer, deepseek_v3, qwen3_moe
 
 # Bounds. Per weight (relative RMSE of the dequantized projection, as tests/quantization uses):

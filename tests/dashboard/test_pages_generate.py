@@ -18,9 +18,9 @@ from playwright.sync_api import expect
 from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.shapes import shape_from_config
 from apps.catalog.slicing import prepare_layer
-from apps.errors import NotFound, RateLimited
 from apps.generation import services as generation_services
 from apps.generation.models import Generation
+from core.errors import NotFound, RateLimited
 from testkit.nodes import TOKEN
 from tests.dashboard.test_browser import page  # noqa: F401  (the fixture: a real chromium)
 from tests.dashboard.test_pages_work import _shoot, _superuser

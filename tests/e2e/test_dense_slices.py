@@ -49,7 +49,7 @@ def test_dense_layer_in_three_slices_forwards_like_the_layer(start_node, tmp_pat
     reference = swiglu_reference(dense, hidden)
     node = start_node()
     with FileServer(model.root) as server:
-        cli = [sys.executable, "-m", "apps.cli.main", "--node", node.url, "--token", TOKEN, "moe"]
+        cli = [sys.executable, "-m", "cli.main", "--node", node.url, "--token", TOKEN, "moe"]
         done = subprocess.run([*cli, "prepare-experts", "--model-id", "tiny-dsv3", "--layer", "0", "--dense-slices",
                                "3", "--checkpoint", server.url, "--wait"], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
@@ -83,7 +83,7 @@ def test_dense_layer_in_three_slices_forwards_like_the_layer(start_node, tmp_pat
 
 
 def test_cli_needs_experts_or_dense_slices() -> None:
-    cli = [sys.executable, "-m", "apps.cli.main", "--node", "http://127.0.0.1:9", "moe", "prepare-experts",
+    cli = [sys.executable, "-m", "cli.main", "--node", "http://127.0.0.1:9", "moe", "prepare-experts",
            "--model-id", "m", "--layer", "0"]
     neither = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert neither.returncode == 2 and "--dense-slices" in neither.stderr

@@ -159,7 +159,7 @@ def test_cli_load_status_forward(start_node, tmp_path) -> None:
     rng = np.random.default_rng(21)
     gate_payload, gate_weight = qwen_gate(rng, d_model=D_MODEL, n_routed=N_ROUTED, top_k=TOP_K, norm=False)
     (tmp_path / "gate.safetensors").write_bytes(gate_payload)
-    cli = [sys.executable, "-m", "apps.cli.main", "--node", node.url, "--token", TOKEN, "moe"]
+    cli = [sys.executable, "-m", "cli.main", "--node", node.url, "--token", TOKEN, "moe"]
 
     def run(*args):
         done = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=60)

@@ -30,8 +30,8 @@ import pytest
 import redis
 
 from apps.blobs.store import parse_blob_uri
-from apps.experts.runtime import ExpertRuntime
-from apps.transport.quic import QuicSettings, quic_call
+from core.experts.runtime import ExpertRuntime
+from core.transport.quic import QuicSettings, quic_call
 from testkit.checkpoints import qwen3_moe
 from testkit.nodes import TOKEN
 from testkit.redis_server import RedisNode, RedisServer

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from apps.experts.runtime import ExpertRuntime
+from core.experts.runtime import ExpertRuntime
 from testkit.nodes import TOKEN, NodeProcess, free_port
 from tests.e2e.test_gossip import FAST, wait_for
 from tests.experts.factories import deepseek_gate, expert_payload, expert_weights, qwen_gate

@@ -102,7 +102,7 @@ def test_greedy_generation_equals_transformers(network, name) -> None:
 
 def test_the_cli_generates_and_prints_the_record(network) -> None:
     meta, _ = expected("deepseek_v3")
-    cli = [sys.executable, "-m", "apps.cli.main", "--node", network[0].url, "--token", TOKEN, "moe"]
+    cli = [sys.executable, "-m", "cli.main", "--node", network[0].url, "--token", TOKEN, "moe"]
     done = subprocess.run([*cli, "generate", "--model", MODELS["deepseek_v3"], "--prompt-ids",
                            ",".join(map(str, meta["prompt_ids"])), "--max-new-tokens", "4", "--wire", "f32",
                            "--steps"], capture_output=True, text=True, timeout=120)

@@ -112,7 +112,7 @@ def test_the_gpu_holder_computes_on_the_device(pair, weights):
 
 
 def test_a_forced_backend_that_cannot_run_stops_the_start_with_the_reason(tmp_path):
-    argv = [sys.executable, "-m", "apps.cli.main", "node", "run", "--data-dir", str(tmp_path / "node")]
+    argv = [sys.executable, "-m", "cli.main", "node", "run", "--data-dir", str(tmp_path / "node")]
     unknown = subprocess.run([*argv, "--expert-backend", "tpu"], capture_output=True, text=True, timeout=60)
     assert unknown.returncode == 2 and "'tpu' is not one of 'auto', 'cpu'" in unknown.stderr
     if cuda_unavailable() is None:  # a machine with an NVIDIA device starts a node with cuda: nothing to refuse

@@ -16,7 +16,7 @@ import os
 import numpy as np
 import pytest
 
-from apps.experts.runtime import ExpertRuntime
+from core.experts.runtime import ExpertRuntime
 from testkit.impaired import ImpairedNetwork, impaired_network
 from testkit.netem import Impairment
 from testkit.nodes import TOKEN

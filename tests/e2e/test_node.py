@@ -10,7 +10,7 @@ import psutil
 import pytest
 import websockets
 
-from apps.transport.quic import QuicSettings, TransportError, quic_call
+from core.transport.quic import QuicSettings, TransportError, quic_call
 from testkit.nodes import TOKEN
 
 pytestmark = pytest.mark.e2e
@@ -111,23 +111,23 @@ def test_crashed_child_is_restarted(start_node) -> None:
 
 
 def test_second_node_on_same_data_dir_or_port_is_refused(shared_node, tmp_path) -> None:
-    argv = [sys.executable, "-m", "apps.cli.main", "node", "run", "--data-dir", str(shared_node.data_dir),
+    argv = [sys.executable, "-m", "cli.main", "node", "run", "--data-dir", str(shared_node.data_dir),
             "--http", "127.0.0.1:1", "--quic", "127.0.0.1:1", "--redis-url", shared_node.redis_url]
     locked = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert locked.returncode == 1 and "already running with data dir" in locked.stderr
 
-    argv = [sys.executable, "-m", "apps.cli.main", "node", "run", "--data-dir", str(tmp_path / "x"),
+    argv = [sys.executable, "-m", "cli.main", "node", "run", "--data-dir", str(tmp_path / "x"),
             "--http", f"127.0.0.1:{shared_node.http_port}", "--redis-url", shared_node.redis_url]
     taken = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert taken.returncode == 1 and "--http" in taken.stderr and "not available" in taken.stderr
 
 
 def test_cli_talks_to_the_node_and_fails_in_one_line(shared_node) -> None:
-    cli = [sys.executable, "-m", "apps.cli.main", "--node", shared_node.url]
+    cli = [sys.executable, "-m", "cli.main", "--node", shared_node.url]
     info = subprocess.run([*cli, "node", "info"], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(info.stdout)["provider_id"] == shared_node.result("tenzro_nodeInfo")["provider_id"]
 
-    down = subprocess.run([sys.executable, "-m", "apps.cli.main", "--node", "http://127.0.0.1:9", "node", "info"],
+    down = subprocess.run([sys.executable, "-m", "cli.main", "--node", "http://127.0.0.1:9", "node", "info"],
                           capture_output=True, text=True, timeout=60)
     assert down.returncode == 1 and down.stderr.count("\n") == 1 and "cannot reach node" in down.stderr
 
@@ -137,7 +137,7 @@ def test_cli_talks_to_the_node_and_fails_in_one_line(shared_node) -> None:
 
 
 def test_cli_lists_the_seed_commands() -> None:
-    helptext = subprocess.run([sys.executable, "-m", "apps.cli.main", "moe", "--help"], capture_output=True,
+    helptext = subprocess.run([sys.executable, "-m", "cli.main", "moe", "--help"], capture_output=True,
                               text=True, timeout=60, check=True).stdout
     for command in ("catalog-shape", "prepare-experts", "prepare-status", "load-expert", "load-gate", "status",
                     "shard-map", "plan-dispatch", "forward"):

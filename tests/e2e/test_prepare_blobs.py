@@ -16,7 +16,7 @@ from apps.blobs.store import blob_hash, parse_blob_uri
 from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.shapes import shape_from_config
 from apps.catalog.slicing import prepare_expert
-from apps.transport.quic import QuicSettings, quic_call
+from core.transport.quic import QuicSettings, quic_call
 from testkit.checkpoints import FileServer, qwen3_moe
 from testkit.nodes import TOKEN
 from tests.experts.factories import moe_block_reference, qwen3_router_reference
@@ -54,7 +54,7 @@ def test_prepare_publish_then_a_peer_fetches_loads_and_forwards(start_node, chec
     a = start_node()
     b = start_node(peers=[a.url])
 
-    cli = [sys.executable, "-m", "apps.cli.main", "--node", a.url, "--token", TOKEN, "moe"]
+    cli = [sys.executable, "-m", "cli.main", "--node", a.url, "--token", TOKEN, "moe"]
     done = subprocess.run([*cli, "prepare-experts", "--model-id", MODEL, "--layer", "0", "--experts", "0,1,2,3",
                            "--quant", "q8_0", "--checkpoint", url, "--wait"], capture_output=True, text=True,
                           timeout=120)
@@ -73,7 +73,7 @@ def test_prepare_publish_then_a_peer_fetches_loads_and_forwards(start_node, chec
     b.result("tenzro_moeGateLoad", {"blob_uri": job["gate"]["blob_uri"]}, token=TOKEN)
     for expert, uri in uris.items():
         if expert == 0:
-            via_cli = subprocess.run([sys.executable, "-m", "apps.cli.main", "--node", b.url, "--token", TOKEN, "moe",
+            via_cli = subprocess.run([sys.executable, "-m", "cli.main", "--node", b.url, "--token", TOKEN, "moe",
                                       "load-expert", "--model", MODEL, "--layer", "0", "--expert", "0", "--blob", uri],
                                      capture_output=True, text=True, timeout=60)
             assert via_cli.returncode == 0, via_cli.stderr
@@ -219,7 +219,7 @@ def test_blob_gc_keeps_what_holdings_and_jobs_reference(start_node, checkpoint) 
 def test_catalog_shape_from_the_catalog_and_from_a_checkpoint(start_node, checkpoint) -> None:
     _, server = checkpoint
     a = start_node()
-    cli = [sys.executable, "-m", "apps.cli.main", "--node", a.url, "moe", "catalog-shape"]
+    cli = [sys.executable, "-m", "cli.main", "--node", a.url, "moe", "catalog-shape"]
     shown = subprocess.run([*cli, "--model", "qwen3-30b-a3b"], capture_output=True, text=True, timeout=60, check=True)
     shape = json.loads(shown.stdout)
     assert (shape["n_routed_experts"], shape["n_active"], shape["d_model"], shape["expert_d_ff"]) == (128, 8, 2048, 768)

@@ -79,7 +79,7 @@ def test_remote_work_is_verified_kept_settled_and_disputed(network, page) -> Non
     assert stats["holders"][0]["receipts"] == stats["holders"][0]["batches"] == stats["batches"]
     assert served_rows == 12 * 2  # top-2: every (token, expert) pair went to b
     receipts = listed["receipts"]
-    via_cli = subprocess.run([sys.executable, "-m", "apps.cli.main", "--node", a.url, "moe", "receipts", "--model",
+    via_cli = subprocess.run([sys.executable, "-m", "cli.main", "--node", a.url, "moe", "receipts", "--model",
                               MODEL, "--holder", pid_b], capture_output=True, text=True, timeout=30)
     assert via_cli.returncode == 0, via_cli.stderr
     assert json.loads(via_cli.stdout)["total"] == listed["total"]
@@ -111,7 +111,7 @@ def test_remote_work_is_verified_kept_settled_and_disputed(network, page) -> Non
     opened = a.result("tenzro_moeDisputeReceipt", {"receipt_id": receipt_id}, token=TOKEN)
     assert opened["state"] in ("pending", "dismissed")
 
-    cli = [sys.executable, "-m", "apps.cli.main", "--node", a.url, "--token", TOKEN, "moe"]
+    cli = [sys.executable, "-m", "cli.main", "--node", a.url, "--token", TOKEN, "moe"]
     waited = subprocess.run([*cli, "dispute", "--receipt-id", str(receipt_id), "--wait"], capture_output=True,
                             text=True, timeout=90)
     assert waited.returncode == 0, waited.stderr

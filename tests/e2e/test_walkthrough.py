@@ -43,10 +43,10 @@ from apps.blobs.store import blob_hash, parse_blob_uri
 from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.shapes import shape_from_config
 from apps.catalog.slicing import prepare_layer
-from apps.experts.runtime import ExpertRuntime
 from apps.generation.model import WholeModel
 from apps.generation.spec import spec_from_config
 from apps.generation.weights import load_dense_weights
+from core.experts.runtime import ExpertRuntime
 from testkit.checkpoints import FileServer, qwen3_moe_whole
 from testkit.nodes import NodeProcess, free_port
 from tests.e2e.test_gossip import FAST
@@ -96,7 +96,7 @@ class Operator:
         return "\n".join(f"---- log of node {i} ({n.url}):\n{tail(n)}" for i, n in enumerate(self.nodes))
 
     def __call__(self, node: NodeProcess, *args: str, timeout: float = 120) -> dict:
-        argv = [str(TENZRO), *args] if TENZRO.exists() else [sys.executable, "-m", "apps.cli.main", *args]
+        argv = [str(TENZRO), *args] if TENZRO.exists() else [sys.executable, "-m", "cli.main", *args]
         done = subprocess.run(argv, env=self.env(node), capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             pytest.fail(f"`tenzro {' '.join(args)}` against {node.url} exited {done.returncode}\n"

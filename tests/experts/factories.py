@@ -8,8 +8,8 @@ from collections.abc import Callable
 import numpy as np
 from gguf import GGMLQuantizationType, quants
 
-from apps.experts.gate_payload import dense_slice_bounds, encode_dense_gate_payload, encode_gate_payload
-from apps.quantization.payload import encode_expert_payload
+from core.formats.expert_payload import encode_expert_payload
+from core.formats.gate_payload import dense_slice_bounds, encode_dense_gate_payload, encode_gate_payload
 
 MODEL = "test/moe-tiny"
 def reference_weights(fmt: str, blocks: np.ndarray) -> np.ndarray:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from apps.experts.backends import CpuBackend
-from apps.experts.errors import InvalidPayload, NonFiniteInput, ShapeMismatch
-from apps.experts.ffn import build_expert, expert_forward, parse_payload
-from apps.quantization.payload import read_expert_payload
+from core.experts.backends import CpuBackend
+from core.experts.errors import InvalidPayload, NonFiniteInput, ShapeMismatch
+from core.experts.ffn import build_expert, expert_forward, parse_payload
+from core.formats.expert_payload import read_expert_payload
 from tests.experts.factories import expert_payload, expert_weights, run_in_threads, swiglu_reference
 
 D_MODEL, D_FF = 256, 512  # both multiples of 256, so q4_k_m uses Q4_K and Q6_K without fallback
@@ -111,7 +111,7 @@ def test_tiled_forward_from_two_threads(monkeypatch):
     tiled forwards at once (several tiles each, GIL released in the dequantizer and in BLAS) get
     what each gets alone."""
 
-    from apps.experts import backends
+    from core.experts import backends
 
     monkeypatch.setattr(backends, "_TILE_BYTES", 64 * D_MODEL * 4)  # 64-row tiles: 16 for gate|up
     backend = CpuBackend(fused_max_rows=0)
@@ -167,7 +167,7 @@ def test_corrupt_payloads(backend):
 def test_without_c_extension_numba_fallback(monkeypatch):
     """A machine that could not compile _quant_matmul: the backend runs numba (fused only up to 8
     rows, where its f32 kernels still beat BLAS tiles) and gives the exact answer."""
-    from apps.experts import backends
+    from core.experts import backends
 
     monkeypatch.setattr(backends, "_quant_matmul", None)
     numba = CpuBackend()

@@ -9,16 +9,17 @@ import struct
 import numpy as np
 import pytest
 
-from apps.experts.errors import InvalidPayload, NonFiniteInput, ShapeMismatch
-from apps.experts.gate_payload import (
+from core.experts.errors import NonFiniteInput, ShapeMismatch
+from core.experts.gating import route
+from core.formats.errors import InvalidPayload
+from core.formats.expert_payload import serialize_safetensors
+from core.formats.gate_payload import (
     dense_slice_bounds,
     encode_dense_gate_payload,
     encode_gate_payload,
     max_dense_slices,
     read_gate_payload,
 )
-from apps.experts.gating import route
-from apps.quantization.payload import serialize_safetensors
 from tests.experts.factories import (
     MODEL,
     deepseek_gate,

@@ -14,11 +14,11 @@ import threading
 import numpy as np
 import pytest
 
-from apps.experts.backends import CpuBackend
-from apps.experts.ffn import build_expert
-from apps.experts.gpu.backend import GpuBackend, GpuExpert
-from apps.experts.runtime import ExpertRuntime
-from apps.experts.selection import BackendUnavailable, choose_backend
+from core.experts.backends import CpuBackend
+from core.experts.ffn import build_expert
+from core.experts.gpu.backend import GpuBackend, GpuExpert
+from core.experts.runtime import ExpertRuntime
+from core.experts.selection import BackendUnavailable, choose_backend
 from testkit.gpu import wgsl_unavailable
 from tests.experts.factories import expert_payload, expert_weights
 
@@ -43,7 +43,7 @@ def close_to(y: np.ndarray, ref: np.ndarray) -> bool:
 
 @pytest.fixture
 def gpu():
-    from apps.experts.gpu.wgsl import open_device
+    from core.experts.gpu.wgsl import open_device
 
     backend = GpuBackend(open_device(allow_software=True), cpu=CpuBackend(use_numba=False),
                          device_budget_bytes=64 << 20)

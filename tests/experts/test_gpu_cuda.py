@@ -1,4 +1,4 @@
-"""The CUDA device (apps/experts/gpu/cuda.py, cuda_kernels.cu).
+"""The CUDA device (core/experts/gpu/cuda.py, cuda_kernels.cu).
 
 Without a GPU (these run everywhere):
 * the block decoders of cuda_kernels.cu, compiled for the host with a C++ compiler, against
@@ -25,11 +25,11 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from apps.experts.backends import CpuBackend, CpuExpert, TensorIn
-from apps.experts.gpu import cuda
-from apps.experts.gpu.cuda_selftest import expert_error_bound, random_weight
-from apps.experts.gpu.ops import DeviceError, DeviceUnavailable
-from apps.quantization.registry import dequantize
+from core.experts.backends import CpuBackend, CpuExpert, TensorIn
+from core.experts.gpu import cuda
+from core.experts.gpu.cuda_selftest import expert_error_bound, random_weight
+from core.experts.gpu.ops import DeviceError, DeviceUnavailable
+from core.quantization.registry import dequantize
 from testkit.blocks import F16_FIELDS, random_blocks
 from tests.experts.factories import bit_report
 

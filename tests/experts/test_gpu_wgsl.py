@@ -1,4 +1,4 @@
-"""The WGSL device (apps/experts/gpu/wgsl.py) against the CPU backend's exact numpy path.
+"""The WGSL device (core/experts/gpu/wgsl.py) against the CPU backend's exact numpy path.
 
 The transcoding to the device layout is checked bit for bit against gguf-py's decoder with no
 device. The device tests run on any WebGPU adapter, Mesa's lavapipe included (CI installs
@@ -26,10 +26,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from apps.experts.backends import CpuBackend, CpuExpert
-from apps.experts.ffn import build_expert
-from apps.experts.gpu.ops import DeviceError, DeviceUnavailable
-from apps.experts.gpu.wgsl_layout import SUB_BLOCK, dequantize_device, magnitude_device, transcode
+from core.experts.backends import CpuBackend, CpuExpert
+from core.experts.ffn import build_expert
+from core.experts.gpu.ops import DeviceError, DeviceUnavailable
+from core.experts.gpu.wgsl_layout import SUB_BLOCK, dequantize_device, magnitude_device, transcode
 from testkit.blocks import random_blocks
 from testkit.gpu import wgsl_unavailable
 from tests.experts.factories import bit_report, expert_payload, expert_weights, reference_weights
@@ -72,7 +72,7 @@ def _open():
     # make test sets TENZRO_TEST_REQUIRE_WGSL: there a missing wgpu or adapter fails instead of skipping
     if reason := wgsl_unavailable():
         pytest.skip(reason)
-    from apps.experts.gpu.wgsl import open_device
+    from core.experts.gpu.wgsl import open_device
 
     return open_device()
 
@@ -238,7 +238,7 @@ def test_device_loss_is_fatal():
 
 
 def test_software_adapter_reported(ops):
-    from apps.experts.gpu.wgsl import open_device
+    from core.experts.gpu.wgsl import open_device
 
     assert ops.kind == "wgsl" and ops.memory_total_bytes is None and ops.device_name
     if ops.software:  # lavapipe / SwiftShader: auto-detection must be able to refuse it

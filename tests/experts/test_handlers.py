@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from apps.errors import InvalidInput, NotFound, PayloadTooLarge
-from apps.experts.handlers import read_regular_file
+from apps.worker.expert_methods import read_regular_file
+from core.errors import InvalidInput, NotFound, PayloadTooLarge
 
 
 def test_a_regular_file_within_the_limit_is_read(tmp_path) -> None:

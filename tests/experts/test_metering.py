@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from apps.experts.metering import ThroughputMeter
+from core.experts.metering import ThroughputMeter
 
 
 def test_rows_per_second_of_compute_over_the_window():

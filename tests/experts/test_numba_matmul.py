@@ -1,4 +1,4 @@
-"""The numba block kernels (apps/experts/numba_matmul.py) and the CPU backend's paths against
+"""The numba block kernels (core/experts/numba_matmul.py) and the CPU backend's paths against
 gguf-py's dequantizer (the reference for all three layouts).
 
 Weights are random *valid* blocks (arbitrary quant bytes and scale bytes, finite f16 d/dmin),
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from apps.experts import numba_matmul
-from apps.experts.backends import CpuBackend, CpuWeight, quant_matmul_variants
-from apps.quantization.f16 import F16_TO_F32
+from core.experts import numba_matmul
+from core.experts.backends import CpuBackend, CpuWeight, quant_matmul_variants
+from core.quantization.f16 import F16_TO_F32
 from testkit.blocks import random_blocks
 from tests.experts.factories import bit_report, reference_weights
 
@@ -53,7 +53,7 @@ def test_backend_paths_agree(fmt, kernels_, tile_bytes, monkeypatch):
     and with the C dequantizer under the tiles (the C fused kernels, which quantize the
     activations, are tested against their own reference below). tile_bytes 100_000: 300 rows
     of 2 KiB in 7 tiles of 43 rows, the last one 42; None: one tile."""
-    from apps.experts import backends
+    from core.experts import backends
 
     if kernels_ == "c" and not quant_matmul_variants():
         pytest.skip("C kernels not built")
@@ -81,7 +81,7 @@ def test_backend_paths_agree(fmt, kernels_, tile_bytes, monkeypatch):
 
 def test_tile_rows():
     """Whole matrix when it fits the budget, else equal tiles under it that cover every row."""
-    from apps.experts.backends import _TILE_BYTES, _tile_rows
+    from core.experts.backends import _TILE_BYTES, _tile_rows
 
     assert _tile_rows(1536, 2048) == 1536  # Qwen3 gate|up, 12 MiB: one sgemm
     assert _tile_rows(2048, 768) == 2048

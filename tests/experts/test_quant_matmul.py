@@ -1,4 +1,4 @@
-"""The C kernels for quantized experts (apps/experts/_quant_matmul.c): fused matmuls, the
+"""The C kernels for quantized experts (core/experts/_quant_matmul.c): fused matmuls, the
 whole-expert entry point and the row dequantizer, every ISA variant this CPU runs.
 
 The C kernels quantize the activations to int8 first; `quantized_x` rebuilds that
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from apps.experts.backends import CpuBackend, CpuWeight, quant_matmul_variants
-from apps.quantization.types import GGMLType
+from core.experts.backends import CpuBackend, CpuWeight, quant_matmul_variants
+from core.quantization.types import GGMLType
 from testkit.blocks import F16_FIELDS, random_blocks
 from tests.experts.factories import bit_report, reference_weights, run_in_threads
 
@@ -49,7 +49,7 @@ def quantized_x(fmt: str, x: np.ndarray) -> np.ndarray:
 
 def c_matmul(fmt: str, blocks: np.ndarray, x: np.ndarray, variant: str, threads: int = 1) -> np.ndarray:
     """The extension called directly (the backend would run matmuls this small on one thread)."""
-    from apps.experts import _quant_matmul
+    from core.experts import _quant_matmul
 
     (t, n), m = x.shape, blocks.shape[0]
     y = np.empty((t, m), dtype=np.float32)
@@ -160,7 +160,7 @@ def test_c_from_gguf_quantizer_and_threads():
 
 @needs_c
 def test_c_rejects_bad_arguments():
-    from apps.experts import _quant_matmul
+    from core.experts import _quant_matmul
 
     blocks = random_blocks(np.random.default_rng(34), "Q4_K", 4, 256)
     x = np.zeros((1, 256), np.float32)
@@ -182,7 +182,7 @@ EXPERT_FORMATS = [("Q8_0", "Q8_0"), ("Q4_K", "Q6_K"), ("Q6_K", "Q4_K")]
 
 def c_expert(fmts: tuple[str, str], gu: np.ndarray, down: np.ndarray, x: np.ndarray, variant: str,
              threads: int = 1, min_macs: int = 0) -> np.ndarray:
-    from apps.experts import _quant_matmul
+    from core.experts import _quant_matmul
 
     (t, d_model), d_ff = x.shape, gu.shape[0] // 2
     y = np.empty((t, d_model), dtype=np.float32)
@@ -248,7 +248,7 @@ def test_c_expert_threads_and_fork():
 
 @needs_c
 def test_c_expert_rejects_bad_arguments():
-    from apps.experts import _quant_matmul
+    from core.experts import _quant_matmul
 
     rng = np.random.default_rng(38)
     gu, down = random_blocks(rng, "Q4_K", 512, 256), random_blocks(rng, "Q6_K", 256, 256)
@@ -279,7 +279,7 @@ def test_c_expert_rejects_bad_arguments():
 
 def c_dequantize(fmt: str, blocks: np.ndarray, n: int, r0: int, r1: int, variant: str,
                  threads: int = 1) -> np.ndarray:
-    from apps.experts import _quant_matmul
+    from core.experts import _quant_matmul
 
     out = np.empty((r1 - r0, n), dtype=np.float32)
     _quant_matmul.dequantize(fmt, blocks, blocks.shape[0], n, r0, r1, out, variant, threads)
@@ -355,7 +355,7 @@ def test_c_dequantize_from_gguf_quantizer():
 
 @needs_c
 def test_c_dequantize_rejects_bad_arguments():
-    from apps.experts import _quant_matmul
+    from core.experts import _quant_matmul
 
     blocks = random_blocks(np.random.default_rng(43), "Q6_K", 4, 512)
     out = np.zeros((2, 512), np.float32)

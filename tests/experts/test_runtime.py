@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from apps.experts.errors import (
+from core.experts.errors import (
     ExpertNotLoaded,
     ExpertRuntimeError,
     GateNotLoaded,
@@ -14,8 +14,8 @@ from apps.experts.errors import (
     NonFiniteInput,
     ShapeMismatch,
 )
-from apps.experts.runtime import ExpertRuntime
-from apps.quantization.payload import serialize_safetensors
+from core.experts.runtime import ExpertRuntime
+from core.formats.expert_payload import serialize_safetensors
 from tests.experts.factories import (
     MODEL,
     deepseek_gate,

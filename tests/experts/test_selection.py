@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from apps.experts.backends import CpuBackend
-from apps.experts.selection import BackendUnavailable, choose_backend
+from core.experts.backends import CpuBackend
+from core.experts.selection import BackendUnavailable, choose_backend
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-from apps.experts.errors import CorruptPayload, ExpertNotLoaded, InsufficientMemory
-from apps.experts.runtime import ExpertRuntime
-from apps.experts.tiered_cache import FALLBACK_BUDGET, default_memory_budget, model_dir_name
+from core.experts.errors import CorruptPayload, ExpertNotLoaded, InsufficientMemory
+from core.experts.runtime import ExpertRuntime
+from core.experts.tiered_cache import FALLBACK_BUDGET, default_memory_budget, model_dir_name
 from tests.experts.factories import MODEL, expert_payload, expert_weights
 
 D_MODEL, D_FF = 64, 256

@@ -118,7 +118,7 @@ def test_min_gate_mass_and_tokens_nothing_answered_for_are_errors():
 
 
 def test_activation_codecs_round_trip_within_their_bounds():
-    from apps.experts.wire import decode_rows, encode_rows, encoded_row_bytes
+    from core.formats.wire import decode_rows, encode_rows, encoded_row_bytes
 
     x = np.random.default_rng(6).standard_normal((5, 70)).astype(np.float32)  # 70: rows are padded to 96
     for codec, bound in (("f32", 0.0), ("q8_0", np.sqrt(32) / 254)):

@@ -5,12 +5,12 @@ import asyncio
 import numpy as np
 import pytest
 
-from apps.errors import Unavailable
 from apps.forward.combine import ForwardIncomplete, StreamingCombine
 from apps.forward.engine import Answer, ForwardLimits, run_forward
 from apps.forward.hedging import HedgePolicy, LatencyBook
-from apps.shardmap.index import ShardIndex
-from apps.shardmap.planner import plan_pairs
+from core.errors import Unavailable
+from core.shardmap.index import ShardIndex
+from core.shardmap.planner import plan_pairs
 from testkit.shard_views import MODEL, POLICY, holding, provider, provider_id
 
 D = 4

@@ -21,12 +21,12 @@ from apps.forward.models import HolderPenalty
 from apps.forward.services import forward_outcome_record
 from apps.node.identity import load_or_create_identity
 from apps.reputation.selectors import reputation_scores
-from apps.shardmap.index import ShardIndex
-from apps.shardmap.planner import plan_pairs
-from apps.shardmap.views import ProviderView
-from apps.transport.framing import Reply
-from apps.transport.pool import QuicPool
-from apps.transport.quic import QuicSettings, start_server
+from core.shardmap.gossip_view import ProviderView
+from core.shardmap.index import ShardIndex
+from core.shardmap.planner import plan_pairs
+from core.transport.framing import Reply
+from core.transport.pool import QuicPool
+from core.transport.quic import QuicSettings, start_server
 from testkit.shard_views import MODEL, POLICY, holding, provider_id
 from tests.transport.test_quic import _free_udp_port
 

@@ -14,11 +14,11 @@ import pytest
 from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.shapes import shape_from_config
 from apps.catalog.slicing import prepare_layer
-from apps.experts.backends import CpuBackend
-from apps.experts.runtime import ExpertRuntime
 from apps.generation.model import WholeModel
 from apps.generation.spec import spec_from_config
 from apps.generation.weights import load_dense_weights
+from core.experts.backends import CpuBackend
+from core.experts.runtime import ExpertRuntime
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "generation"
 NAMES = ("qwen3_moe", "deepseek_v3")

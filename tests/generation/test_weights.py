@@ -11,10 +11,10 @@ import pytest
 from safetensors.numpy import load_file
 
 from apps.catalog.checkpoint import CheckpointError, CheckpointReader
-from apps.errors import PayloadTooLarge
 from apps.generation.model import WholeModel
 from apps.generation.spec import spec_from_config
 from apps.generation.weights import DenseLoadError, dense_bytes, dense_tensor_names, load_dense_weights
+from core.errors import PayloadTooLarge
 from testkit.checkpoints import FileServer, f32_to_bf16_bits, fp8_block_quantize, write_checkpoint
 from tests.generation.conftest import FIXTURES, NAMES
 

@@ -6,10 +6,10 @@ from channels.layers import get_channel_layer
 from django.db import IntegrityError, transaction
 
 from apps.dashboard.services import DASHBOARD_GROUP
-from apps.errors import Conflict, InvalidInput
 from apps.governance.models import Policy, PolicyStatus
 from apps.governance.selectors import policy_active
 from apps.governance.services import policy_approve, policy_propose, policy_reject
+from core.errors import Conflict, InvalidInput
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics (apps/metrics): what each part counts, /metrics, and multiprocess mode.
+"""Prometheus metrics (core/metrics.py): what each part counts, /metrics, and multiprocess mode.
 
 In-process, against the real prometheus_client registry: each test reads a sample before and
 after, since the counters live for the whole test session.
@@ -15,15 +15,15 @@ from django.test import Client, override_settings
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+from apps.api.metrics_middleware import route_kind
 from apps.api.metrics_view import metrics_registry
 from apps.forward.engine import Failure, ForwardReport, HolderStats
 from apps.forward.handlers import _count
-from apps.metrics.middleware import route_kind
-from apps.metrics.node import reason_label
 from apps.node.supervisor import _empty_metrics_dir, _metrics_process_dead
-from apps.transport.framing import Reply
 from apps.worker.doors import METHOD_DOORS, CallContext, Door, MethodTable
 from apps.worker.server import _tier_gauges
+from core.metrics import reason_label
+from core.transport.framing import Reply
 
 TOKEN = "test-operator-token"
 
@@ -104,7 +104,7 @@ def test_http_requests_are_counted_by_kind_of_route() -> None:
 
 _CHILD = """
 import sys
-from apps.metrics import node as metrics
+from core import metrics
 metrics.FORWARD_BATCHES.labels("quic").inc(int(sys.argv[1]))
 metrics.TIER_BYTES.labels("warm").set(int(sys.argv[1]) * 1000)
 print(__import__("os").getpid())

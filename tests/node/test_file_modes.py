@@ -3,7 +3,7 @@
 import stat
 
 from apps.node.identity import load_or_create_identity
-from tenzro_site.settings.env import private_dir, read_or_create_secret
+from core.env import private_dir, read_or_create_secret
 
 
 def mode(path) -> int:

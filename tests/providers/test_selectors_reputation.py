@@ -10,7 +10,7 @@ from apps.governance.services import policy_approve, policy_propose
 from apps.providers import selectors, services
 from apps.providers.records import Holding as RecordHolding
 from apps.reputation.services import reputation_penalize
-from apps.shardmap.planner import plan_dispatch
+from core.shardmap.planner import plan_dispatch
 from testkit.records import new_key, signed_record
 
 pytestmark = pytest.mark.django_db

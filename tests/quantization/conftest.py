@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from apps.quantization import kquant_c, numba_codecs
+from core.quantization import kquant_c, numba_codecs
 
 
 def adversarial_inputs(n: int, rows: int = 4, seed: int = 0) -> dict[str, np.ndarray]:
@@ -41,7 +41,7 @@ def jit_mode(request):
 def kquant_mode(request):
     """Run a test with the C Q4_K/Q6_K encoders (skipped when not built) and with numpy's."""
     if request.param == "c" and not kquant_c.available():
-        pytest.skip("apps.quantization._kquant_encoders not built")
+        pytest.skip("core.quantization._kquant_encoders not built")
     before = kquant_c.enabled()
     kquant_c.set_enabled(request.param == "c")
     yield request.param

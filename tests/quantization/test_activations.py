@@ -5,7 +5,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf import quants as gq
 
-from apps.quantization.activations import decode_rows_q8_0, encode_rows_q8_0, row_bytes_q8_0
+from core.quantization.activations import decode_rows_q8_0, encode_rows_q8_0, row_bytes_q8_0
 
 
 @pytest.mark.parametrize("d", [32, 768, 100, 1, 2048 + 7])

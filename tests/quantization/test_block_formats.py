@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from apps.quantization.baseline import NAIVE
-from apps.quantization.registry import KERNELS, dequantize, quantize
-from apps.quantization.types import GGMLType, resolve_type, row_bytes
+from core.quantization.baseline import NAIVE
+from core.quantization.registry import KERNELS, dequantize, quantize
+from core.quantization.types import GGMLType, resolve_type, row_bytes
 
 from .conftest import adversarial_inputs, bit_diff_report
 
@@ -61,7 +61,7 @@ def test_decode_random_bytes_matches_gguf(ggml_type, jit_mode):
 
 @pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.value)
 def test_jit_and_numpy_paths_agree(ggml_type):
-    from apps.quantization import numba_codecs
+    from core.quantization import numba_codecs
 
     x = adversarial_inputs(1024, seed=7)["student_t"]
     before = numba_codecs.enabled()

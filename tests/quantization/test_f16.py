@@ -1,10 +1,10 @@
-"""The f16 -> f32 lookup table every compiled kernel indexes (apps/quantization/f16.py)."""
+"""The f16 -> f32 lookup table every compiled kernel indexes (core/quantization/f16.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from apps.quantization.f16 import F16_TO_F32, f16_bits_to_f32
+from core.quantization.f16 import F16_TO_F32, f16_bits_to_f32
 
 
 def test_table_is_exact_for_every_bit_pattern():

@@ -1,4 +1,4 @@
-"""The two Q4_K/Q6_K encoders: C (apps/quantization/_kquant_encoders.c, through kquant_c.py)
+"""The two Q4_K/Q6_K encoders: C (core/quantization/_kquant_encoders.c, through kquant_c.py)
 and numpy (q4_k.py, q6_k.py).  Both must write llama.cpp's reference bytes, so that a blob's
 hash does not depend on whether the extension was built.
 
@@ -28,21 +28,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from apps.quantization import kquant_c
-from apps.quantization.baseline import NAIVE
-from apps.quantization.q4_k import Q4_K
-from apps.quantization.q6_k import Q6_K
-from apps.quantization.registry import dequantize, encoder, quantize
-from apps.quantization.types import GGMLType
+from core.quantization import kquant_c
+from core.quantization.baseline import NAIVE
+from core.quantization.q4_k import Q4_K
+from core.quantization.q6_k import Q6_K
+from core.quantization.registry import dequantize, encoder, quantize
+from core.quantization.types import GGMLType
 
 from .conftest import adversarial_inputs, bit_diff_report
 
 try:
-    from apps.quantization import _kquant_encoders as _kquant
+    from core.quantization import _kquant_encoders as _kquant
 except ImportError:  # no compiler at install time: the numpy encoder is still pinned to GOLDEN
     _kquant = None
 
-needs_c = pytest.mark.skipif(_kquant is None, reason="apps.quantization._kquant_encoders not built")
+needs_c = pytest.mark.skipif(_kquant is None, reason="core.quantization._kquant_encoders not built")
 VARIANTS = _kquant.variants() if _kquant else []
 K_TYPES = [GGMLType.Q4_K, GGMLType.Q6_K]
 NUMPY = {GGMLType.Q4_K: Q4_K, GGMLType.Q6_K: Q6_K}
@@ -337,18 +337,18 @@ def _run(code: str, **env) -> str:
 
 @needs_c
 def test_env_var_forces_numpy_and_package_works_without_extension():
-    probe = ("import sys; from apps.quantization.registry import encoder, quantize; import numpy as np; "
+    probe = ("import sys; from core.quantization.registry import encoder, quantize; import numpy as np; "
              "quantize(np.ones((1, 256), np.float32), 'Q4_K'); "
              "print(encoder('Q4_K'), encoder('Q6_K'), 'django' in sys.modules)")
     assert _run(probe) == "c c False"
     assert _run(probe, TENZRO_KQUANT_C="0") == "numpy numpy False"
-    blocked = "import sys; sys.modules['apps.quantization._kquant_encoders'] = None; " + probe
+    blocked = "import sys; sys.modules['core.quantization._kquant_encoders'] = None; " + probe
     assert _run(blocked) == "numpy numpy False"
 
 
 @needs_c
 def test_variant_setting_picks_the_copy():
-    probe = "from apps.quantization import kquant_c; print(kquant_c.variant(), kquant_c.variants()[-1])"
+    probe = "from core.quantization import kquant_c; print(kquant_c.variant(), kquant_c.variants()[-1])"
     assert _run(probe) == f"{VARIANTS[0]} scalar"
     assert _run(probe, TENZRO_KQUANT_VARIANT="Scalar") == "scalar scalar"
     assert _run(probe, TENZRO_KQUANT_C="0", TENZRO_KQUANT_VARIANT="scalar") == "None scalar"

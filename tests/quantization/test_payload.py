@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import safetensors
 
-from apps.quantization.payload import (
+from core.formats.expert_payload import (
     ExpertPayload,
     PayloadError,
     encode_expert_payload,
     read_expert_payload,
 )
-from apps.quantization.presets import PROJECTIONS, resolve_quant
-from apps.quantization.types import GGMLType
+from core.quantization.presets import PROJECTIONS, resolve_quant
+from core.quantization.types import GGMLType
 
 D_MODEL, D_FF = 512, 1024
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from apps.quantization.presets import PROJECTIONS, resolve_quant
-from apps.quantization.types import GGMLType as T
+from core.quantization.presets import PROJECTIONS, resolve_quant
+from core.quantization.types import GGMLType as T
 
 
 @pytest.mark.parametrize(("quant", "want"), [

@@ -7,8 +7,8 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf import quants as gq
 
-from apps.quantization.registry import dequantize, quantize
-from apps.quantization.types import GGMLType
+from core.quantization.registry import dequantize, quantize
+from core.quantization.types import GGMLType
 
 from .conftest import adversarial_inputs, bit_diff_report
 

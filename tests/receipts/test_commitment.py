@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from nacl.signing import SigningKey
 
-from apps.experts.wire import decode_rows, encode_rows
 from apps.receipts.commitment import (
     Expected,
     ReceiptError,
@@ -25,6 +24,7 @@ from apps.receipts.commitment import (
 )
 from apps.receipts.sampling import keep_receipt, sampling_key
 from apps.receipts.verdict import compare_sketch
+from core.formats.wire import decode_rows, encode_rows
 
 KEY = SigningKey(bytes(range(32)))
 PID = KEY.verify_key.encode().hex()

@@ -11,10 +11,6 @@ from nacl.signing import SigningKey
 
 from apps.blobs.selectors import blob_store
 from apps.blobs.store import BLOB_URI_PREFIX
-from apps.errors import NotFound, TenzroError
-from apps.experts.ffn import build_expert, expert_forward
-from apps.experts.selection import cpu_backend
-from apps.experts.wire import decode_rows, encode_rows
 from apps.forward.engine import Failure
 from apps.forward.services import forward_outcome_record
 from apps.governance.selectors import policy_active
@@ -23,6 +19,10 @@ from apps.receipts.commitment import ReceiptSigner, blake3_hex, receipt_body, si
 from apps.receipts.models import Dispute, Receipt
 from apps.receipts.selectors import receipts_list
 from apps.reputation.selectors import reputation_scores
+from core.errors import NotFound, TenzroError
+from core.experts.ffn import build_expert, expert_forward
+from core.experts.selection import cpu_backend
+from core.formats.wire import decode_rows, encode_rows
 from tests.experts.factories import expert_payload, expert_weights
 
 pytestmark = pytest.mark.django_db

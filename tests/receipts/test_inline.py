@@ -13,22 +13,22 @@ import numpy as np
 import pytest
 from nacl.signing import SigningKey
 
-from apps.experts.handlers import ExpertHandlers
-from apps.experts.runtime import ExpertRuntime
-from apps.experts.wire import decode_rows, encode_rows
 from apps.forward.callers import HolderCaller
 from apps.forward.combine import StreamingCombine
 from apps.forward.engine import ForwardLimits, run_forward
 from apps.forward.hedging import HedgePolicy, LatencyBook
 from apps.node.identity import load_or_create_identity
 from apps.receipts.commitment import RECEIPT_DOMAIN, ReceiptSigner, canonical_text
-from apps.shardmap.index import ShardIndex
-from apps.shardmap.planner import plan_pairs
-from apps.shardmap.views import HoldingView, ProviderView, ReplicationPolicy
-from apps.transport.framing import Reply
-from apps.transport.pool import QuicPool
-from apps.transport.quic import PeerRequest, QuicSettings, start_server
 from apps.worker.doors import CallContext, Door
+from apps.worker.expert_methods import ExpertHandlers
+from core.experts.runtime import ExpertRuntime
+from core.formats.wire import decode_rows, encode_rows
+from core.shardmap.gossip_view import HoldingView, ProviderView, ReplicationPolicy
+from core.shardmap.index import ShardIndex
+from core.shardmap.planner import plan_pairs
+from core.transport.framing import Reply
+from core.transport.pool import QuicPool
+from core.transport.quic import PeerRequest, QuicSettings, start_server
 from tests.experts.factories import expert_payload, expert_weights
 
 MODEL, D_MODEL, D_FF, N_EXPERTS = "receipts-test", 64, 32, 4

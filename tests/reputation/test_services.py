@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from apps.errors import InvalidInput
 from apps.reputation.models import Reputation, ReputationEvent
 from apps.reputation.selectors import reputation_rows, reputation_scores
 from apps.reputation.services import reputation_credit, reputation_penalize
+from core.errors import InvalidInput
 
 pytestmark = pytest.mark.django_db
 

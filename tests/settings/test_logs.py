@@ -1,4 +1,4 @@
-"""Logs of every process: secrets redacted, text or JSON lines (tenzro_site/settings/logs.py).
+"""Logs of every process: secrets redacted, text or JSON lines (core/logs.py).
 
 In-process: the filter and formatter on a real logging handler writing to a buffer.
 """
@@ -12,7 +12,7 @@ import logging.config
 import pytest
 
 from apps.node.supervisor import NodeOptions, Supervisor
-from tenzro_site.settings.logs import JsonFormatter, RedactSecrets, Secrets, logging_config, redact
+from core.logs import JsonFormatter, RedactSecrets, Secrets, logging_config, redact
 from testkit.secrets import assert_no_secrets
 
 TOKEN = "op-token-0123456789abcdef"

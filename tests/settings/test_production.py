@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from tenzro_site.settings.env import BASE_DIR
+from core.env import BASE_DIR
 
 PRODUCTION_ENV = {
     "DJANGO_SECRET_KEY": "k" * 10 + "0123456789abcdefghijklmnopqrstuvwxyz-_ABCDEFGHIJ",

@@ -8,7 +8,6 @@ from decimal import Decimal
 import pytest
 from blake3 import blake3
 
-from apps.errors import InvalidInput
 from apps.governance.services import policy_approve, policy_propose
 from apps.reputation.models import ReputationEvent
 from apps.reputation.selectors import reputation_scores
@@ -17,6 +16,7 @@ from apps.settlement import services
 from apps.settlement.models import LedgerEntry, PendingSettlement, Settlement
 from apps.settlement.services import settlement_enqueue, settlement_record
 from apps.settlement.tasks import settle_forward
+from core.errors import InvalidInput
 
 pytestmark = pytest.mark.django_db
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from apps.shardmap.aggregation import shard_map
-from apps.shardmap.views import HoldingView, ProviderView, ReplicationPolicy
+from core.shardmap.aggregation import shard_map
+from core.shardmap.gossip_view import HoldingView, ProviderView, ReplicationPolicy
 from testkit.shard_views import MODEL, POLICY, holding, provider, provider_id
 
 P = provider_id

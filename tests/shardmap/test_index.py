@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from apps.shardmap.index import ShardIndex
+from core.shardmap.index import ShardIndex
 from testkit.shard_views import MODEL, POLICY, holding, provider, provider_id
 
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apps.shardmap.index import ShardIndex
-from apps.shardmap.planner import MIN_BATCH_ROWS, plan_dispatch, plan_pairs
-from apps.shardmap.views import ReplicationPolicy
+from core.shardmap.gossip_view import ReplicationPolicy
+from core.shardmap.index import ShardIndex
+from core.shardmap.planner import MIN_BATCH_ROWS, plan_dispatch, plan_pairs
 from testkit.shard_views import (
     MODEL,
     POLICY,

@@ -12,9 +12,9 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from apps.shardmap.index import ShardIndex
-from apps.shardmap.planner import plan_dispatch, plan_pairs
-from apps.shardmap.views import ReplicationPolicy
+from core.shardmap.gossip_view import ReplicationPolicy
+from core.shardmap.index import ShardIndex
+from core.shardmap.planner import plan_dispatch, plan_pairs
 from testkit.shard_views import MODEL, holding, provider, provider_id
 
 EXPERTS = [(layer, expert) for layer in range(2) for expert in range(4)]

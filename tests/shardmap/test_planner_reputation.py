@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from apps.shardmap.aggregation import shard_map
-from apps.shardmap.index import ShardIndex
-from apps.shardmap.planner import plan_dispatch
-from apps.shardmap.views import ProviderView, ReplicationPolicy
+from core.shardmap.aggregation import shard_map
+from core.shardmap.gossip_view import ProviderView, ReplicationPolicy
+from core.shardmap.index import ShardIndex
+from core.shardmap.planner import plan_dispatch
 from testkit.shard_views import MODEL, holding, provider, provider_id
 
 P = provider_id

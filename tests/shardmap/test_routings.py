@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from apps.errors import InvalidInput
-from apps.shardmap.index import ShardIndex
-from apps.shardmap.planner import PlanInputError, plan_dispatch, plan_pairs
-from apps.shardmap.routings import parse_routings
+from core.errors import InvalidInput
+from core.shardmap.index import ShardIndex
+from core.shardmap.planner import PlanInputError, plan_dispatch, plan_pairs
+from core.shardmap.routings import parse_routings
 from testkit.shard_views import MODEL, POLICY, holding, provider
 
 SHARD = ShardIndex.build(MODEL, [provider(1)], [holding(1, 0, 0)], POLICY)

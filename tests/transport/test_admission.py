@@ -2,7 +2,7 @@
 
 import pytest
 
-from apps.transport.admission import PeerAdmission, PeerLimits, PeerTable, peer_key
+from core.transport.admission import PeerAdmission, PeerLimits, PeerTable, peer_key
 
 
 def test_streams_in_flight_are_capped_and_released() -> None:

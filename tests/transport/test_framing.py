@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from apps.transport.framing import (
+from core.transport.framing import (
     KIND_REQUEST,
     KIND_RESPONSE,
     PREFIX,

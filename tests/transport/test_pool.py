@@ -10,9 +10,9 @@ import time
 import pytest
 
 from apps.node.identity import load_or_create_identity
-from apps.transport.framing import Reply
-from apps.transport.pool import QuicPool
-from apps.transport.quic import PeerRequest, QuicSettings, TransportError, start_server
+from core.transport.framing import Reply
+from core.transport.pool import QuicPool
+from core.transport.quic import PeerRequest, QuicSettings, TransportError, start_server
 
 pytestmark = pytest.mark.parametrize("library", ["qh3", "aioquic"])
 

@@ -6,9 +6,9 @@ import socket
 import pytest
 
 from apps.node.identity import load_or_create_identity
-from apps.transport.admission import PeerLimits
-from apps.transport.framing import Reply
-from apps.transport.quic import PeerRequest, QuicSettings, TransportError, quic_call, start_server
+from core.transport.admission import PeerLimits
+from core.transport.framing import Reply
+from core.transport.quic import PeerRequest, QuicSettings, TransportError, quic_call, start_server
 
 MAX_BODY = 8 * 1024 * 1024
 

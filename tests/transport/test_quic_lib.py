@@ -7,10 +7,10 @@ import socket
 import pytest
 
 from apps.node.identity import load_or_create_identity
-from apps.transport import quic_lib
-from apps.transport.framing import Reply
-from apps.transport.quic import QuicSettings, quic_call, start_server
-from apps.transport.udp import datagram_size_for, interface_mtu, route_mtu, tune_socket
+from core.transport import quic_lib
+from core.transport.framing import Reply
+from core.transport.quic import QuicSettings, quic_call, start_server
+from core.transport.udp import datagram_size_for, interface_mtu, route_mtu, tune_socket
 
 
 def test_the_library_comes_from_the_environment_with_qh3_as_default(monkeypatch) -> None:

@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from apps.errors import NotFound
 from apps.worker.doors import METHOD_DOORS, OPERATOR_ONLY, CallContext, Door, MethodTable
+from core.errors import NotFound
 
 PEER_METHODS = {"moe/status", "moe/execute", "blob/get", "gossip/push", "gossip/sync", "gossip/dialback"}
 

@@ -6,9 +6,9 @@ import pytest
 from django.utils import timezone
 
 from apps.blobs.references import referenced_blob_hashes
-from apps.errors import Conflict
 from apps.worker import selectors, services
 from apps.worker.models import HeldExpert, WorkerState
+from core.errors import Conflict
 
 pytestmark = pytest.mark.django_db
 URI = "tenzro://blob/" + "c" * 64

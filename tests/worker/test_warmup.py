@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from apps.experts.backends import BLOCK_TYPES, CpuBackend
 from apps.worker.warmup import warm_kernels
+from core.experts.backends import BLOCK_TYPES, CpuBackend
 
 
 def test_every_weight_format_and_the_wire_are_run() -> None:
@@ -15,7 +15,7 @@ def test_every_weight_format_and_the_wire_are_run() -> None:
 
 
 def test_the_numba_kernels_are_compiled_by_it() -> None:
-    numba_matmul = pytest.importorskip("apps.experts.numba_matmul")
+    numba_matmul = pytest.importorskip("core.experts.numba_matmul")
     from apps.receipts import topk_kernel
 
     warm_kernels(CpuBackend(c_variant="off", fused_max_rows=4))  # numba for the fused and the tiled paths

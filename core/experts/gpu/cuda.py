@@ -1,0 +1,370 @@
+"""The CUDA device: CuPy (cupy-cuda12x[ctk]), cuBLAS and the kernels of cuda_kernels.cu.
+
+Device layouts (per expert; gate|up stacked into one [2·d_ff, d_model] matrix when the host
+form stacks them):
+  F32 payload            f32 [m, n]              cuBLAS sgemm for every batch
+  F16 payload            f16 bits [m, n] (u16)   2 bytes a weight, exact (the host f32 came from f16)
+  BF16 payload           bf16 bits [m, n] (u16)  same; cuBLAS has no bf16 x f32 product, see below
+  Q8_0 / Q4_K / Q6_K     the raw GGML blocks, u8 [m, row_bytes], uploaded as they are
+  A stacked dense matrix whose halves came from different 16-bit types (F16 gate, BF16 up) is
+  kept f32. The f32 -> f16/bf16 narrowing is checked to be exact at upload (ValueError if not:
+  the types passed do not describe the host data).
+
+Activations stay on the device, transposed: X [n, t] C-contiguous (column per token), so each
+product is W[m, n]·X[n, t] -> Y[m, t] with row tiles contiguous. One forward, on the device's
+own stream: upload x, transpose, gate|up, silu(g)·u, down, transpose, one device->host copy
+(`ndarray.get`, which waits for the stream).
+
+Products, by weight format and batch t:
+  F32, any t              cupy.cublas.gemm -> cublasSgemm (f32 in, f32 accumulate, f32 out; no
+                          TF32: sgemm runs CUBLAS_DEFAULT_MATH, TF32 needs a math mode we never set)
+  other, t <= 8           tz_mv_<fmt>: fused dequant-mat-vec, one warp per output row, each lane
+                          decodes its part of a block once and dots it with all t columns of X,
+                          shuffle reduction (llama.cpp's dmmv scheme); fmaf accumulation
+  other, t > 8            tz_dq_<fmt> decodes row tiles to an f32 workspace (at most TILE_BYTES =
+                          64 MiB, allocated once, reused), cublasSgemm of each tile into rows of Y
+F16/BF16 with f32 activations: cublasGemmEx takes A and B of one type, so an f16 GEMM would
+round the activations to f16 (2^-11 relative, overflow past 65504) and a bf16 one to bf16
+(2^-8); cupy.matmul of two f16 arrays is such a GemmEx (f32 compute, tensor-op math) and
+also writes f16 output. Decoding weight tiles to f32 instead keeps the products those of the CPU path: the
+f32 bound below, no activation rounding; the cost is the tile decode, small next to the GEMM
+at the batches that take this path.
+
+Error bounds (tests/experts/test_gpu_cuda.py derives them; u = 2^-24):
+  decode (tile and mat-vec) is bit-identical to gguf-py's dequantize: __fmul_rn/__fsub_rn in
+  numpy's order, never contracted to FMA; f16/bf16 widening is exact.
+  each length-n dot product: |ŷ - y| <= γ_n · Σ|w_i x_i|, γ_n = n·u/(1 - n·u) (any summation
+  order: cuBLAS's, the warp's, the CPU's); silu(g)·u within 4u relative (expf <= 2 ulp, IEEE
+  division). The test bounds the whole expert by propagating these through silu and down.
+
+Errors: CuPy/CUDA/cuBLAS exceptions become DeviceError; out of memory (cupy OutOfMemoryError,
+cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY, CUBLAS_STATUS_ALLOC_FAILED) is not fatal,
+everything else is (illegal address, launch failure, ECC, a lost device leave the context
+unusable; a deterministic failure would recur on every request).
+
+open_device compiles the kernels (NVRTC) and runs a self-test on the device: every decoder
+against the host decoder bit for bit, every mat-vec and the silu kernel against numpy, so a
+kernel that misbehaves on some GPU makes the device unavailable instead of wrong.
+
+Verified where (no GPU on the development machines): the decoders compiled for the host
+(g++) match gguf-py bit for bit; nvcc 13.0 --ptx (sm_80) compiles the file with no warning and
+no FMA in the decode kernels; NVRTC 12.9 (the pip one CuPy uses) compiled it by hand with an
+empty log; CuPy API names checked against CuPy 14.2's source and install (no driver here:
+open_device's "no CUDA device" path ran for real); the Python side (layouts, tiles, launch
+argument types, self-test) ran against an emulated cupy in the tests. The kernels' device code,
+cuBLAS calls and real forwards run only in tests/experts/test_gpu_cuda.py's GPU tests, which
+skip without a CUDA device.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.experts.backends import CpuExpert, CpuWeight
+from core.experts.gpu.ops import DeviceError, DeviceUnavailable
+
+KERNELS_PATH = Path(__file__).with_name("cuda_kernels.cu")
+REQUIREMENTS_HINT = "pip install -r requirements-gpu-cuda.txt"
+SMALL_BATCH = 8  # batches up to this take the fused mat-vec kernels (TZ_MAX_T in the .cu)
+TILE_BYTES = 64 << 20  # f32 dequantize workspace for the larger batches, shared by all experts
+BLOCK_FORMATS = {"Q8_0": "q8_0", "Q4_K": "q4_k", "Q6_K": "q6_k"}  # ggml type -> kernel suffix
+HALF_FORMATS = {"F16": "f16", "BF16": "bf16"}
+KERNEL_NAMES = (*(f"tz_{op}_{s}" for op in ("mv", "dq") for s in (*BLOCK_FORMATS.values(), *HALF_FORMATS.values())),
+                "tz_silu_mul")
+_MV_WARPS = 4  # warps (output rows) per mat-vec thread block
+_GRID_CAP = 1 << 16  # grid-stride kernels: enough blocks to fill any GPU, no more
+
+
+@dataclass(frozen=True)
+class DeviceWeight:
+    """One matrix on the device: fmt "F32" | "F16" | "BF16" | a block type; data f32 [m, n],
+    u16 [m, n] (16-bit bits) or u8 [m, row_bytes]."""
+
+    fmt: str
+    shape: tuple[int, int]
+    data: Any  # cupy.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+
+@dataclass(frozen=True)
+class CudaExpert:
+    gate_up: tuple[DeviceWeight, ...]
+    down: DeviceWeight
+    d_ff: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(w.nbytes for w in self.gate_up) + self.down.nbytes
+
+
+def device_format(weight: CpuWeight, payload_types: tuple[str, ...]) -> str:
+    """The device form of a host weight whose payload types (one, or gate and up when stacked)
+    are given: the block type itself, F16/BF16 when every part had that type, else F32."""
+    if weight.ggml_type != "F32":
+        return weight.ggml_type
+    kinds = set(payload_types)
+    return kinds.pop() if len(kinds) == 1 and next(iter(kinds)) in HALF_FORMATS else "F32"
+
+
+def narrow(data: np.ndarray, fmt: str) -> np.ndarray:
+    """f32 [m, n] widened from F16/BF16 -> its u16 bits again; ValueError when it was not
+    (the types passed do not match the host data)."""
+    if fmt == "F16":
+        half = data.astype(np.float16)
+        if np.array_equal(half.astype(np.float32), data):
+            return half.view(np.uint16)
+    elif fmt == "BF16":
+        bits = data.view(np.uint32)
+        if not (bits & 0xFFFF).any():
+            return (bits >> 16).astype(np.uint16)
+    raise ValueError(f"{list(data.shape)} f32 weights are not exactly {fmt}: the payload types do not match the data")
+
+
+def _split_types(host: CpuExpert, types: tuple[str, str, str]) -> list[tuple[CpuWeight, tuple[str, ...]]]:
+    """[(host weight, the payload types it holds)] for gate|up (or gate, up) and down."""
+    if len(types) != 3:
+        raise ValueError(f"types must be the (gate, up, down) ggml types, got {types!r}")
+    gate, up, down = types
+    if len(host.gate_up) == 1:
+        parts = [(host.gate_up[0], (gate, up))]
+    else:
+        parts = [(host.gate_up[0], (gate,)), (host.gate_up[1], (up,))]
+    return [*parts, (host.down, (down,))]
+
+
+def _is_oom(exc: BaseException) -> bool:
+    """Whether a CuPy/CUDA/cuBLAS exception means out of device memory (cupy's
+    OutOfMemoryError is a MemoryError; status 2 is cudaErrorMemoryAllocation and
+    CUDA_ERROR_OUT_OF_MEMORY, 3 is CUBLAS_STATUS_ALLOC_FAILED)."""
+    if isinstance(exc, MemoryError):
+        return True
+    status = getattr(exc, "status", None)
+    name = type(exc).__name__
+    return (name in ("CUDARuntimeError", "CUDADriverError") and status == 2) or (
+        name == "CUBLASError" and status == 3)
+
+
+def _cuda_errors() -> tuple[type[BaseException], ...]:
+    from cupy.cuda import driver, memory, runtime
+    from cupy_backends.cuda.libs import cublas
+
+    return (memory.OutOfMemoryError, runtime.CUDARuntimeError, driver.CUDADriverError, cublas.CUBLASError)
+
+
+def expert_device_bytes(host: CpuExpert, types: tuple[str, str, str]) -> int:
+    """Device bytes of an expert's weights in the layouts above (what upload allocates)."""
+    total = 0
+    for w, kinds in _split_types(host, types):
+        fmt = device_format(w, kinds)
+        total += w.shape[0] * w.shape[1] * 2 if fmt in HALF_FORMATS else w.nbytes
+    return total
+
+
+class CudaOps:
+    """DeviceOps for one CUDA device. Not thread-safe: the GPU backend serializes the calls."""
+
+    kind = "cuda"
+    software = False
+    small_batch = SMALL_BATCH
+
+    def __init__(self, device_index: int) -> None:
+        import cupy
+        import cupy.cublas  # not imported by `import cupy`
+        from cupy.cuda import runtime
+
+        self._cp = cupy
+        self._gemm = cupy.cublas.gemm
+        self._errors = _cuda_errors()
+        self.device_index = device_index
+        props = runtime.getDeviceProperties(device_index)
+        name = props["name"]
+        self.device_name = name.decode() if isinstance(name, bytes) else str(name)
+        self.memory_total_bytes: int | None = int(props["totalGlobalMem"])
+        self.compute_capability = (int(props["major"]), int(props["minor"]))
+        self._device = cupy.cuda.Device(device_index)
+        with self._device:
+            self._pool = cupy.cuda.MemoryPool()  # ours alone: close() hands all of it back
+            self._stream = cupy.cuda.Stream(non_blocking=True)
+            module = cupy.RawModule(code=KERNELS_PATH.read_text(), options=("--std=c++17",))
+            self._kernels = {name: module.get_function(name) for name in KERNEL_NAMES}  # compiles and loads now
+        self._workspace: Any = None
+
+    # -- context -----------------------------------------------------------------------------
+
+    def _run(self, what: str, fn: Any, *args: Any) -> Any:
+        """fn(*args) on this device, its stream and its memory pool; CUDA errors -> DeviceError."""
+        cp = self._cp
+        try:
+            with self._device, self._stream, cp.cuda.using_allocator(self._pool.malloc):
+                return fn(*args)
+        except self._errors as exc:
+            fatal = not _is_oom(exc)
+            raise DeviceError(f"CUDA {what} on {self.device_name}: {type(exc).__name__}: {exc}", fatal=fatal) from exc
+        except Exception as exc:  # anything else is a fault of this module: stop using the device, never crash
+            raise DeviceError(f"CUDA {what} on {self.device_name} failed: {type(exc).__name__}: {exc}",
+                              fatal=True) from exc
+
+    # -- DeviceOps ---------------------------------------------------------------------------
+
+    def device_bytes(self, host: CpuExpert, types: tuple[str, str, str]) -> int:
+        return expert_device_bytes(host, types)
+
+    def upload(self, host: CpuExpert, types: tuple[str, str, str]) -> CudaExpert:
+        """ValueError when `types` do not match `host` (a caller's bug, not the device's)."""
+        parts = []
+        for w, kinds in _split_types(host, types):
+            fmt = device_format(w, kinds)
+            parts.append((fmt, w.shape, narrow(w.data, fmt) if fmt in HALF_FORMATS else w.data))
+
+        def put() -> CudaExpert:
+            out = [DeviceWeight(fmt, shape, self._cp.asarray(data)) for fmt, shape, data in parts]
+            self._stream.synchronize()  # surface any copy error here, not in a later forward
+            return CudaExpert(gate_up=tuple(out[:-1]), down=out[-1], d_ff=host.d_ff)
+
+        return self._run("upload", put)
+
+    def forward(self, handle: CudaExpert, x: np.ndarray) -> np.ndarray:
+        d_model = handle.down.shape[0]
+        if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] != d_model or x.dtype != np.float32:
+            raise ValueError(f"x must be f32 [t >= 1, {d_model}], got {x.dtype} {list(x.shape)}")
+        return self._run("forward", self._forward, handle, np.ascontiguousarray(x))
+
+    def put_weight(self, fmt: str, shape: tuple[int, int], data: np.ndarray) -> DeviceWeight:
+        """One matrix in its device form (u8 blocks, u16 bits or f32) on the device."""
+        return self._run("upload", lambda: DeviceWeight(fmt, shape, self._cp.asarray(data)))
+
+    def release(self, handle: CudaExpert) -> None:
+        # the arrays go back to our pool when the last reference drops; nothing can fail here
+        del handle
+
+    def close(self) -> None:
+        try:
+            with self._device:
+                self._workspace = None
+                self._stream.synchronize()
+                self._pool.free_all_blocks()
+        except Exception:  # after a fatal error the context may refuse even this; nothing to do
+            pass
+
+    # -- compute -----------------------------------------------------------------------------
+
+    def _forward(self, e: CudaExpert, x: np.ndarray) -> np.ndarray:
+        cp = self._cp
+        t = x.shape[0]
+        xt = cp.ascontiguousarray(cp.asarray(x).T)  # [d_model, t]
+        if len(e.gate_up) == 1:
+            gu = self.matmul(e.gate_up[0], xt)  # [2·d_ff, t]
+            g, u = gu[: e.d_ff], gu[e.d_ff :]
+        else:
+            g, u = (self.matmul(w, xt) for w in e.gate_up)
+        h = cp.empty((e.d_ff, t), dtype=cp.float32)
+        count = e.d_ff * t
+        self._launch("tz_silu_mul", (min(_GRID_CAP, -(-count // 256)),), (256,), (g, u, h, np.int64(count)))
+        y_t = self.matmul(e.down, h)  # [d_model, t]
+        return cp.ascontiguousarray(y_t.T).get(stream=self._stream)  # blocking: waits for the stream
+
+    def _launch(self, name: str, grid: tuple[int, ...], block: tuple[int, ...], args: tuple) -> None:
+        self._kernels[name](grid, block, args, stream=self._stream)
+
+    def matmul(self, w: DeviceWeight, xt: Any) -> Any:
+        """W [m, n] · X [n, t] -> Y f32 [m, t] on the device (call inside _run)."""
+        cp = self._cp
+        m, n = w.shape
+        t = xt.shape[1]
+        y = cp.empty((m, t), dtype=cp.float32)
+        if w.fmt == "F32":
+            self._gemm("N", "N", w.data, xt, out=y)
+            return y
+        suffix = BLOCK_FORMATS.get(w.fmt) or HALF_FORMATS[w.fmt]
+        row_bytes = np.int64(w.data.nbytes // m)
+        if t <= SMALL_BATCH:
+            grid = (-(-m // _MV_WARPS),)
+            self._launch(f"tz_mv_{suffix}", grid, (32 * _MV_WARPS,),
+                         (w.data, row_bytes, np.int32(m), np.int32(n), xt, np.int32(t), y))
+            return y
+        rows = max(1, min(m, TILE_BYTES // (4 * n)))
+        tile = self._tile(rows * n)
+        for r0 in range(0, m, rows):
+            r1 = min(m, r0 + rows)
+            buf = self.decode(w, r0, r1 - r0, out=tile[: (r1 - r0) * n].reshape(r1 - r0, n))
+            self._gemm("N", "N", buf, xt, out=y[r0:r1])  # same stream: runs after the decode
+        return y
+
+    def decode(self, w: DeviceWeight, r0: int, rows: int, out: Any = None) -> Any:
+        """Rows r0 .. r0+rows of a non-F32 weight as f32 [rows, n] on the device, into `out`
+        (a workspace view) when given (call inside _run)."""
+        n = w.shape[1]
+        if out is None:
+            out = self._cp.empty((rows, n), dtype=self._cp.float32)
+        suffix = BLOCK_FORMATS.get(w.fmt) or HALF_FORMATS[w.fmt]
+        groups = rows * n // 4  # >= half the threads any decode kernel wants: a fine grid either way
+        self._launch(f"tz_dq_{suffix}", (max(1, min(_GRID_CAP, -(-groups // 256))),), (256,),
+                     (w.data, np.int64(w.data.nbytes // w.shape[0]), np.int32(n), np.int32(r0), np.int32(rows), out))
+        return out
+
+    def _tile(self, size: int) -> Any:
+        """The f32 workspace, grown to `size` floats once and then reused (stream-ordered: the
+        next decode into it queues behind the GEMM that reads it)."""
+        if self._workspace is None or self._workspace.size < size:
+            self._workspace = None
+            self._workspace = self._cp.empty(size, dtype=self._cp.float32)
+        return self._workspace
+
+
+def time_forward(ops: CudaOps, handle: CudaExpert, x: np.ndarray, reps: int) -> float:
+    """Mean wall seconds of ops.forward(handle, x) over `reps` calls, after one warm-up call.
+
+    Each forward ends with a blocking device->host copy, so it is complete when it returns;
+    the device is synchronized before the clock starts, so no earlier work is counted."""
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
+    ops.forward(handle, x)
+    ops._stream.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        ops.forward(handle, x)
+    ops._stream.synchronize()
+    return (time.perf_counter() - start) / reps
+
+
+def open_device(*, device_index: int = 0) -> CudaOps:
+    """Open CUDA device `device_index`; raises DeviceUnavailable saying what is missing."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise DeviceUnavailable(f"cupy is not installed ({exc}); {REQUIREMENTS_HINT}") from exc
+    from cupy.cuda import runtime
+
+    try:
+        count = runtime.getDeviceCount()
+    except runtime.CUDARuntimeError as exc:
+        raise DeviceUnavailable(f"no CUDA device: {exc}") from exc
+    if count == 0:
+        raise DeviceUnavailable("no CUDA device: cupy reports 0 devices")
+    if not 0 <= device_index < count:
+        raise DeviceUnavailable(f"no CUDA device {device_index}: cupy reports {count} (0..{count - 1})")
+    try:
+        from cupy_backends.cuda.libs import cublas  # noqa: F401 - the import loads libcublas
+    except ImportError as exc:
+        raise DeviceUnavailable(f"cuBLAS not found ({exc}); {REQUIREMENTS_HINT} (cupy-cuda12x[ctk])") from exc
+    try:
+        ops = CudaOps(device_index)
+    except Exception as exc:  # NVRTC missing or failing, a context that cannot be created
+        raise DeviceUnavailable(f"CUDA device {device_index} could not start: {type(exc).__name__}: {exc}") from exc
+    from core.experts.gpu.cuda_selftest import self_test
+
+    try:
+        self_test(ops)
+    except (DeviceError, AssertionError) as exc:
+        ops.close()
+        raise DeviceUnavailable(f"CUDA kernels failed their self-test on {ops.device_name}: {exc}") from exc
+    del cupy
+    return ops

@@ -1,0 +1,375 @@
+"""ExpertRuntime: the facade the expert worker calls (load, gate, route, execute, status).
+
+Pure: no Django. Called from a thread pool, possibly from several threads at once:
+`self._lock` guards the gate table and the load-time consistency checks; the tiered cache
+has its own lock for tier state; matmuls run with no runtime lock held.
+
+On-disk layout under ``data_dir/moe``::
+
+    experts/<model>/layer<L>/expert<E>.safetensors (+ .json sidecar: header, blob_uri)
+    gates/<model>/layer<L>.safetensors             (+ .json sidecar: blob_uri)
+
+Both are written at load and re-registered at start, so holdings survive a restart (experts
+come back Cold and are promoted on first use or by readahead).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from core.durable_files import link_or_write_atomic, write_atomic
+from core.experts.backends import ComputeBackend
+from core.experts.errors import ExpertNotLoaded, GateNotLoaded, InsufficientMemory, InvalidPayload, ModelMismatch
+from core.experts.ffn import (
+    ExpertHeader,
+    ResidentExpert,
+    build_expert,
+    build_expert_from,
+    parse_payload,
+    read_header,
+)
+from core.experts.gating import Routing, route
+from core.experts.gpu.backend import GpuBackend
+from core.experts.metering import ThroughputMeter
+from core.experts.selection import cpu_backend
+from core.experts.tiered_cache import Key, TieredCache, default_memory_budget, model_dir_name
+from core.experts.validation import check_hidden
+from core.formats import errors as format_errors
+from core.formats.gate_payload import GateSpec, read_gate_payload
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ExpertRuntime", "Routing"]
+
+
+@dataclass(frozen=True)
+class _Gate:
+    spec: GateSpec
+    blob_uri: str | None
+    path: pathlib.Path
+
+
+class ExpertRuntime:
+    """Experts and gates of any number of (model_id, layer) pairs, in a tiered cache."""
+
+    def __init__(
+        self,
+        *,
+        data_dir: pathlib.Path,
+        memory_budget_bytes: int | None = None,
+        backend: ComputeBackend | None = None,
+        backend_candidates: list[dict[str, Any]] | None = None,
+        on_change: Callable[[], None] | None = None,
+        on_corrupt: Callable[[tuple[str, int, int], str | None], None] | None = None,
+    ) -> None:
+        """`on_change()` is called after anything a holder advertises changes: an expert or gate
+        loaded or unloaded, promoted or evicted (see TieredCache). It must be cheap and
+        thread-safe; the expert worker publishes its holdings to the control plane from it.
+        `on_corrupt(key, blob_uri)`: an expert's disk-tier payload failed its hash and was forgotten.
+        `backend_candidates`: how the backend was chosen (core/experts/selection.py), for status()."""
+        self.data_dir = pathlib.Path(data_dir)
+        # no backend given: the CPU one; the expert worker chooses (and may open a GPU) itself
+        self.backend = backend if backend is not None else cpu_backend()
+        self._candidates = list(backend_candidates or [])
+        if isinstance(self.backend, GpuBackend) and self.backend.on_state_change is None:
+            self.backend.on_state_change = self._changed  # a failed device stops the node advertising moe_gpu
+        budget = default_memory_budget() if memory_budget_bytes is None else int(memory_budget_bytes)
+        self._root = self.data_dir / "moe"
+        self._on_change = on_change
+        self._cache = TieredCache(root=self._root / "experts", budget_bytes=budget, decode=self._decode,
+                                  on_change=on_change, on_corrupt=on_corrupt)
+        self._gates: dict[tuple[str, int], _Gate] = {}
+        self._lock = threading.RLock()
+        self._meter = ThroughputMeter()
+        self._cache.scan(lambda data: read_header(parse_payload(data))[0])
+        self._scan_gates()
+
+    # -- experts -----------------------------------------------------------------------------
+
+    def _decode(self, payload: bytes) -> ResidentExpert:
+        return build_expert(payload, self.backend)
+
+    def expert_load(
+        self, *, payload: bytes | bytearray, blob_uri: str | None = None, expect: dict[str, Any] | None = None,
+        stored_at: pathlib.Path | None = None,
+    ) -> dict[str, Any]:
+        """Load one expert; (model_id, layer, expert) come from the payload metadata.
+
+        `stored_at` is a file that already holds exactly `payload` (the blob it came from):
+        the disk tier links to it rather than storing the bytes a second time.
+
+        `expect` names ids the caller asked for ({"model_id", "layer", "expert"}, any subset):
+        a payload carrying other ids is refused with ModelMismatch before anything is stored.
+        Raises InvalidPayload, or ModelMismatch when the layer's gate or experts disagree.
+        Reloading the same key replaces it. Returns the expert's status row.
+        """
+        header, tensors = read_header(parse_payload(payload))
+        _check_expected("expert payload", {"model_id": header.model_id, "layer": header.layer,
+                                           "expert": header.expert}, expect)
+        expert = build_expert_from(header, tensors, self.backend)  # before the lock: it is the slow part
+        with self._lock:
+            self._check_expert_fits(header)
+            self._cache.put(payload, expert, header, blob_uri, stored_at=stored_at)
+        return self._expert_row(expert.key)
+
+    def expert_unload(self, *, model_id: str, layer: int, expert: int) -> None:
+        """Forget an expert in both tiers; ExpertNotLoaded if it is not held."""
+        self._cache.remove((model_id, int(layer), int(expert)))
+
+    def _check_expert_fits(self, header: ExpertHeader) -> None:
+        gate = self._gates.get((header.model_id, header.layer))
+        if gate is not None:
+            _check_pair(gate.spec, header)
+        for key, record, _ in self._cache.records():
+            if key[:2] == (header.model_id, header.layer) and key[2] != header.expert:
+                if record.header.d_model != header.d_model:
+                    raise ModelMismatch(
+                        f"expert {header.expert} of {header.model_id!r} layer {header.layer} has d_model "
+                        f"{header.d_model}, but expert {key[2]} of that layer has {record.header.d_model}"
+                    )
+                break  # every held expert of the layer already agrees with each other
+
+    # -- gates -------------------------------------------------------------------------------
+
+    def gate_load(
+        self, *, payload: bytes | bytearray, blob_uri: str | None = None, expect: dict[str, Any] | None = None,
+        stored_at: pathlib.Path | None = None,
+    ) -> dict[str, Any]:
+        """Load a layer's gate; replaces a previous one. InvalidPayload / ModelMismatch.
+
+        `expect` ({"model_id", "layer"}, any subset) as for expert_load; it also names a
+        payload whose metadata carries no model_id / layer. `stored_at` as for expert_load."""
+        if not isinstance(payload, bytes | bytearray):
+            raise InvalidPayload("gate payload must be bytes")
+        expect = expect or {}
+        spec = _read_gate(payload, model_id=expect.get("model_id"), layer=expect.get("layer"))
+        _check_expected("gate payload", {"model_id": spec.model_id, "layer": spec.layer}, expect)
+        path = self._root / "gates" / model_dir_name(spec.model_id) / f"layer{spec.layer}.safetensors"
+        with self._lock:
+            for key, record, _ in self._cache.records():
+                if key[:2] == (spec.model_id, spec.layer):
+                    _check_pair(spec, record.header)
+            link_or_write_atomic(path, payload, existing=stored_at)
+            # The sidecar keeps the ids too: the payload itself may not carry them.
+            sidecar = {"blob_uri": blob_uri, "model_id": spec.model_id, "layer": spec.layer}
+            write_atomic(path.with_suffix(".json"), json.dumps(sidecar).encode())
+            self._gates[(spec.model_id, spec.layer)] = _Gate(spec, blob_uri, path)
+            row = self._gate_row(self._gates[(spec.model_id, spec.layer)])
+        self._changed()
+        return row
+
+    def gate_unload(self, *, model_id: str, layer: int) -> None:
+        with self._lock:
+            gate = self._gates.pop((model_id, int(layer)), None)
+        if gate is None:
+            raise GateNotLoaded(f"no gate loaded for model_id={model_id!r} layer={layer}")
+        for p in (gate.path, gate.path.with_suffix(".json")):
+            p.unlink(missing_ok=True)
+        self._changed()
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            try:
+                self._on_change()
+            except Exception:  # a listener's failure must never break a load
+                log.exception("runtime change listener failed")
+
+    def gate_spec(self, model_id: str, layer: int) -> GateSpec:
+        """The loaded gate of (model_id, layer); raises GateNotLoaded."""
+        return self._gate(model_id, layer)
+
+    def _gate(self, model_id: str, layer: int) -> GateSpec:
+        with self._lock:
+            gate = self._gates.get((model_id, int(layer)))
+        if gate is None:
+            raise GateNotLoaded(f"no gate loaded for model_id={model_id!r} layer={layer}")
+        return gate.spec
+
+    def _scan_gates(self) -> None:
+        for path in sorted((self._root / "gates").glob("*/layer*.safetensors")):
+            try:
+                sidecar = path.with_suffix(".json")
+                meta = json.loads(sidecar.read_text()) if sidecar.exists() else {}
+                spec = _read_gate(path.read_bytes(), model_id=meta.get("model_id"), layer=meta.get("layer"))
+                blob_uri = meta.get("blob_uri")
+            except (OSError, ValueError, InvalidPayload) as exc:
+                log.warning("skipping unreadable gate payload %s: %s", path, exc)
+                continue
+            self._gates[(spec.model_id, spec.layer)] = _Gate(spec, blob_uri, path)
+
+    # -- compute -----------------------------------------------------------------------------
+
+    def route(self, *, model_id: str, layer: int, hidden: np.ndarray) -> Routing:
+        """Gate a batch f32 [t, d_model] -> Routing (experts int64 [t, k_total], weights f32)."""
+        return route(self._gate(model_id, layer), hidden)
+
+    def execute(self, *, model_id: str, layer: int, expert: int, hidden: np.ndarray) -> np.ndarray:
+        """Run rows f32 [t, d_model] through one held expert -> f32 [t, d_model]."""
+        key = (model_id, int(layer), int(expert))
+        x = check_hidden(hidden, self._cache.record(key).header.d_model)
+        return self._run(key, x)
+
+    def _run(self, key: Key, x: np.ndarray) -> np.ndarray:
+        resident = self._cache.get(key)  # promotes a Cold expert; not metered (not compute)
+        if x.shape[0] == 0:
+            return np.zeros((0, resident.d_model), dtype=np.float32)
+        start = time.perf_counter()
+        y = self.backend.forward(resident.prepared, x)
+        self._meter.record(x.shape[0], time.perf_counter() - start)
+        return y
+
+    def readahead(self, keys: Iterable[tuple[str, int, int]]) -> None:
+        """Promote the listed experts this node holds to the memory tier; others are skipped
+        (a routing decision names remote experts too)."""
+        held = set(self._cache.keys())
+        self._cache.promote(k for k in ((m, int(ly), int(e)) for m, ly, e in keys) if k in held)
+
+    def forward_local(self, *, model_id: str, layer: int, hidden: np.ndarray) -> np.ndarray:
+        """gate -> readahead -> execute each selected expert on its tokens -> weighted combine.
+
+        hidden f32 [t, d_model] -> f32 [t, d_model]. Every selected expert (shared ones
+        included) must be held here, else ExpertNotLoaded names the missing ids before any
+        compute runs.
+        """
+        gate = self._gate(model_id, layer)
+        x = check_hidden(hidden, gate.d_model)
+        routing = route(gate, x)
+        groups = routing.tokens_by_expert()
+        held = set(self._cache.keys())
+        missing = sorted(e for e in groups if (model_id, int(layer), e) not in held)
+        if missing:
+            raise ExpertNotLoaded(
+                f"forward_local of {model_id!r} layer {layer} selected experts {missing} "
+                "that are not loaded on this node"
+            )
+        self.readahead((model_id, int(layer), e) for e in groups)
+        out = np.zeros_like(x)
+        for e, (tokens, weights) in sorted(groups.items()):
+            y = self._run((model_id, int(layer), e), x[tokens])
+            out[tokens] += weights[:, None] * y  # tokens are unique within one expert
+        return out
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def committed_tps(self) -> int:
+        """Expert-forward rows per second of compute over the last minute (see metering.py)."""
+        return round(self._meter.rows_per_second())
+
+    def status(self) -> dict[str, Any]:
+        rows = self._cache.records()
+        experts = [self._row(k, r, warm) for k, r, warm in rows]
+        with self._lock:
+            gates = [self._gate_row(g) for _, g in sorted(self._gates.items())]
+        warm = sum(1 for *_, w in rows if w)
+        return {
+            "experts": experts,
+            "gates": gates,
+            "memory_budget_bytes": self._cache.budget_bytes,
+            # the memory tier plus what is held outside it under the same budget (reserve_memory)
+            "memory_used_bytes": self._cache.used_bytes + self._cache.reserved_bytes,
+            "counts": {"warm": warm, "cold": len(rows) - warm, "gates": len(gates)},
+            "committed_tps": self.committed_tps(),
+            "gpu_backend_active": bool(self.backend.is_gpu),
+            "backend": self.backend.name,
+            "cpu_kernel": self.backend.cpu_kernel,
+            "compute": self.compute_status(),
+        }
+
+    def compute_status(self) -> dict[str, Any]:
+        """How the backend was chosen ({name, available, active, reason} per candidate) and, for a
+        GPU backend, its device tier and health (core/experts/gpu/backend.py device_status)."""
+        device_status = getattr(self.backend, "device_status", None)
+        return {"candidates": self._candidates, "device": device_status() if device_status else None}
+
+    @property
+    def memory_budget_bytes(self) -> int:
+        return self._cache.budget_bytes
+
+    def reserve_memory(self, name: str, nbytes: int) -> None:
+        """Hold `nbytes` of the memory budget for something outside the expert tier (a router's
+        dense weights), moving experts to the disk tier as needed; 0 releases it. Raises
+        InsufficientMemory (over_budget) when the reservations would exceed the budget."""
+        try:
+            self._cache.reserve(name, nbytes)
+        except ValueError as exc:
+            raise InsufficientMemory(str(exc)) from None
+
+    def held(self, model_id: str) -> list[tuple[int, int, bool, str | None]]:
+        """(layer, expert, warm, blob_uri) of every expert of `model_id` held here, cheaply (no rows)."""
+        return [(k[1], k[2], warm, record.blob_uri) for k, record, warm in self._cache.records() if k[0] == model_id]
+
+    def _expert_row(self, key: Key) -> dict[str, Any]:
+        for k, record, warm in self._cache.records():
+            if k == key:
+                return self._row(k, record, warm)
+        raise ExpertNotLoaded(f"expert {key} is not loaded on this node")  # unloaded concurrently
+
+    def _row(self, key: Key, record: Any, warm: bool) -> dict[str, Any]:
+        resident = self._cache.peek(key) if warm else None
+        return {
+            "model_id": key[0], "layer": key[1], "expert": key[2],
+            "tier": "memory" if warm else "disk", "residency": "Warm" if warm else "Cold",
+            "memory_bytes": resident.nbytes if resident is not None else 0,
+            "disk_bytes": record.disk_bytes,
+            "d_model": record.header.d_model, "d_ff": record.header.d_ff,
+            "formats": dict(record.header.formats),
+            "blob_uri": record.blob_uri,
+        }
+
+    @staticmethod
+    def _gate_row(gate: _Gate) -> dict[str, Any]:
+        s = gate.spec
+        return {
+            "model_id": s.model_id, "layer": s.layer, "router": s.router, "n_routed": s.n_routed,
+            "n_shared_experts": s.n_shared_experts, "top_k": s.top_k, "d_model": s.d_model,
+            "memory_bytes": s.nbytes, "blob_uri": gate.blob_uri,
+        }
+
+
+def _read_gate(data: bytes | bytearray, *, model_id: str | None, layer: int | None) -> GateSpec:
+    """read_gate_payload, its format error raised as the runtime's InvalidPayload (same message)."""
+    try:
+        return read_gate_payload(data, model_id=model_id, layer=layer)
+    except format_errors.InvalidPayload as exc:
+        raise InvalidPayload(exc.message, reason=exc.reason, **exc.details) from exc
+
+
+def _check_pair(gate: GateSpec, header: ExpertHeader) -> None:
+    """A gate and an expert of the same (model_id, layer) must agree on width and id range (and,
+    for a dense gate, on the slice's d_ff width)."""
+    if gate.d_model != header.d_model:
+        raise ModelMismatch(
+            f"{header.model_id!r} layer {header.layer}: gate has d_model {gate.d_model}, "
+            f"expert {header.expert} has d_model {header.d_model}"
+        )
+    n_total = gate.n_routed + gate.n_shared_experts
+    if header.expert >= n_total:
+        raise ModelMismatch(
+            f"{header.model_id!r} layer {header.layer}: expert {header.expert} is out of range for a gate "
+            f"with {gate.n_routed} routed + {gate.n_shared_experts} shared experts (ids 0..{n_total - 1})"
+        )
+    if gate.is_dense:  # a slice cut for another slice count or alignment would sum to the wrong layer
+        start, end = gate.slice_bounds(header.expert)
+        if header.d_ff != end - start:
+            raise ModelMismatch(
+                f"{header.model_id!r} layer {header.layer}: slice {header.expert} has d_ff {header.d_ff}, but the "
+                f"dense gate ({gate.n_shared_experts} slices of d_ff {gate.dense_d_ff}, slice_align "
+                f"{gate.slice_align}) gives it rows [{start}, {end}) ({end - start} wide)"
+            )
+
+
+def _check_expected(what: str, found: dict[str, Any], expect: dict[str, Any] | None) -> None:
+    """ModelMismatch naming each id the caller expected that the payload does not carry."""
+    wrong = {k: (v, found[k]) for k, v in (expect or {}).items() if v is not None and found[k] != v}
+    if wrong:
+        detail = ", ".join(f"{k} {want!r} but the payload says {got!r}" for k, (want, got) in wrong.items())
+        raise ModelMismatch(f"{what} does not match the request: expected {detail}")

@@ -1,0 +1,259 @@
+"""Placing each routed expert's rows on holders: candidates, greedy order, water-filling splits.
+
+Pure module (no Django); the rules and their reasons are in core.shardmap.planner's
+docstring, this module is their arithmetic. It works on Python lists rather than numpy:
+the loop visits one expert at a time with a handful of candidates each, where numpy's
+per-call overhead (about a microsecond) would cost more than the arithmetic.
+
+Units: rows are (token, expert) pairs; rate is committed_tps in rows per second; latency
+and finish times are seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from core.shardmap.index import ShardIndex
+
+NO_HOLDER, HOLDERS_EXCLUDED, ONLY_COLD = "no_holder", "holders_excluded", "only_cold_holders"
+BELOW_FLOOR = "below_reputation_floor"
+
+# A holder that has measured nothing advertises committed_tps 0; ranking it at 1 token/s keeps the
+# finish-time arithmetic finite and makes it the last resort among holders with numbers.
+MIN_RATE = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """A ShardIndex's columns as lists (see core.shardmap.index for the layout)."""
+
+    offsets: list[int]  # (n_experts + 1): expert e's holder rows
+    n_warm: list[int]  # (n_experts): its Warm holders are the first n_warm[e] rows (Warm sorts first)
+    hot: list[bool]  # (n_experts)
+    provider: list[int]  # (n_holders): provider index per holder row
+    rate: list[float]  # (n_holders): max(committed_tps, MIN_RATE)
+    gpu: list[bool]  # (n_providers)
+    latency: list[float]  # (n_providers): seconds
+    rank: list[int]  # (n_providers): exact ties go to the smaller rank (higher reputation, then provider id)
+    barred: frozenset[int]  # providers whose reputation is below the policy's floor
+    n_experts: int
+    # The same as arrays, for the vectorized backup ranking: (n_experts + 1,), (n_experts,), (n_holders,)
+    offsets_array: np.ndarray
+    n_warm_array: np.ndarray
+    rate_array: np.ndarray
+    rank_array: np.ndarray
+
+
+_CACHE: weakref.WeakKeyDictionary[ShardIndex, Columns] = weakref.WeakKeyDictionary()
+
+
+def columns_of(shard: ShardIndex) -> Columns:
+    """The index's columns as lists, computed once per index and kept while the index lives.
+
+    Two threads may both compute them the first time; the results are equal, so either wins.
+    """
+    cols = _CACHE.get(shard)
+    if cols is None:
+        warm = shard.holder_warm.astype(np.int64)
+        n_warm = np.add.reduceat(warm, shard.offsets[:-1]) if shard.n_experts else np.zeros(0, np.int64)
+        rate = np.maximum(shard.holder_tps, MIN_RATE).astype(np.float64)
+        cols = Columns(
+            offsets=shard.offsets.tolist(), n_warm=n_warm.tolist(), hot=shard.hot.tolist(),
+            provider=shard.holder_provider.tolist(), rate=rate.tolist(), gpu=shard.provider_gpu.tolist(),
+            latency=shard.provider_latency_s.tolist(), rank=shard.provider_rank.tolist(),
+            barred=frozenset(np.flatnonzero(shard.provider_barred).tolist()), n_experts=shard.n_experts,
+            offsets_array=shard.offsets, n_warm_array=n_warm, rate_array=rate, rank_array=shard.provider_rank)
+        _CACHE[shard] = cols
+    return cols
+
+
+class Piece(NamedTuple):
+    """Rows ``first : first + rows`` of segment ``segment`` (expert ``expert``) go to ``provider``."""
+
+    segment: int
+    expert: int
+    provider: int
+    first: int
+    rows: int
+    backups: tuple[int, ...]  # provider indices, best first
+
+
+def place(
+    shard: ShardIndex,
+    segment_expert: list[int],
+    segment_rows: list[int],
+    *,
+    allow_cold: bool,
+    excluded: set[int],
+    min_batch_rows: int,
+) -> tuple[list[Piece], list[tuple[int, str]]]:
+    """Place every segment (one routed expert's rows); return its pieces and the refused segments.
+
+    ``segment_expert[s]`` is an expert index of the index, or >= n_experts for an expert
+    nobody holds. Pieces come sorted by (segment, provider); segments must be in expert order
+    for that to be (layer, expert, provider id) order, as the planner gives them.
+    """
+    cols = columns_of(shard)
+    prov, rate, lat, rank = cols.provider, cols.rate, cols.latency, cols.rank
+    # Below the reputation floor is treated as excluded, except in the reason an expert reports.
+    barred = excluded | cols.barred if cols.barred else excluded
+    refused: list[tuple[int, str]] = []
+    chosen_tier: dict[int, list[int]] = {}  # segment -> candidate holder rows, preferred ones first
+    preferred: dict[int, int] = {}  # segment -> how many leading candidates are preferred (GPU, hot)
+    usable: set[int] = set()
+    routable = 0
+    for s, (e, n) in enumerate(zip(segment_expert, segment_rows, strict=True)):
+        if e >= cols.n_experts:
+            refused.append((s, NO_HOLDER))
+            continue
+        a, w, b = cols.offsets[e], cols.offsets[e] + cols.n_warm[e], cols.offsets[e + 1]
+        if barred:
+            warm = [j for j in range(a, w) if prov[j] not in barred]
+            cold = [j for j in range(w, b) if prov[j] not in barred]
+        else:
+            warm, cold = list(range(a, w)), list(range(w, b))
+        if not warm and not cold:
+            # Some holder left out only by the floor: the floor is why, else this forward's failures.
+            floor_only = any(prov[j] not in excluded for j in range(a, b))
+            refused.append((s, BELOW_FLOOR if floor_only else HOLDERS_EXCLUDED))
+            continue
+        if not warm and not allow_cold:
+            refused.append((s, ONLY_COLD))
+            continue
+        tier = warm or cold
+        gpus = len(tier)
+        if cols.hot[e]:  # GPU holders first (stable: each group keeps its shard-map order)
+            first = [j for j in tier if cols.gpu[prov[j]]]
+            gpus = len(first)
+            if first:
+                tier = first + [j for j in tier if not cols.gpu[prov[j]]]
+        chosen_tier[s] = tier
+        preferred[s] = gpus or len(tier)  # no GPU holder: every candidate is preferred alike
+        usable.update(map(prov.__getitem__, tier))
+        routable += n
+    fair = max(-(-routable // len(usable)), 1) if usable else 1
+
+    load = [0] * len(cols.latency)
+    placed: dict[int, list[tuple[int, int]]] = {}
+    # Longest first; equal counts in segment order, i.e. (layer, expert) order.
+    for s in sorted(chosen_tier, key=lambda s: (-segment_rows[s], s)):
+        n, tier, g = segment_rows[s], chosen_tier[s], preferred[s]
+        pieces = min(len(tier), -(-n // fair), n // min_batch_rows)
+        alloc = _water_fill(n, tier, g, pieces, cols, load, min_batch_rows) if pieces > 1 else None
+        if alloc is None:
+            # Whole, on the best preferred candidate; exact float ties go to the higher reputation,
+            # then the smaller provider id (the rank).
+            best = min(tier[:g], key=lambda j, n=n: (lat[prov[j]] + (load[prov[j]] + n) / rate[j], rank[prov[j]]))
+            alloc = [(best, n)]
+        for j, r in alloc:
+            load[prov[j]] += r
+        placed[s] = alloc
+
+    out: list[tuple[int, int, int, int, int]] = []  # (segment, expert, holder row, first, rows)
+    for s in sorted(placed):
+        e, first = segment_expert[s], 0
+        for j, r in sorted(placed[s], key=lambda item: prov[item[0]]):
+            out.append((s, e, j, first, r))
+            first += r
+    backups = _backups(shard, cols, out, load, allow_cold=allow_cold, excluded=barred)
+    return [Piece(s, e, prov[j], first, r, b) for (s, e, j, first, r), b in zip(out, backups, strict=True)], refused
+
+
+def _backups(shard: ShardIndex, cols: Columns, pieces: list[tuple[int, int, int, int, int]], load: list[int], *,
+             allow_cold: bool, excluded: set[int] | frozenset[int]) -> list[tuple[int, ...]]:
+    """Each piece's backup providers, best first, ranked for all pieces in one sort.
+
+    Pool per piece: its expert's Warm holder rows (and Cold ones with ``allow_cold``) minus
+    the excluded (and below-floor) providers and the piece's own holder. Key, in order: Cold
+    after Warm; for a hot expert, CPU after GPU; finish(h, rows) = latency + (final load +
+    rows) / rate; the rank (higher reputation, then provider id) for exact ties.
+    """
+    if not pieces:
+        return []
+    expert = np.array([p[1] for p in pieces], dtype=np.int64)  # (n_pieces,)
+    own = np.array([p[2] for p in pieces], dtype=np.int64)
+    rows = np.array([p[4] for p in pieces], dtype=np.float64)
+    start = cols.offsets_array[expert]
+    warm_end = start + cols.n_warm_array[expert]
+    stop = cols.offsets_array[expert + 1] if allow_cold else warm_end
+    lengths = stop - start
+    # Ragged arange: for each piece, its pool's holder rows start .. stop-1, all pieces end to end.
+    piece = np.repeat(np.arange(len(pieces)), lengths)  # (n_candidates,)
+    row = np.arange(len(piece)) - np.repeat(np.cumsum(lengths) - lengths, lengths) + start[piece]
+    keep = row != own[piece]
+    if excluded:
+        keep &= ~np.isin(shard.holder_provider[row], np.fromiter(excluded, dtype=np.int64))
+    piece, row = piece[keep], row[keep]
+    who = shard.holder_provider[row]
+    busy = np.asarray(load, dtype=np.float64)[who] + rows[piece]  # rows the holder would have with this piece
+    finish = shard.provider_latency_s[who] + busy / cols.rate_array[row]
+    cpu_of_hot = shard.hot[expert[piece]] & ~shard.provider_gpu[who]
+    order = np.lexsort((cols.rank_array[who], finish, cpu_of_hot, row >= warm_end[piece], piece))  # last key first
+    ranked = who[order].tolist()
+    ends = np.cumsum(np.bincount(piece, minlength=len(pieces))).tolist()
+    return [tuple(ranked[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+def _water_fill(n: int, tier: list[int], preferred: int, pieces: int, cols: Columns, load: list[int],
+                min_batch_rows: int) -> list[tuple[int, int]] | None:
+    """Split n rows over at most ``pieces`` holders of ``tier`` so that they finish together.
+
+    Picks ``pieces`` holders: the ``preferred`` leading candidates (GPU holders of a hot
+    expert) first, the rest only to fill the places they leave, each group in order of the
+    time it would finish an even share. While a holder would get fewer than
+    ``min_batch_rows`` rows, the one given the fewest (equal counts: the one picked last)
+    leaves and the rows are split again. Returns (holder row, rows) pairs with rows >=
+    min_batch_rows, or None when only one holder is left: the caller then places the
+    expert whole, as it places one that is not split.
+    """
+    prov, rate, lat, rank = cols.provider, cols.rate, cols.latency, cols.rank
+    share = n / pieces
+
+    def by_finish(group: list[int]) -> list[int]:
+        return sorted(group, key=lambda j: (lat[prov[j]] + (load[prov[j]] + share) / rate[j], rank[prov[j]]))
+
+    chosen = (by_finish(tier[:preferred]) + by_finish(tier[preferred:]))[:pieces]
+    while True:
+        rows = _fill(n, [lat[prov[j]] + load[prov[j]] / rate[j] for j in chosen],
+                     [rate[j] for j in chosen], [rank[prov[j]] for j in chosen])
+        if len(chosen) == 1:
+            return None
+        if min(rows) >= min_batch_rows:
+            return [(j, r) for j, r in zip(chosen, rows, strict=True)]
+        drop = min(range(len(chosen)), key=lambda k: (rows[k], -k))
+        del chosen[drop]
+
+
+def _fill(n: int, free_at: list[float], rate: list[float], tie: list[int]) -> list[int]:
+    """Integer rows per holder summing to n that equalize finish = free_at + rows / rate.
+
+    Water filling: holders join in order of free_at (ties: ``tie``, the provider's rank)
+    while the common finish time T still lies beyond the next one's free_at; each active
+    holder gets rate * (T - free_at) rows. Rounding: floors, then the remaining rows one
+    each to the largest fractional parts (ties: smaller ``tie``).
+    """
+    order = sorted(range(len(free_at)), key=lambda k: (free_at[k], tie[k]))
+    total_rate = weighted = 0.0
+    level = 0.0
+    active = 0
+    for k in order:
+        if active and level <= free_at[k]:
+            break  # T does not reach this holder's free time: it and every later one get nothing
+        total_rate += rate[k]
+        weighted += rate[k] * free_at[k]
+        level = (n + weighted) / total_rate
+        active += 1
+    share = [0.0] * len(free_at)
+    for k in order[:active]:
+        share[k] = max(rate[k] * (level - free_at[k]), 0.0)  # >= 0 up to float error; clamp it
+    rows = [math.floor(x) for x in share]
+    left = n - sum(rows)
+    by_fraction = sorted(order[:active], key=lambda k: (-(share[k] - rows[k]), tie[k]))
+    for i in range(left):  # left < active unless float error; the modulo keeps it safe either way
+        rows[by_fraction[i % len(by_fraction)]] += 1
+    return rows

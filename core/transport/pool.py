@@ -1,0 +1,223 @@
+"""A pool of pinned QUIC client connections: one per (host, port, pin), many calls on each.
+
+The distributed forward calls many peers, many times a second; a handshake per call would
+cost a round trip and a certificate check each. The pool opens one connection per peer
+lazily (concurrent first calls share its one handshake), multiplexes every call on its own
+stream, and notices a connection that died — closed by the peer, idle-timed out, or silent
+through a whole call or deaf to a PING after one — so the next call reconnects. Cancelling a call's task resets its
+stream (quic_client.py), which makes the server cancel the work.
+
+The pool belongs to one event loop (the one its first call ran on). It knows nothing of
+what it carries: methods, params and bodies are the caller's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.transport.framing import Body
+from core.transport.quic_client import OpenConnection, open_connection, result_of
+from core.transport.quic_config import QuicSettings, TransportError
+
+logger = logging.getLogger(__name__)
+Key = tuple[str, int, str]  # host, port, certificate pin (lowercase hex)
+# After a call timed out: how long the peer has to acknowledge a PING before its connection is
+# dropped. Any live peer acknowledges within a few round trips, whatever its handler is doing.
+PING_TIMEOUT_S = 1.0
+
+
+@dataclass
+class _Pooled:
+    connection: OpenConnection
+    # Calls in flight are bounded below the server's per-connection stream limit (peer door:
+    # TENZRO_PEER_MAX_STREAMS, 32), so a burst waits here instead of being refused there.
+    slots: asyncio.Semaphore
+    last_used: float = field(default_factory=time.monotonic)
+    checking: asyncio.Task[None] | None = None  # the liveness check after a timed-out call
+
+    @property
+    def alive(self) -> bool:
+        return self.connection.protocol.terminated is None
+
+    @property
+    def busy(self) -> bool:
+        return self.connection.protocol.in_flight > 0
+
+
+class QuicPool:
+    """Pinned QUIC connections shared by every call to the same peer.
+
+    `call` raises TransportError with a reason: `timeout`, `connection_failed`,
+    `connection_closed`, `certificate_pin_mismatch`, or the remote error's own reason.
+    """
+
+    def __init__(self, settings: QuicSettings, *, connect_timeout_s: float = 5.0, idle_close_s: float = 60.0,
+                 max_streams_per_connection: int = 32) -> None:
+        self._settings = settings
+        self._connect_timeout_s = connect_timeout_s
+        self._idle_close_s = idle_close_s
+        self._max_streams = max_streams_per_connection
+        self._pooled: dict[Key, _Pooled] = {}
+        self._opening: dict[Key, asyncio.Task[_Pooled]] = {}
+        self._ever_opened: set[Key] = set()
+        self._closing: set[asyncio.Task[None]] = set()
+        self._reaper: asyncio.Task[None] | None = None
+        self._closed = False
+        self._counts: collections.Counter[str] = collections.Counter()
+
+    async def call(self, *, host: str, port: int, pin_sha256: str, method: str, params: dict[str, Any],
+                   body: Body = b"", timeout_s: float) -> tuple[dict[str, Any], bytes | bytearray]:
+        """One request on its own stream of the peer's pooled connection, within `timeout_s` in all."""
+        if self._closed:
+            raise TransportError("connection_closed", "the QUIC pool is closed")
+        self._counts["calls"] += 1
+        self._start_reaper()
+        key = (host, port, pin_sha256.lower())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        pooled: _Pooled | None = None
+        sent_at = 0.0
+        try:
+            async with asyncio.timeout_at(deadline):
+                frame = None
+                while frame is None:
+                    pooled = await self._connection(key)
+                    async with pooled.slots:
+                        if not pooled.alive:  # it died while we waited for a slot: nothing sent yet, reconnect
+                            continue
+                        pooled.last_used = sent_at = time.monotonic()
+                        try:
+                            frame = await pooled.connection.protocol.call(method, params, body)
+                        except asyncio.CancelledError:  # our caller gave up, or the deadline hit: stream reset
+                            self._counts["cancelled_streams"] += 1
+                            raise
+                        finally:
+                            pooled.last_used = time.monotonic()
+            return result_of(frame)
+        except TimeoutError as exc:
+            self._counts["failures"] += 1
+            if pooled is not None and sent_at:
+                self._suspect(key, pooled, sent_at)
+            raise TransportError("timeout", f"no answer from {host}:{port} within {timeout_s} s") from exc
+        except TransportError as exc:
+            self._counts["failures"] += 1
+            if pooled is not None and not pooled.alive:
+                self._drop(key, pooled, why=str(exc))
+            raise
+
+    def _suspect(self, key: Key, pooled: _Pooled, sent_at: float) -> None:
+        """A call timed out: is the peer gone (crashed, restarted, unreachable) without a word?"""
+        if pooled.connection.protocol.last_received < sent_at:
+            # Not one datagram (not even an ACK) came back during the whole call.
+            self._drop(key, pooled, why="silent through a whole call")
+        elif pooled.checking is None or pooled.checking.done():
+            # Something came back, but perhaps only the tail of an earlier exchange: ask.
+            pooled.checking = asyncio.ensure_future(self._check_alive(key, pooled))
+
+    async def _check_alive(self, key: Key, pooled: _Pooled) -> None:
+        try:
+            async with asyncio.timeout(PING_TIMEOUT_S):
+                await pooled.connection.protocol.ping()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # no acknowledgement in time, or the connection ended meanwhile
+            self._drop(key, pooled, why=f"no acknowledgement of a PING within {PING_TIMEOUT_S:g} s "
+                                        "after a timed-out call")
+
+    async def _connection(self, key: Key) -> _Pooled:
+        pooled = self._pooled.get(key)
+        if pooled is not None and pooled.checking is not None and not pooled.checking.done():
+            # Calls after a timeout wait for the verdict rather than queue on a dead connection.
+            await asyncio.shield(pooled.checking)
+            pooled = self._pooled.get(key)
+        if pooled is not None:
+            if pooled.alive:
+                return pooled
+            self._drop(key, pooled, why=pooled.connection.protocol.terminated or "terminated")
+        opening = self._opening.get(key)
+        if opening is None:
+            # One handshake per peer, whoever asks first; the others wait for the same one.
+            opening = self._opening[key] = asyncio.ensure_future(self._open(key))
+            opening.add_done_callback(lambda done: self._opened(key, done))
+        # shield: one waiter giving up (cancelled, timed out) must not abort the handshake the
+        # other waiters share.
+        return await asyncio.shield(opening)
+
+    def _opened(self, key: Key, task: asyncio.Task[_Pooled]) -> None:
+        self._opening.pop(key, None)
+        if not task.cancelled():
+            task.exception()  # retrieved: every waiter may have given up before it failed
+
+    async def _open(self, key: Key) -> _Pooled:
+        host, port, pin = key
+        self._counts["handshakes"] += 1
+        if key in self._ever_opened:
+            self._counts["reconnects"] += 1
+        connection = await open_connection(host=host, port=port, pin_sha256=pin, settings=self._settings,
+                                           timeout_s=self._connect_timeout_s)
+        self._ever_opened.add(key)
+        if self._closed:
+            await connection.close()
+            raise TransportError("connection_closed", "the QUIC pool is closed")
+        pooled = self._pooled[key] = _Pooled(connection, asyncio.Semaphore(self._max_streams))
+        return pooled
+
+    def _drop(self, key: Key, pooled: _Pooled, *, why: str) -> None:
+        if self._pooled.get(key) is pooled:
+            del self._pooled[key]
+            logger.info("QUIC pool: dropping the connection to %s:%d (%s)", key[0], key[1], why)
+            self._close_soon(pooled.connection)
+
+    def _close_soon(self, connection: OpenConnection) -> None:
+        # Closing waits out QUIC's draining period; nobody needs to wait for that.
+        task = asyncio.ensure_future(connection.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def _start_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.ensure_future(self._reap())
+
+    async def _reap(self) -> None:
+        """Close connections idle for `idle_close_s` (no call in flight, none started since)."""
+        period = max(0.05, min(self._idle_close_s / 2, 30.0))
+        while not self._closed:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for key, pooled in list(self._pooled.items()):
+                if not pooled.alive:
+                    self._drop(key, pooled, why=pooled.connection.protocol.terminated or "terminated")
+                elif not pooled.busy and now - pooled.last_used >= self._idle_close_s:
+                    self._drop(key, pooled, why=f"idle for {self._idle_close_s:g} s")
+
+    async def close(self) -> None:
+        """Close every connection; calls in flight fail with `connection_closed`."""
+        self._closed = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for task in list(self._opening.values()):
+            task.cancel()
+        for pooled in self._pooled.values():
+            if pooled.checking is not None:
+                pooled.checking.cancel()
+        for key, pooled in list(self._pooled.items()):
+            self._drop(key, pooled, why="pool closed")
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+
+    def stats(self) -> dict[str, int]:
+        """Counters since the pool was made, and the connections open now."""
+        return {
+            "open_connections": sum(1 for pooled in self._pooled.values() if pooled.alive),
+            "in_flight": sum(pooled.connection.protocol.in_flight for pooled in self._pooled.values()),
+            **{name: self._counts[name] for name in
+               ("handshakes", "reconnects", "calls", "cancelled_streams", "failures")},
+        }
