@@ -10,6 +10,9 @@ is owned by one thread, so writes to `y[:, o]` and `out[o - r0]` never race):
 * ``*_dequant_rows(w, r0, lut, out)`` — decode rows r0 .. r0+len(out) into an f32 tile, for
   the large-batch path (tile then sgemm, see backends.py).
 
+The K-quant matmuls and every row dequantizer come from one factory each, specialised by the
+block decoder (numba compiles each closure with its decoder inlined, as if written out).
+
 Why the code looks the way it does: LLVM only vectorizes these loops when every index is a
 plain offset into a 1-D C-contiguous view (`w[o]`, `x[tt]`); multi-dimensional indexing
 or strided slices fall back to scalar code (measured ~3x slower). Dot products accumulate
@@ -24,6 +27,8 @@ tiles stay bit-identical to gguf's decoder.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numba
 import numpy as np
@@ -78,61 +83,50 @@ def q8_0_matmul(w: np.ndarray, x: np.ndarray, lut: np.ndarray, y: np.ndarray) ->
             y[tt, o] = acc[tt].sum()
 
 
-@numba.njit(**_JIT)
-def q4_k_matmul(w: np.ndarray, x: np.ndarray, lut: np.ndarray, y: np.ndarray) -> None:
-    m = w.shape[0]
-    t, n = x.shape
-    for o in prange(m):
-        wr = w[o]
-        wf = np.empty(256, dtype=np.float32)
-        acc = np.zeros((t, 256), dtype=np.float32)
-        for b in range(n // 256):
-            decode_q4_k(wr, b * Q4_K_BYTES, lut, wf, 0)
-            _dot_block(wf, x, b * 256, acc, 256)
-        for tt in range(t):
-            y[tt, o] = acc[tt].sum()
+def _kquant_matmul(decode: Any, block_bytes: int) -> Any:
+    """The fused matmul of a 256-value K-quant format: each block decoded by `decode` into a
+    scratch row, then dotted with every token. Q4_K and Q6_K differ only in their decoder."""
+
+    @numba.njit(**_JIT)
+    def matmul(w: np.ndarray, x: np.ndarray, lut: np.ndarray, y: np.ndarray) -> None:
+        m = w.shape[0]
+        t, n = x.shape
+        for o in prange(m):
+            wr = w[o]
+            wf = np.empty(256, dtype=np.float32)
+            acc = np.zeros((t, 256), dtype=np.float32)
+            for b in range(n // 256):
+                decode(wr, b * block_bytes, lut, wf, 0)
+                _dot_block(wf, x, b * 256, acc, 256)
+            for tt in range(t):
+                y[tt, o] = acc[tt].sum()
+
+    return matmul
 
 
-@numba.njit(**_JIT)
-def q6_k_matmul(w: np.ndarray, x: np.ndarray, lut: np.ndarray, y: np.ndarray) -> None:
-    m = w.shape[0]
-    t, n = x.shape
-    for o in prange(m):
-        wr = w[o]
-        wf = np.empty(256, dtype=np.float32)
-        acc = np.zeros((t, 256), dtype=np.float32)
-        for b in range(n // 256):
-            decode_q6_k(wr, b * Q6_K_BYTES, lut, wf, 0)
-            _dot_block(wf, x, b * 256, acc, 256)
-        for tt in range(t):
-            y[tt, o] = acc[tt].sum()
+q4_k_matmul = _kquant_matmul(decode_q4_k, Q4_K_BYTES)
+q6_k_matmul = _kquant_matmul(decode_q6_k, Q6_K_BYTES)
 
 
 # --- row-tile dequantizers ----------------------------------------------------------------------
 
 
-@numba.njit(**_EXACT)
-def q8_0_dequant_rows(w: np.ndarray, r0: int, lut: np.ndarray, out: np.ndarray) -> None:
-    for r in prange(out.shape[0]):
-        wr, orow = w[r0 + r], out[r]
-        for b in range(out.shape[1] // 32):
-            decode_q8_0(wr, b * Q8_0_BYTES, lut, orow, b * 32)
+def _dequant_rows(decode: Any, block_bytes: int, block_values: int) -> Any:
+    """Rows r0 .. r0+len(out) of a block format decoded by `decode` into the f32 tile `out`."""
+
+    @numba.njit(**_EXACT)
+    def dequant_rows(w: np.ndarray, r0: int, lut: np.ndarray, out: np.ndarray) -> None:
+        for r in prange(out.shape[0]):
+            wr, orow = w[r0 + r], out[r]
+            for b in range(out.shape[1] // block_values):
+                decode(wr, b * block_bytes, lut, orow, b * block_values)
+
+    return dequant_rows
 
 
-@numba.njit(**_EXACT)
-def q4_k_dequant_rows(w: np.ndarray, r0: int, lut: np.ndarray, out: np.ndarray) -> None:
-    for r in prange(out.shape[0]):
-        wr, orow = w[r0 + r], out[r]
-        for b in range(out.shape[1] // 256):
-            decode_q4_k(wr, b * Q4_K_BYTES, lut, orow, b * 256)
-
-
-@numba.njit(**_EXACT)
-def q6_k_dequant_rows(w: np.ndarray, r0: int, lut: np.ndarray, out: np.ndarray) -> None:
-    for r in prange(out.shape[0]):
-        wr, orow = w[r0 + r], out[r]
-        for b in range(out.shape[1] // 256):
-            decode_q6_k(wr, b * Q6_K_BYTES, lut, orow, b * 256)
+q8_0_dequant_rows = _dequant_rows(decode_q8_0, Q8_0_BYTES, 32)
+q4_k_dequant_rows = _dequant_rows(decode_q4_k, Q4_K_BYTES, 256)
+q6_k_dequant_rows = _dequant_rows(decode_q6_k, Q6_K_BYTES, 256)
 
 
 MATMUL = {"Q8_0": q8_0_matmul, "Q4_K": q4_k_matmul, "Q6_K": q6_k_matmul}
