@@ -10,7 +10,7 @@ GPU, per-provider committed_tps log-normal around 300 tokens/s, latency log-norm
 
 Planning table: one layer (layer 0) planned against an index of the WHOLE model, built
 once (its build time is its own column, as a forward builds it once per view change).
-"json" is plan_dispatch (seed 000's routings in, the JSON shape out: what
+"json" is plan_dispatch (the routings of docs/specification.md in, the JSON shape out: what
 tenzro_moePlanDispatch runs); "arrays" is plan_pairs (flat pair arrays in, a columnar plan
 out: what the distributed forward runs). Times are the wall-clock median of REPEAT runs,
 the best in brackets, then the median process CPU time ("cpu"), which a machine shared with
@@ -67,9 +67,10 @@ class Model:
     shared: int
 
 
-# Counts from seed 000's model list ("Qwen 3 30B-A3B (128/8)", "Kimi K3 (896/16 + 2)"); Qwen3-30B-A3B's 48
-# layers from its config.json (apps.catalog.shapes); Kimi K3's layer count is not published in the sources
-# available here, so it takes Kimi K2's 61 (60 MoE + 1 dense, all 61 counted: the larger case).
+# Counts from docs/specification.md, "Model catalog" ("Qwen 3 30B-A3B (128/8)", "Kimi K3 (896/16 + 2)");
+# Qwen3-30B-A3B's 48 layers from its config.json (apps.catalog.shapes); Kimi K3's layer count is not
+# published in the sources available here, so it takes Kimi K2's 61 (60 MoE + 1 dense, all 61 counted:
+# the larger case).
 QWEN3_30B = Model("Qwen3-30B-A3B", layers=48, routed=128, top_k=8, shared=0)
 KIMI_K3 = Model("Kimi-K3-sized", layers=61, routed=896, top_k=16, shared=2)
 # The issue's planning target is stated for top-8 on both layers; Kimi K3 itself routes 16.

@@ -1,4 +1,4 @@
-"""`tenzro moe …`: the operator commands of seed 001."""
+"""`tenzro moe …`: the operator commands (the README's quick start walks through them)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from cli.context import CliContext, print_json
 
 @click.group()
 def moe() -> None:
-    """Operate the node's Mixture-of-Experts runtime (seed 001 workflow)."""
+    """Operate the node's Mixture-of-Experts runtime (the README's quick start)."""
 
 
 @moe.command("catalog-shape")

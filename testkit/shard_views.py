@@ -15,7 +15,7 @@ import numpy as np
 from core.shardmap.gossip_view import HoldingView, ProviderView, ReplicationPolicy
 
 MODEL = "test-moe"
-# The governance defaults (DESIGN.md "Policy"), for tests that do not care about their values.
+# The governance defaults (docs/specification.md, "Replication policy"), for tests that do not care about their values.
 POLICY = ReplicationPolicy(min_replication=2, max_replication=8, hot_threshold_tps=1000)
 
 
@@ -123,7 +123,7 @@ def skewed_routings(
 
 
 def routings_json(experts: np.ndarray, *, layer: int = 0) -> list[dict]:
-    """Seed 000's routings for one layer: [{token_index, experts: [{layer, expert}]}]."""
+    """The routings of docs/specification.md for one layer: [{token_index, experts: [{layer, expert}]}]."""
     return [{"token_index": t, "experts": [{"layer": layer, "expert": e} for e in row]}
             for t, row in enumerate(experts.tolist())]
 

@@ -1,7 +1,7 @@
 """Read tensors out of a Hugging Face-layout checkpoint, fetching only the bytes needed.
 
 A checkpoint is a local folder or an http(s) URL base holding ``config.json`` and either
-``model.safetensors`` or ``model.safetensors.index.json`` plus its shards (DESIGN.md
+``model.safetensors`` or ``model.safetensors.index.json`` plus its shards (docs/formats.md
 "Checkpoints"). The reader fetches config.json and the index whole (both are small), then
 for each shard it touches only the safetensors header — one ranged read of
 ``header_probe`` bytes, and a second for the rest when the header is longer — and then

@@ -3,10 +3,10 @@
 Pure module (no Django). Every number in CATALOG carries a citation in its ``sources``
 entry; a field nobody could cite is ``None`` and its source says so. Models newer than
 any config this project could read (Qwen 3.5/3.6, Gemma 4, Kimi K2.5+/K3, MiniMax, DeepSeek
-V4, GLM 5.x, Nemotron Nano) carry only the counts seed 000 states ("routed/active + shared").
+V4, GLM 5.x, Nemotron Nano) carry only the counts docs/specification.md states ("routed/active + shared").
 
 Expert ids: routed experts are 0 … n_routed-1; shared experts, where a checkpoint fuses
-them into one ``shared_experts`` MLP, are n_routed … n_routed+n_shared-1 (DESIGN.md
+them into one ``shared_experts`` MLP, are n_routed … n_routed+n_shared-1 (docs/formats.md
 "Gate payload").
 
 Checkpoint layouts (hub tensor names under ``model.layers.{L}.mlp.``):
@@ -27,8 +27,8 @@ from core.errors import TenzroError
 
 ROUTERS = ("softmax", "sigmoid")
 
-SEED = "seed 000 (model list: routed/active + shared)"
-NOT_FOUND = "not stated in seed 000; no published config found in the sources available (no internet)"
+SEED = "docs/specification.md (model list: routed/active + shared)"
+NOT_FOUND = "not stated in docs/specification.md; no published config found in the sources available (no internet)"
 
 QWEN3_30B_CONFIG = (
     "https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json (verbatim copy read from the public code "
@@ -43,18 +43,19 @@ TRANSFORMERS_DSV3 = (
 )
 DSV3_ROUTER = (
     "transformers modeling_deepseek_v3.py DeepseekV3TopkRouter (sigmoid scores + e_score_correction_bias, "
-    "group-limited top-k); seed 000: 'DeepSeek-layout checkpoints … route by sigmoid scoring'"
+    "group-limited top-k); docs/specification.md, 'Model catalog': DeepSeek-layout checkpoints route by sigmoid scores"
 )
 DSV3_LAYOUT = (
     "github.com/deepseek-ai/DeepSeek-V3 README_WEIGHTS.md (FP8 e4m3 weights, 128x128 block weight_scale_inv); "
-    "DESIGN.md 'Checkpoints'"
+    "docs/formats.md 'Checkpoints'"
 )
 KIMI_K2_README = (
     "github.com/MoonshotAI/Kimi-K2 README.md 'Model Summary': 61 layers (1 dense), attention hidden dimension "
     "7168, MoE hidden dimension per expert 2048, 384 experts, 8 selected per token, 1 shared expert"
 )
-KIMI_ROUTER = "seed 000: 'DeepSeek V3/V4, Kimi K2/K3 route by sigmoid scoring with a per-expert selection bias'"
-QWEN_ROUTER = "seed 000: 'Qwen-layout checkpoints route by softmax top-k'"
+KIMI_ROUTER = ("docs/specification.md, 'Model catalog': DeepSeek V3/V4 and Kimi K2/K3 route by sigmoid scores "
+               "with a per-expert selection bias")
+QWEN_ROUTER = "docs/specification.md, 'Model catalog': Qwen-layout checkpoints route by softmax top-k"
 TRANSFORMERS_GPT_OSS = (
     "transformers src/transformers/models/gpt_oss/configuration_gpt_oss.py, GptOssConfig defaults (documented "
     "as similar to GPT-OSS-120B): num_hidden_layers 36, num_local_experts 128, num_experts_per_tok 4, "
@@ -158,7 +159,7 @@ def _build_catalog() -> dict[str, ModelShape]:
             "router": QWEN_ROUTER + "; transformers Qwen3MoeSparseMoeBlock (softmax, top-k)",
             "routed_scaling_factor": "softmax family: no scaling (1.0) in Qwen3MoeSparseMoeBlock",
             "n_group": "softmax family: no group-limited routing", "topk_group": "softmax family: no groups",
-            "checkpoint_layout": "DESIGN.md 'Checkpoints' hub tensor names", "default_source": QWEN3_30B_CONFIG,
+            "checkpoint_layout": "docs/formats.md 'Checkpoints' hub tensor names", "default_source": QWEN3_30B_CONFIG,
         },
     ))
     shapes.append(ModelShape(
@@ -170,9 +171,9 @@ def _build_catalog() -> dict[str, ModelShape]:
             **dict.fromkeys(("family", "n_layers", "moe_layers", "d_model", "expert_d_ff", "norm_topk_prob",
                              "routed_scaling_factor", "n_group", "topk_group"), TRANSFORMERS_DSV3),
             **dict.fromkeys(("n_routed_experts", "n_active", "n_shared_experts"),
-                            TRANSFORMERS_DSV3 + "; seed 000 '256/8 + 1'"),
+                            TRANSFORMERS_DSV3 + "; docs/specification.md '256/8 + 1'"),
             "router": DSV3_ROUTER, "checkpoint_layout": DSV3_LAYOUT,
-            "default_source": "seed 000 'DeepSeek V3 0324' (hub repo id not verified offline)",
+            "default_source": "docs/specification.md 'DeepSeek V3 0324' (hub repo id not verified offline)",
         },
     ))
     shapes.append(ModelShape(
@@ -182,9 +183,9 @@ def _build_catalog() -> dict[str, ModelShape]:
         n_group=None, topk_group=None, checkpoint_layout="deepseek", default_source="moonshotai/Kimi-K2-Instruct",
         sources={
             **dict.fromkeys(("n_routed_experts", "n_active", "n_shared_experts", "n_layers", "moe_layers",
-                             "d_model", "expert_d_ff"), KIMI_K2_README + "; seed 000 '384/8 + 1'"),
+                             "d_model", "expert_d_ff"), KIMI_K2_README + "; docs/specification.md '384/8 + 1'"),
             "family": "hub tag kimi_k2 (model_type); DeepseekV3 architecture",
-            "router": KIMI_ROUTER, "checkpoint_layout": KIMI_ROUTER + "; DESIGN.md 'Checkpoints'",
+            "router": KIMI_ROUTER, "checkpoint_layout": KIMI_ROUTER + "; docs/formats.md 'Checkpoints'",
             **dict.fromkeys(("norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group"),
                             "no authoritative config.json found offline; read them from the checkpoint's config.json "
                             "(shape_from_config) when preparing"),
@@ -198,8 +199,9 @@ def _build_catalog() -> dict[str, ModelShape]:
         n_group=None, topk_group=None, checkpoint_layout="gpt_oss", default_source="openai/gpt-oss-120b",
         sources={
             **dict.fromkeys(("n_layers", "moe_layers", "d_model", "expert_d_ff", "family"), TRANSFORMERS_GPT_OSS),
-            **dict.fromkeys(("n_routed_experts", "n_active"), TRANSFORMERS_GPT_OSS + "; seed 000 '128/4'"),
-            "n_shared_experts": "transformers GptOssMLP has router + experts only (no shared expert); seed 000 '128/4'",
+            **dict.fromkeys(("n_routed_experts", "n_active"), TRANSFORMERS_GPT_OSS + "; docs/specification.md '128/4'"),
+            "n_shared_experts": ("transformers GptOssMLP has router + experts only (no shared expert); "
+                                 "docs/specification.md '128/4'"),
             "router": "not one of the catalog families: GptOssTopKRouter takes the top-k of biased router logits",
             "checkpoint_layout": "transformers GptOss base_model_ep_plan: fused experts.gate_up_proj/down_proj "
                                  "(not the per-expert layout this node slices)",
@@ -207,7 +209,7 @@ def _build_catalog() -> dict[str, ModelShape]:
             "default_source": "transformers GptOss docs (openai/gpt-oss-120b)",
         },
     ))
-    # seed 000 gives no "+ n" shared count for the Qwen entries; a shared expert (and so the
+    # docs/specification.md gives no "+ n" shared count for the Qwen entries; a shared expert (and so the
     # checkpoint layout) is not known for them until a config.json says so.
     qwen_seed = dict(family=None, router="softmax", router_src=QWEN_ROUTER, layout=None)
     shapes += [
@@ -233,7 +235,7 @@ def _build_catalog() -> dict[str, ModelShape]:
         _seed_only("glm-5.2", None, None, None),
         _seed_only("nemotron-nano-30b-a3b", 16, 4, None),
     ]
-    # seed 000 lists "(128/4 + 1)" for Gemma 4 and "(384/8 + 1)" for Kimi: the "+ n" is the shared count;
+    # docs/specification.md lists "(128/4 + 1)" for Gemma 4 and "(384/8 + 1)" for Kimi: the "+ n" is the shared count;
     # entries listed without "+ n" leave the shared count unknown (None).
     return {s.model_id: s for s in shapes}
 

@@ -1,7 +1,7 @@
 """Slice one layer's experts and gate out of a checkpoint into node payloads.
 
 Pure module (no Django). The inputs are a CheckpointReader (ranged reads) and a ModelShape;
-the outputs are the byte-exact payloads of DESIGN.md: the gate payload
+the outputs are the byte-exact payloads of docs/formats.md: the gate payload
 (core.formats.gate_payload) and one expert payload per expert
 (core.formats.expert_payload). Deterministic: the same checkpoint, shape, layer, experts and
 quant give byte-identical payloads, so a re-run prepare job publishes the same hashes.
@@ -143,7 +143,7 @@ def slice_expert(reader: CheckpointReader, shape: ModelShape, layer: int, expert
 
 def gate_payload_for_layer(reader: CheckpointReader, shape: ModelShape, layer: int, *,
                            model_id: str | None = None) -> bytes:
-    """The gate payload (DESIGN.md) of `layer`: router weight, bias and scaling metadata."""
+    """The gate payload (docs/formats.md) of `layer`: router weight, bias and scaling metadata."""
     _check_layer(shape, layer)
     if shape.checkpoint_layout == "qwen2_moe" and (shape.n_shared_experts or 0) > 0:
         raise SlicingError("unsupported_layout", f"{shape.model_id}: Qwen2-MoE's sigmoid-gated shared_expert "

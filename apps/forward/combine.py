@@ -10,7 +10,7 @@ Routed and shared slots are summed apart, because a partial result treats them a
 
 * routed slots (expert id < n_routed) are renormalized over the ones that answered, so a
   token keeps its routed gate mass — the distributed analogue of serving with a reduced
-  top-k (seed 000, "allow_partial");
+  top-k (docs/specification.md, "Distributed forward");
 * shared slots (the shared experts, and a dense layer's d_ff slices, weight 1.0 each) are not
   a choice among alternatives: one that is missing is simply absent from the sum.
 

@@ -3,8 +3,8 @@
 Pure module (no Django, no I/O). docs/protocol.md, "Provider records", is the normative
 description; keep the two in step.
 
-A record is seed 000's `ProviderCapacity`: who a provider is (its ed25519 public key, hex, IS
-its provider id), what it serves and where. It travels as an envelope
+A record is the `ProviderCapacity` of docs/specification.md ("Provider record"): who a provider
+is (its ed25519 public key, hex, IS its provider id), what it serves and where. It travels as an envelope
 
     {"record": "<canonical JSON text>", "signature": "<128 hex: ed25519 over DOMAIN + text>"}
 

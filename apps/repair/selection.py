@@ -1,6 +1,6 @@
 """Repair selection (pure): which provider fetches which missing replica, and which extra copy unloads.
 
-Seed 000: "Raising replication is pull-based." Every node runs this over its own gossip view of a
+docs/specification.md, "Repair": raising replication is pull-based. Every node runs this over its own gossip view of a
 model, keeps only the rows naming itself (`only=`), and fetches those. Two nodes that share a view
 compute the same rows, and an expert's missing slots go to distinct providers, so two nodes never
 race to cover the same slot; a node whose view is skewed may add a copy too many, which the drop

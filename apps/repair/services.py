@@ -1,4 +1,4 @@
-"""Repair passes: pull-based re-replication (seed 000, "Raising replication is pull-based").
+"""Repair passes: pull-based re-replication (docs/specification.md, "Repair").
 
 A pass covers the models this node holds experts of. For each, the gossip view (with this
 node's own published holdings, which may not be announced yet) goes through the pure selection

@@ -3,7 +3,7 @@
 The score falls by a penalty per failed batch (apps.forward.services) and by the fraud
 penalty for an upheld dispute, and rises only by settlement (apps.settlement.services): the
 holder is credited with the net amount it was paid, so reputation tracks paid,
-receipt-verified work rather than liveness (seed 000). Written only by services.py; the
+receipt-verified work rather than liveness (docs/specification.md). Written only by services.py; the
 event log is append-only and the score row is its running sum.
 
 Amounts are Decimal. PostgreSQL stores them exactly; SQLite keeps about 15 significant digits

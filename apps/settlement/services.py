@@ -1,6 +1,6 @@
 """Writes of settlement: record one forward's pay exactly once, and queue that after a commit.
 
-``settlement_record`` is the whole rule (seed 000, "After the forward completes…"): each remote
+``settlement_record`` is the whole rule (docs/specification.md, "Settlement and reputation"): each remote
 holder is paid at its own advertised per-input-token price, the active policy's split is
 applied, and the holder's reputation is credited with its net amount: the only path that
 raises a score. The forward_id is the idempotency key: a settlement that exists is returned

@@ -1,4 +1,4 @@
-"""JSON-RPC/REST methods of the expert-host runtime (seed 000's tenzro_moe* runtime calls).
+"""JSON-RPC/REST methods of the expert-host runtime (the runtime calls of docs/specification.md, "Expert runtime").
 
 The runtime lives in the expert worker. Methods that act go there over the operator door
 (apps/worker/client.py) with raw bytes; `tenzro_moeExpertStatus` reads what the worker last

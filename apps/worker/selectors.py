@@ -75,7 +75,7 @@ def worker_status_published() -> dict[str, Any]:
 
 
 def holdings() -> list[dict[str, Any]]:
-    """This node's `moe_holdings` as seed 000's ProviderCapacity lists them."""
+    """This node's `moe_holdings` as ProviderCapacity (docs/specification.md, "Provider record") lists them."""
     state = WorkerState.objects.filter(pk=1).first()
     tps = 0 if state is None else state.committed_tps
     return [

@@ -4,7 +4,7 @@ For peers that cannot reach this node over QUIC. The body is exactly the request
 QUIC stream would carry (docs/protocol.md, "Frames": a 16-byte prefix, a JSON header, raw
 rows), with content type application/x-tenzro-frame; the answer is the response frame, with
 the error's HTTP status when it is one. Rows stay raw bytes end to end: no base64, no JSON
-body (JSON clients use `tenzro_moeExecute`, which takes seed 000's base64 rows). The worker
+body (JSON clients use `tenzro_moeExecute`, which takes the base64 rows of docs/specification.md). The worker
 serves the call through its peer door, so only what any peer may ask gets through, within
 the peer door's per-peer limits (apps/worker/peer_limits.py).
 """

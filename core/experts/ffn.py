@@ -1,6 +1,6 @@
 """The SwiGLU expert forward over a resident expert: ``down(silu(gate·x) ⊙ up·x)``.
 
-An expert payload (DESIGN.md "Expert payload") is parsed by core.formats.expert_payload and
+An expert payload (docs/formats.md, "Expert payload") is parsed by core.formats.expert_payload and
 handed to the compute backend, which keeps the weights in whatever form it computes with.
 """
 

@@ -1,6 +1,6 @@
 """Rolling-minute throughput meter for expert-forward compute.
 
-committed_tps (seed 000: "observed serving capacity") is measured as
+committed_tps (docs/specification.md, "Metering") is measured as
 
     rows executed in the last 60 s / seconds spent computing those rows
 

@@ -163,7 +163,7 @@ def _encode(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
 def read_gate_payload(data: bytes | bytearray, *, model_id: str | None = None, layer: int | None = None) -> GateSpec:
     """Parse and validate a gate payload; InvalidPayload names the first problem found.
 
-    DESIGN.md's gate contract does not list model_id and layer among the metadata, so a
+    The gate payload's contract (docs/formats.md) does not list model_id and layer among the metadata, so a
     payload may omit them: then `model_id` / `layer` (the caller's, e.g. the load request's)
     name it. Metadata that carries them wins here; the runtime refuses a load whose request
     names other ids (ModelMismatch)."""

@@ -1,6 +1,6 @@
 """The shard map: every holder's declaration of one model, aggregated (``tenzro_moeShardMap``).
 
-Pure module (no Django). The shape is seed 000's, with one deliberate difference: seed 000
+Pure module (no Django). The shape is docs/specification.md's, with one deliberate difference: docs/specification.md
 gives each holder an ``iroh_endpoint_id``; this network dials holders over QUIC at
 ``quic_endpoint`` ("host:port") and pins ``quic_cert_sha256`` from their signed record, so
 those two fields stand where ``iroh_endpoint_id`` stood. The result also names its
@@ -49,7 +49,7 @@ def shard_map(
     *,
     expected: Iterable[tuple[int, int]] | None = None,
 ) -> dict[str, Any]:
-    """Seed 000's shard map of ``model_id`` over the view (see the module docstring).
+    """The shard map (docs/specification.md) of ``model_id`` over the view (see the module docstring).
 
     ``expected``: the (layer, expert) pairs the catalog says exist; those nobody holds are
     reported as under-replicated. Raises ValueError on a malformed pair or a view that names

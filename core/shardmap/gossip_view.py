@@ -79,7 +79,7 @@ class HoldingView:
 
     ``residency`` is "Warm" (memory tier) or "Cold" (disk tier). ``committed_tps`` is the
     holder's measured expert-forward throughput over a rolling minute, in tokens per second
-    (seed 000: the planner ranks by it). ``blob_uri`` is the tenzro://blob/ the weights came
+    (docs/specification.md, "Metering": the planner ranks by it). ``blob_uri`` is the tenzro://blob/ the weights came
     from, None for an expert admitted from an inline payload.
     """
 

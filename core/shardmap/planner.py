@@ -2,8 +2,8 @@
 
 Pure and deterministic (no Django, no clock, no randomness). Two entry points over one core:
 ``plan_pairs`` takes flat pair arrays (what the forward has after gating) and returns a
-columnar DispatchPlan; ``plan_dispatch`` takes seed 000's JSON routings and returns seed
-000's shape plus ``backups`` per batch and ``unroutable``::
+columnar DispatchPlan; ``plan_dispatch`` takes the JSON routings of docs/specification.md and returns the
+specification's plan shape plus ``backups`` per batch and ``unroutable``::
 
     {batches: [{layer, expert, provider, quic_endpoint, quic_cert_sha256, http_endpoint,
                 token_indices: [...], backups: [provider, ...]}],
@@ -28,7 +28,7 @@ Who may serve an expert (its candidates), strictly in this order:
      a GPU holder that was sent little shows little); a split picks GPU holders first and
      CPU holders only for the places left, and water filling may leave out a GPU holder
      already so loaded that it would get under ``min_batch_rows`` rows. With no GPU
-     candidate the CPU ones serve (seed 000: "biases batches for hot experts toward GPU
+     candidate the CPU ones serve (docs/specification.md, "Expert runtime": "biases batches for hot experts toward GPU
      holders and falls back to CPU holders when none cover the shard"). A GPU-only rule
      would pile every token of a hot expert on its one GPU holder.
 
@@ -153,7 +153,7 @@ def plan_dispatch(
     exclude: Iterable[str] = (),
     min_batch_rows: int = MIN_BATCH_ROWS,
 ) -> dict[str, Any]:
-    """Plan seed 000's routings against ``shard``; the JSON shape of the module docstring.
+    """Plan the routings of docs/specification.md against ``shard``; the JSON shape of the module docstring.
 
     Raises PlanInputError (a ValueError) on malformed routings, naming the token.
     """

@@ -1,4 +1,4 @@
-"""Routing decisions as JSON (seed 000) turned into flat pair arrays, checked.
+"""Routing decisions as JSON (docs/specification.md) turned into flat pair arrays, checked.
 
 Pure module (no Django). Input: ``[{token_index, experts: [{layer, expert}, ...]}, ...]``.
 Output: one row per (token, layer, expert) pair, tokens ascending and, within a token, its
@@ -41,7 +41,7 @@ _LAYER, _EXPERT, _TOKEN, _EXPERTS = (itemgetter(k) for k in ("layer", "expert", 
 
 
 def parse_routings(routings: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens, layers, experts, listed) from seed 000's routings (see the module docstring)."""
+    """(tokens, layers, experts, listed) from the routings of docs/specification.md (see the module docstring)."""
     if not isinstance(routings, list | tuple):
         raise PlanInputError(f"routings must be a list, got {type(routings).__name__}")
     try:

@@ -3,7 +3,7 @@
 A QUIC datagram must fit the path in one IP packet (QUIC forbids IP fragmentation), so
 the largest datagram is the path MTU less the IP and UDP headers. Bigger datagrams mean
 fewer packets, ACKs, syscalls and AEAD calls per byte, which is most of the cost of moving
-megabytes through a Python QUIC stack (DESIGN.md, "Measured limits"). Loopback carries
+megabytes through a Python QUIC stack (docs/operations.md, "Benchmarks"). Loopback carries
 65,536-byte packets; an Ethernet LAN 1,500; the Internet often less.
 
 Socket buffers: a burst of large datagrams overflows the kernel's default receive buffer

@@ -8,7 +8,7 @@ import pytest
 
 from apps.catalog.shapes import CATALOG, CatalogError, ModelShape, catalog_shape, shape_from_config, shape_to_dict
 
-# seed 000's model list: (id, routed, active, shared) as the seed states them; None where it gives no count
+# docs/specification.md, "Model catalog": (id, routed, active, shared) as it states them; None where it gives no count
 SEED = [
     ("qwen3-30b-a3b", 128, 8, None), ("qwen3.5-35b-a3b", 128, 8, None), ("qwen3.5-122b-a10b", 128, 8, None),
     ("qwen3.5-397b-a17b", 128, 8, None), ("qwen3.6-35b-a3b", 128, 8, None), ("gemma-4-26b-a4b", 128, 4, 1),

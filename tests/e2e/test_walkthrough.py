@@ -1,4 +1,4 @@
-"""Seed 001 from top to bottom, as a new operator runs it: the `tenzro` CLI only, on three real nodes.
+"""The README's quick start from top to bottom, as a new operator runs it: the `tenzro` CLI only, on three real nodes.
 
 Three nodes started by `tenzro node run` (testkit NodeProcess), each with its own generated operator
 token in its data dir, which the CLI reads as the README says (TENZRO_NODE + TENZRO_DATA_DIR). A tiny

@@ -7,7 +7,7 @@ the expert hot and its target 8).
 
 A round is one repair pass on every node, all computed from the state at the start of the round:
   1. churn (rounds before CHURN_ROUNDS): 10 random nodes leave and their holdings vanish; 10 new nodes
-     join. A joiner takes part in the model the way seed 000 says a node does, by holding one of its
+     join. A joiner takes part in the model as docs/specification.md ("Repair") says a node does, by holding one of its
      experts: its operator loads one random expert that some provider announces a blob for (so it is a
      candidate in other nodes' views from this round on, and runs its own passes).
   2. every node that holds something of the model sees itself plus a fresh random 80-95% of the other

@@ -81,7 +81,8 @@ def test_concurrent_moves_of_one_provider_all_land() -> None:
 
 
 def test_only_settlement_raises_reputation() -> None:
-    """Seed 000: settlement is the only path that raises a score, so nothing else calls reputation_credit."""
+    """docs/specification.md, "Settlement and reputation": settlement is the only path that raises a score, so
+    nothing else calls reputation_credit."""
     root = Path(__file__).resolve().parents[2] / "apps"
     callers = {path.relative_to(root).parts[0] for path in root.rglob("*.py")
                if re.search(r"\breputation_credit\(", path.read_text())}

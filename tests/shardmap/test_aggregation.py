@@ -1,4 +1,5 @@
-"""The shard map: seed 000's shape, exact values on hand-built views, thresholds at the boundary."""
+"""The shard map: the shape of docs/specification.md ("Shard map and dispatch plan"), exact values on hand-built
+views, thresholds at the boundary."""
 
 from __future__ import annotations
 

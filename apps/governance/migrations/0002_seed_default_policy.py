@@ -1,4 +1,4 @@
-"""Seed the active policy with the defaults of seed 000 (the network's genesis values).
+"""Seed the active policy with the defaults of docs/specification.md, "Replication policy" (the network's genesis values).
 
 min_replication 2, max_replication 8, hot_threshold_tps 1000, repair every 120 s with at
 most 2 experts per pass, 1 in 64 receipts persisted. The penalty and settlement-share
@@ -23,7 +23,7 @@ GENESIS = {
 def seed(apps, schema_editor):
     Policy = apps.get_model("governance", "Policy")
     if not Policy.objects.filter(status="active").exists():
-        Policy.objects.create(status="active", note="genesis policy (seed 000 defaults)",
+        Policy.objects.create(status="active", note="genesis policy (docs/specification.md defaults)",
                               proposed_by="genesis", decided_by="genesis", **GENESIS)
 
 
