@@ -131,7 +131,7 @@ REASONS: dict[str, type[TenzroError]] = {
              # requests: params the schema refuses, content it cannot describe
              "invalid_input", "invalid_params", "shape_mismatch", "non_finite_input", "invalid_payload",
              "model_mismatch", "invalid_policy", "invalid_quant", "checkpoint_required", "token_out_of_range",
-             "not_a_file", "unreadable_file", "invalid_routings", "unsupported_encoding",
+             "not_a_file", "unreadable_file", "invalid_routings", "unsupported_encoding", "duplicate_expert",
              # blobs
              "invalid_uri", "invalid_hash", "hash_mismatch", "range_invalid",
              # QUIC frames (docs/protocol.md)

@@ -7,6 +7,15 @@ its signed record is called over the shared connection pool; any other over HTTP
 activation codec of this node's preference that the holder's record lists (Q8_0 when both
 speak it, else f32); encoding and decoding run off the event loop.
 
+A holder whose record advertises `execute_batches` gets one request per layer step: the batches
+the engine hands this caller for it in one turn of the event loop (every batch of a wave starts
+in the same turn) are gathered and sent as one multi-expert `moe/execute` (docs/protocol.md,
+"Multi-expert execute"): the union of their rows once, each expert's rows named by position,
+one v2 receipt over all of them, verified with one signature check. Each batch still gets its
+own Answer (and verified batch commitment), so the engine's failover, hedging and replanning
+stay per batch: when the shared request fails, every batch in it fails over on its own, and
+when every batch waiting on it was raced out or timed out, it is cancelled.
+
 A remote answer is accepted only with a receipt that verifies inline (apps.receipts.commitment:
 bound to this holder, this model/layer/expert, the batch's token set and the exact bytes sent,
 committing to the rows returned, signed by the holder's key); anything else is a holder
@@ -21,16 +30,25 @@ import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import numpy as np
 
 from apps.forward.engine import Answer
-from apps.receipts.commitment import Expected, ReceiptError, SignedReceipt, blake3_hex, verify_receipt
+from apps.receipts.commitment import (
+    Expected,
+    ExpectedBatches,
+    ReceiptError,
+    SignedReceipt,
+    batch_commitment,
+    blake3_hex,
+    verify_batches_receipt,
+    verify_receipt,
+)
 from core.errors import TenzroError, Unavailable, error_for_reason
-from core.formats.wire import decode_rows, encode_rows
+from core.formats.wire import decode_rows, encode_rows, encoded_row_bytes
 from core.shardmap.gossip_view import ProviderView
 from core.transport.framing import FRAME_CONTENT_TYPE, KIND_RESPONSE, FramingError, decode_frame, request_frame
 from core.transport.pool import QuicPool
@@ -42,12 +60,34 @@ RunLocal = Callable[[int, int, np.ndarray], Awaitable[np.ndarray]]
 @dataclass(frozen=True)
 class VerifiedBatch:
     """A remote batch's verified receipt; `sketch` and `carrier` (the exact request body) are kept
-    only when the router's sampling chose it (`kept`), to be persisted in full."""
+    only when the router's sampling chose it (`kept`), to be persisted in full. `commitment` is the
+    batch's own: the receipt's commitment hash for a single-expert receipt, `batch_commitment` of
+    it and `batch` (the batch's place in the receipt's list) for a multi-expert one."""
 
     receipt: SignedReceipt
     kept: bool
     sketch: bytes | None = None
     carrier: bytes | None = None
+    commitment: str = ""
+    layer: int = 0
+    expert: int = 0
+    batch: int | None = None
+
+
+@dataclass
+class _Gathered:
+    """Batches for one holder and layer asked for in one turn of the event loop: one request."""
+
+    holder: ProviderView
+    layer: int
+    calls: list[tuple[int, np.ndarray, np.ndarray, asyncio.Future[Answer]]] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+
+    def experts(self) -> set[int]:
+        return {expert for expert, *_ in self.calls}
+
+    def abandoned(self) -> bool:
+        return all(future.done() for *_, future in self.calls)
 
 
 def codec_for(holder: ProviderView, preferred: tuple[str, ...]) -> str:
@@ -58,7 +98,8 @@ def codec_for(holder: ProviderView, preferred: tuple[str, ...]) -> str:
 class HolderCaller:
     def __init__(self, *, self_id: str, model_id: str, d_model: int, run_local: RunLocal, pool: QuicPool,
                  http: httpx.AsyncClient, codecs: tuple[str, ...], codec_executor: Executor,
-                 max_body: int, timeout_s: float, receipt_topk: int, keep_receipt: Callable[[str], bool]) -> None:
+                 max_body: int, timeout_s: float, receipt_topk: int, keep_receipt: Callable[[str], bool],
+                 gather_batches: bool = True) -> None:
         self.self_id = self_id
         self.model_id = model_id
         self.d_model = d_model
@@ -71,17 +112,35 @@ class HolderCaller:
         self._timeout_s = timeout_s  # the engine's own per-attempt limit cancels sooner; this is a backstop
         self._topk = receipt_topk
         self._keep = keep_receipt
+        self._gather_batches = gather_batches
+        self._open: dict[tuple[str, int], _Gathered] = {}  # requests still gathering batches this turn
+
+    def gathers(self, holder: ProviderView) -> bool:
+        """Batches for `holder` started in one turn travel as one multi-expert request."""
+        return self._gather_batches and holder.execute_batches and holder.provider_id != self.self_id
 
     async def __call__(self, holder: ProviderView, layer: int, expert: int, rows: np.ndarray,
                        tokens: np.ndarray) -> Answer:
         if holder.provider_id == self.self_id:
             return Answer(await self._run_local(layer, expert, rows))
+        if self.gathers(holder):
+            return await self._gathered(holder, layer, expert, rows, tokens)
         codec = codec_for(holder, self._codecs)
         loop = asyncio.get_running_loop()
         body = await loop.run_in_executor(self._codec_executor, encode_rows, rows, codec)
         token_indices = [int(t) for t in tokens]
         params = {"model_id": self.model_id, "layer": layer, "expert": expert, "d_model": self.d_model,
                   "tokens": len(rows), "encoding": codec, "token_indices": token_indices, "receipt_topk": self._topk}
+        result, answer, transport = await self._request(holder, params, body)
+        expect = Expected(holder.provider_id, self.model_id, layer, expert, token_indices, self.d_model, codec,
+                          "", codec, self._topk)
+        out, verified = await loop.run_in_executor(self._codec_executor, self._accept, result, answer, body, expect)
+        return Answer(out, bytes_sent=len(body), bytes_received=len(answer), transport=transport,
+                      compute_s=_seconds(result.get("compute_ms")), receipt=verified)
+
+    async def _request(self, holder: ProviderView, params: dict[str, Any], body: bytes
+                       ) -> tuple[dict[str, Any], bytes | bytearray, str]:
+        """One moe/execute to `holder`: over QUIC when its record pins a certificate, else HTTP."""
         if holder.quic_endpoint and holder.quic_cert_sha256:
             host, _, port = holder.quic_endpoint.rpartition(":")
             try:
@@ -93,19 +152,117 @@ class HolderCaller:
             except (ValueError, RuntimeError, AssertionError) as exc:  # the QUIC library's own refusals
                 raise Unavailable(f"{holder.provider_id[:16]}… over QUIC: {type(exc).__name__}: {exc}",
                                   reason="transport_error") from exc
-            transport = "quic"
-        elif holder.http_endpoint:
+            return result, answer, "quic"
+        if holder.http_endpoint:
             result, answer = await self._http_call(holder.http_endpoint, params, body)
-            transport = "http"
-        else:
-            raise Unavailable(f"provider {holder.provider_id[:16]}… advertises no endpoint", reason="unreachable")
-        expect = Expected(holder.provider_id, self.model_id, layer, expert, token_indices, self.d_model, codec,
-                          "", codec, self._topk)
-        out, verified = await loop.run_in_executor(self._codec_executor, self._accept, result, answer, body, expect)
-        compute_ms = result.get("compute_ms")
-        compute_s = compute_ms / 1000.0 if isinstance(compute_ms, int | float) and compute_ms >= 0 else None
-        return Answer(out, bytes_sent=len(body), bytes_received=len(answer), transport=transport,
-                      compute_s=compute_s, receipt=verified)
+            return result, answer, "http"
+        raise Unavailable(f"provider {holder.provider_id[:16]}… advertises no endpoint", reason="unreachable")
+
+    # -- one request per holder and layer step ------------------------------------------------
+
+    async def _gathered(self, holder: ProviderView, layer: int, expert: int, rows: np.ndarray,
+                        tokens: np.ndarray) -> Answer:
+        """This batch's answer from the request gathering every batch asked of `holder` this turn."""
+        loop = asyncio.get_running_loop()
+        key = (holder.provider_id, layer)
+        group = self._open.get(key)
+        if group is None or expert in group.experts():  # an expert twice (two forwards' waves): a request of its own
+            group = self._open[key] = _Gathered(holder, layer)
+            loop.call_soon(self._send_gathered, key, group)  # after every batch started this turn has joined
+        future: asyncio.Future[Answer] = loop.create_future()
+        group.calls.append((expert, rows, tokens, future))
+
+        def left(_: asyncio.Future[Answer]) -> None:  # answered, failed, raced out or timed out
+            if group.task is not None and not group.task.done() and group.abandoned():
+                group.task.cancel()  # nobody waits for it any more: the stream is reset, the holder stops
+
+        future.add_done_callback(left)
+        return await future
+
+    def _send_gathered(self, key: tuple[str, int], group: _Gathered) -> None:
+        if self._open.get(key) is group:
+            del self._open[key]
+        if not group.abandoned():
+            group.task = asyncio.ensure_future(self._serve_gathered(group))
+
+    async def _serve_gathered(self, group: _Gathered) -> None:
+        calls = [c for c in group.calls if not c[3].done()]
+        try:
+            answers = await self._call_batches(group.holder, group.layer, calls)
+        except asyncio.CancelledError:
+            for *_, future in calls:
+                future.cancel()
+            raise
+        except Exception as exc:  # every batch of the request failed with it, each fails over on its own
+            for *_, future in calls:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (*_, future), answer in zip(calls, answers, strict=True):
+            if not future.done():
+                future.set_result(answer)
+
+    async def _call_batches(self, holder: ProviderView, layer: int,
+                            calls: list[tuple[int, np.ndarray, np.ndarray, Any]]) -> list[Answer]:
+        """One multi-expert moe/execute for `calls` [(expert, rows f32 [n_i, d], tokens int64 [n_i])]:
+        each token's row once in the carrier, each batch's rows named by position."""
+        codec = codec_for(holder, self._codecs)
+        loop = asyncio.get_running_loop()
+        carrier_tokens, first = np.unique(np.concatenate([t for _, _, t, _ in calls]), return_index=True)
+        carrier = np.concatenate([r for _, r, _, _ in calls])[first]  # (n_unique, d_model)
+        positions = [np.searchsorted(carrier_tokens, t).tolist() for _, _, t, _ in calls]  # tokens ascend per batch
+        body = await loop.run_in_executor(self._codec_executor, encode_rows, carrier, codec)
+        token_indices = carrier_tokens.tolist()
+        batches = [(expert, rows) for (expert, *_), rows in zip(calls, positions, strict=True)]
+        params = {"model_id": self.model_id, "layer": layer, "d_model": self.d_model, "tokens": len(carrier),
+                  "encoding": codec, "token_indices": token_indices, "receipt_topk": self._topk,
+                  "batches": [{"expert": e, "rows": rows} for e, rows in batches]}
+        result, answer, transport = await self._request(holder, params, body)
+        expect = ExpectedBatches(holder.provider_id, self.model_id, layer, token_indices, self.d_model, codec,
+                                 blake3_hex(body), codec, self._topk, batches)
+        outs, verified = await loop.run_in_executor(self._codec_executor, self._accept_batches, result, answer,
+                                                    body, expect)
+        reported = result.get("batches")
+        n_rows = sum(len(rows) for _, rows in batches)
+        sent = [len(body) * len(rows) // n_rows for _, rows in batches]  # the request's bytes, shared by rows
+        sent[0] += len(body) - sum(sent)
+        return [Answer(out, bytes_sent=sent[i], bytes_received=len(part), transport=transport,
+                       compute_s=_seconds(reported[i].get("compute_ms")), receipt=batch)
+                for i, ((out, part), batch) in enumerate(zip(outs, verified, strict=True))]
+
+    def _accept_batches(self, result: dict[str, Any], answer: bytes | bytearray, body: bytes,
+                        expect: ExpectedBatches) -> tuple[list[tuple[np.ndarray, bytes]], list[VerifiedBatch]]:
+        """Split a multi-expert answer into its batches' rows and verify its one receipt (codec executor)."""
+        codec, batches = expect.input_encoding, expect.batches
+        reported = result.get("batches")
+        if result.get("encoding", "f32") != codec or not isinstance(reported, list) or len(reported) != len(batches) \
+                or any(not isinstance(r, dict) or r.get("expert") != e or r.get("tokens") != len(rows)
+                       for r, (e, rows) in zip(reported, batches, strict=False)):
+            raise TenzroError(f"holder answered batches {str(reported)[:200]} in {result.get('encoding')!r}, asked "
+                              f"{[(e, len(rows)) for e, rows in batches]} in {codec!r}", reason="bad_answer")
+        row_bytes = encoded_row_bytes(codec, self.d_model)
+        ends = np.cumsum([len(rows) * row_bytes for _, rows in batches]).tolist()
+        if ends[-1] != len(answer):
+            raise TenzroError(f"holder's answer has {len(answer)} bytes, its batches need {ends[-1]}",
+                              reason="bad_answer")
+        view = memoryview(answer)
+        parts = [bytes(view[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        try:
+            outs = [(decode_rows(part, codec, tokens=len(rows), d_model=self.d_model), part)
+                    for part, (_, rows) in zip(parts, batches, strict=True)]
+        except ValueError as exc:
+            raise TenzroError(f"holder's answer does not decode: {exc}", reason="bad_answer") from exc
+        try:
+            receipt, sketches = verify_batches_receipt(result.get("receipt"), expect, outs)
+        except ReceiptError as exc:
+            raise error_for_reason(exc.reason, f"{expect.provider_id[:16]}…: {exc}") from exc
+        verified = []
+        for i, ((expert, _), sketch) in enumerate(zip(batches, sketches, strict=True)):
+            commitment = batch_commitment(receipt.commitment_hash, i)
+            kept = self._keep(commitment)
+            verified.append(VerifiedBatch(receipt, kept, sketch if kept else None, body if kept else None,
+                                          commitment, expect.layer, expert, i))
+        return outs, verified
 
     def _accept(self, result: dict[str, Any], answer: bytes | bytearray, body: bytes,
                 expect: Expected) -> tuple[np.ndarray, VerifiedBatch]:
@@ -116,9 +273,10 @@ class HolderCaller:
             receipt, sketch = verify_receipt(result.get("receipt"), expect, out, answer)
         except ReceiptError as exc:
             raise error_for_reason(exc.reason, f"{expect.provider_id[:16]}…: {exc}") from exc
+        batch = (receipt.commitment_hash, expect.layer, expect.expert)
         if self._keep(receipt.commitment_hash):
-            return out, VerifiedBatch(receipt, True, sketch, body)
-        return out, VerifiedBatch(receipt, False)
+            return out, VerifiedBatch(receipt, True, sketch, body, *batch)
+        return out, VerifiedBatch(receipt, False, None, None, *batch)
 
     def _decode(self, result: dict[str, Any], answer: bytes | bytearray, codec: str, tokens: int) -> np.ndarray:
         if result.get("encoding", "f32") != codec or result.get("tokens") != tokens:
@@ -147,3 +305,9 @@ class HolderCaller:
             error = header.get("error") or {}
             raise error_for_reason(error.get("reason", "remote_error"), f"{url}: {error.get('message', '')}")
         return header.get("result", {}), bytes(frame.body)
+
+
+def _seconds(compute_ms: Any) -> float | None:
+    """A holder's reported compute_ms in seconds, None when absent or not a non-negative number."""
+    ok = isinstance(compute_ms, int | float) and not isinstance(compute_ms, bool) and compute_ms >= 0
+    return compute_ms / 1000.0 if ok else None

@@ -7,8 +7,9 @@ logic runs in unit tests with holders that fail, hang or answer late on purpose.
 
     run_forward(combine, hidden, plan, execute, book, limits) -> ForwardReport
 
-* Every batch of the plan runs concurrently, at most `limits.max_in_flight` at a time; each
-  result goes into the StreamingCombine the moment it arrives.
+* Every batch of the plan runs concurrently, at most `limits.max_in_flight` at a time (batches for a
+  holder the executor `gathers` into one multi-expert request are not counted: they start together
+  and cost one request); each result goes into the StreamingCombine the moment it arrives.
 * A batch walks its holders warm-first (the primary, then the plan's ordered backups). A
   primary that stalls — slower than its own p95 for batches of that size (hedging.py) — is
   raced by the next holder; the first answer wins and the other attempt is cancelled (its
@@ -55,6 +56,11 @@ class BatchExecutor(Protocol):
                        tokens: np.ndarray) -> Answer:
         """Run rows f32 [n, d_model] (the forward's tokens int64 [n]) through (layer, expert) on
         `holder`; raise TenzroError on failure (a bad or missing receipt included)."""
+        ...
+
+    def gathers(self, holder: ProviderView) -> bool:
+        """True when the batches started together for `holder` travel as one request (a multi-expert
+        moe/execute): they need no in-flight slot each, since they cost one request per holder."""
         ...
 
 
@@ -188,8 +194,12 @@ async def _serve_batch(batch: Batch, pairs: np.ndarray, combine: StreamingCombin
                        in_flight: asyncio.Semaphore) -> None:
     tokens = combine.tokens[pairs]
     rows = np.ascontiguousarray(hidden[tokens])
-    async with in_flight:
-        won = await _race(batch, rows, tokens, execute, book, limits, report)
+    gathers = getattr(execute, "gathers", None)
+    if gathers is not None and gathers(batch.provider):
+        won = await _race(batch, rows, tokens, execute, book, limits, report)  # all start now: one request
+    else:
+        async with in_flight:
+            won = await _race(batch, rows, tokens, execute, book, limits, report)
     if won is not None:
         combine.add(pairs, won.rows)
 

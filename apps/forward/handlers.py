@@ -168,7 +168,8 @@ class DistributedForward:
                               pool=pool, http=http, codecs=codecs, codec_executor=self._codec_executor,
                               max_body=settings.TENZRO_PEER_MAX_BODY_BYTES,
                               timeout_s=self.limits.attempt_timeout_s, receipt_topk=settings.TENZRO_RECEIPT_TOPK,
-                              keep_receipt=lambda h: keep_receipt(self._sampling_key, h, view[3]))
+                              keep_receipt=lambda h: keep_receipt(self._sampling_key, h, view[3]),
+                              gather_batches=settings.TENZRO_EXECUTE_BATCHES)
         combine = StreamingCombine(n_tokens=n_tokens, d_model=gate.d_model, layer=layer,
                                    tokens=np.repeat(np.arange(n_tokens), k), experts=experts,
                                    weights=routing.weights.ravel(), n_routed=gate.n_routed)
@@ -232,12 +233,12 @@ class DistributedForward:
         providers, holdings, _, _ = view
         price = {p.provider_id: p.price_per_input_token for p in providers}
         blob_of = {(h.provider_id, h.layer, h.expert): h.blob_uri for h in holdings}
-        kept = [{"receipt": v.receipt, "sketch": v.sketch, "carrier": v.carrier,
-                 "blob_uri": blob_of.get((pid, v.receipt.body["layer"], v.receipt.body["expert"]))}
+        kept = [{"receipt": v.receipt, "sketch": v.sketch, "carrier": v.carrier, "commitment": v.commitment,
+                 "batch": v.batch, "blob_uri": blob_of.get((pid, v.layer, v.expert))}
                 for pid, s in remote.items() for v in s.receipts if v.kept]
         # What each remote holder served and proved, in the order its receipts were accepted
         holders = [{"provider_id": pid, "tokens": s.rows, "price_per_input_token": price.get(pid, "0"),
-                    "commitments": [v.receipt.commitment_hash for v in s.receipts]}
+                    "commitments": [v.commitment for v in s.receipts]}
                    for pid, s in sorted(remote.items())]
 
         def write() -> None:

@@ -23,6 +23,7 @@ class Provider(models.Model):
     quic_cert_sha256 = models.CharField(max_length=64, null=True, blank=True)
     moe_gpu = models.BooleanField(default=False)
     activation_codecs = models.JSONField(default=list, help_text="What its moe/execute accepts, preferred first.")
+    execute_batches = models.BooleanField(default=False, help_text="Its moe/execute takes a multi-expert frame.")
     price_per_input_token = models.CharField(max_length=40)
     latency_ms = models.FloatField(null=True, blank=True, help_text="Recent round trip measured by this node.")
     changed_at = models.DateTimeField(auto_now=True)

@@ -82,6 +82,9 @@ class ProviderRecord:
     # Activation codecs its moe/execute accepts, in its order of preference (docs/protocol.md,
     # "Activation codecs"); a record without the field speaks f32 only.
     activation_codecs: tuple[str, ...] = ("f32",)
+    # Its moe/execute takes a multi-expert frame (docs/protocol.md, "Multi-expert execute"); a record
+    # without the field is a holder that takes one expert per request.
+    execute_batches: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,6 +99,7 @@ class ProviderRecord:
             "price_per_input_token": self.price_per_input_token,
             "moe_holdings": [h.to_json() for h in sorted(self.holdings, key=_holding_key)],
             "activation_codecs": list(self.activation_codecs),
+            **({"execute_batches": True} if self.execute_batches else {}),
         }
 
 
@@ -273,11 +277,14 @@ def _parse_record(fields: Any) -> ProviderRecord:
     if not (isinstance(codecs, list) and 0 < len(codecs) <= 8 and len(set(codecs)) == len(codecs)
             and all(isinstance(c, str) and _CODEC.match(c) for c in codecs)):
         raise bad("activation_codecs must be 1 to 8 distinct codec names such as \"q8_0\"")
+    batches = fields.get("execute_batches", False)
+    if not isinstance(batches, bool):
+        raise bad("execute_batches must be a boolean")
     return ProviderRecord(
         provider_id=pid, seq=fields["seq"], issued_at_ms=fields["issued_at_ms"], roles=tuple(roles),
         http_endpoint=http, quic_endpoint=quic, quic_cert_sha256=pin, moe_gpu=fields["moe_gpu"],
         price_per_input_token=price, holdings=tuple(_parse_holdings(holdings, bad)),
-        activation_codecs=tuple(codecs),
+        activation_codecs=tuple(codecs), execute_batches=batches,
     )
 
 

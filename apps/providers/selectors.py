@@ -33,11 +33,11 @@ def provider_views() -> list[ProviderView]:
     """Every provider of the gossip view with its reputation (two queries: providers, scores)."""
     rows = Provider.objects.values_list("provider_id", "roles", "http_endpoint", "quic_endpoint",
                                         "quic_cert_sha256", "moe_gpu", "latency_ms", "activation_codecs",
-                                        "price_per_input_token")
+                                        "price_per_input_token", "execute_batches")
     scores = reputation_scores()  # all of them: fewer rows than the provider table, and no IN list to build
     return [ProviderView(pid, tuple(roles), http, quic, pin, gpu, latency, tuple(codecs or ("f32",)),
-                         scores.get(pid, 0.0), price)
-            for pid, roles, http, quic, pin, gpu, latency, codecs, price in rows]
+                         scores.get(pid, 0.0), price, batches)
+            for pid, roles, http, quic, pin, gpu, latency, codecs, price, batches in rows]
 
 
 def holding_views(model_id: str, *, layer: int | None = None, expert: int | None = None) -> list[HoldingView]:
@@ -97,6 +97,7 @@ def announcement() -> tuple[dict[str, Any], str | None]:
         "price_per_input_token": settings.TENZRO_PRICE_PER_INPUT_TOKEN,
         "holdings": holdings,
         "activation_codecs": tuple(settings.TENZRO_ACTIVATION_CODECS),
+        "execute_batches": settings.TENZRO_EXECUTE_BATCHES,
     }, reason
 
 

@@ -43,7 +43,7 @@ def _entry(row: Provider) -> Entry:
 
 _LIVENESS_FIELDS = ("alive_ms", "rumor_rounds", "heartbeat")
 _RECORD_FIELDS = ("seq", "issued_at_ms", "record_text", "signature", "roles", "http_endpoint", "quic_endpoint",
-                  "quic_cert_sha256", "moe_gpu", "activation_codecs", "price_per_input_token")
+                  "quic_cert_sha256", "moe_gpu", "activation_codecs", "execute_batches", "price_per_input_token")
 
 
 def _fields(entry: Entry) -> dict:
@@ -57,7 +57,8 @@ def _record_fields(signed: SignedRecord) -> dict:
     return {"seq": r.seq, "issued_at_ms": r.issued_at_ms, "record_text": signed.text, "signature": signed.signature,
             "roles": sorted(r.roles), "http_endpoint": r.http_endpoint, "quic_endpoint": r.quic_endpoint,
             "quic_cert_sha256": r.quic_cert_sha256, "moe_gpu": r.moe_gpu,
-            "activation_codecs": list(r.activation_codecs), "price_per_input_token": r.price_per_input_token}
+            "activation_codecs": list(r.activation_codecs), "execute_batches": r.execute_batches,
+            "price_per_input_token": r.price_per_input_token}
 
 
 class DbStore:

@@ -9,6 +9,9 @@ verifier written from that text alone.
     receipt_body(...)                        -> the fields the holder signs (canonical JSON object)
     sign_receipt(body, signing_key)          -> SignedReceipt (commitment hash + signature)
     verify_receipt(wire, expect, rows)       -> SignedReceipt, or ReceiptError naming the check
+    batches_receipt_body(...)                -> v2: one holder's every expert batch of a layer step
+    verify_batches_receipt(wire, expect, answers) -> SignedReceipt and each batch's sketch
+    batch_commitment(commitment_hash, i)     -> the commitment of batch i of a v2 receipt
 
 The sketch of a row is its k features of largest absolute value (ties: the lower index),
 listed in ascending index order with the exact f32 bits the router received; the rows are
@@ -17,6 +20,11 @@ the sketch from what it got). The commitment hash is BLAKE3 of the canonical JSO
 the body, which binds the sketch's hash, the hash of the exact input carrier bytes, the
 model/layer/expert, the token set and the holder's provider id; the signature is ed25519
 over RECEIPT_DOMAIN + that text, by the key whose public half is the provider id.
+
+A multi-expert request (docs/protocol.md, "Multi-expert execute") is answered with one receipt,
+version 2, whose body lists every batch it served ({expert, rows, sketch_hash}) over one input
+carrier: one signature per holder per layer step, while each batch keeps a commitment of its
+own (`batch_commitment`), so sampling, settlement and disputes still work batch by batch.
 """
 
 from __future__ import annotations
@@ -42,10 +50,15 @@ except ImportError:  # pragma: no cover - numba is in requirements.txt
 
 RECEIPT_VERSION = 1
 RECEIPT_DOMAIN = b"tenzro/receipt/v1\n"
+BATCHES_VERSION = 2
+BATCHES_DOMAIN = b"tenzro/receipt/v2\n"
+_DOMAINS = {RECEIPT_VERSION: RECEIPT_DOMAIN, BATCHES_VERSION: BATCHES_DOMAIN}
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 _HEX128 = re.compile(r"[0-9a-f]{128}\Z")
 BODY_FIELDS = ("v", "provider_id", "model_id", "layer", "expert", "token_indices", "d_model", "input_encoding",
                "input_hash", "output_encoding", "k", "sketch_hash")
+BATCHES_FIELDS = ("v", "provider_id", "model_id", "layer", "token_indices", "d_model", "input_encoding",
+                  "input_hash", "output_encoding", "k", "batches")
 
 
 class ReceiptError(ValueError):
@@ -146,10 +159,32 @@ class SignedReceipt:
 
 
 def sign_receipt(body: dict[str, Any], key: SigningKey) -> SignedReceipt:
+    """Sign a body of either version (its `v` picks the domain separator)."""
     if key.verify_key.encode().hex() != body["provider_id"]:
         raise ValueError("a receipt is signed by its own holder's key")
     text = canonical_text(body).encode("ascii")
-    return SignedReceipt(body, blake3_hex(text), key.sign(RECEIPT_DOMAIN + text).signature.hex())
+    return SignedReceipt(body, blake3_hex(text), key.sign(_DOMAINS[body["v"]] + text).signature.hex())
+
+
+def batches_receipt_body(*, provider_id: str, model_id: str, layer: int, token_indices: Sequence[int], d_model: int,
+                         input_encoding: str, input_carrier: bytes | bytearray | memoryview, output_encoding: str,
+                         k: int, batches: Sequence[tuple[int, Sequence[int], bytes]]) -> dict[str, Any]:
+    """The fields a v2 receipt signs: one carrier of rows (`token_indices`: each row's token), and per
+    batch (expert, rows into the carrier, sketch of the expert's output rows), in request order."""
+    return {"v": BATCHES_VERSION, "provider_id": provider_id, "model_id": model_id, "layer": int(layer),
+            "token_indices": [int(t) for t in token_indices], "d_model": int(d_model),
+            "input_encoding": input_encoding, "input_hash": blake3_hex(input_carrier),
+            "output_encoding": output_encoding, "k": int(k),
+            "batches": [{"expert": int(e), "rows": [int(r) for r in rows], "sketch_hash": blake3_hex(sketch)}
+                        for e, rows, sketch in batches]}
+
+
+def batch_commitment(commitment_hash: str, index: int) -> str:
+    """The commitment of batch `index` of a v2 receipt: BLAKE3 (hex) of "<commitment_hash>/<index>".
+
+    What the router's sampling draws on, a settlement binds to and a kept batch is stored under,
+    so each batch of one signed receipt is sampled, paid and disputed on its own."""
+    return blake3_hex(f"{commitment_hash}/{int(index)}".encode("ascii"))
 
 
 @dataclass(frozen=True)
@@ -209,25 +244,99 @@ def verify_receipt(wire: Any, expect: Expected, rows: np.ndarray, answer: bytes 
         sketch = sketch_bytes(rows, expect.k)
     if body["sketch_hash"] != blake3_hex(sketch):
         raise ReceiptError("the receipt's commitment does not match the returned rows")
+    return _signed(wire, body, expect.provider_id), sketch
+
+
+def _signed(wire: Mapping[str, Any], body: dict[str, Any], provider_id: str) -> SignedReceipt:
+    """The body's commitment hash and the holder's signature over it, checked; the signed receipt."""
     text = canonical_text(body).encode("ascii")
     commitment = blake3_hex(text)
     if wire.get("commitment_hash") != commitment:
         raise ReceiptError("the receipt's commitment hash is not the hash of its body")
     signature = wire.get("signature")
-    if not isinstance(signature, str) or not _HEX128.match(signature) or not _HEX64.match(expect.provider_id):
+    if not isinstance(signature, str) or not _HEX128.match(signature) or not _HEX64.match(provider_id):
         raise ReceiptError("the receipt's signature is not 128 lowercase hex digits")
     try:
-        VerifyKey(bytes.fromhex(expect.provider_id)).verify(RECEIPT_DOMAIN + text, bytes.fromhex(signature))
+        VerifyKey(bytes.fromhex(provider_id)).verify(_DOMAINS[body["v"]] + text, bytes.fromhex(signature))
     except (BadSignatureError, ValueError) as exc:
-        raise ReceiptError(f"the receipt is not signed by holder {expect.provider_id[:16]}…") from exc
-    return SignedReceipt(body, commitment, signature), sketch
+        raise ReceiptError(f"the receipt is not signed by holder {provider_id[:16]}…") from exc
+    return SignedReceipt(body, commitment, signature)
+
+
+@dataclass(frozen=True)
+class ExpectedBatches:
+    """What the router asked of one holder in a multi-expert request, and so what its receipt must state:
+    `batches` is [(expert, rows into the carrier)] in request order."""
+
+    provider_id: str
+    model_id: str
+    layer: int
+    token_indices: Sequence[int]
+    d_model: int
+    input_encoding: str
+    input_hash: str
+    output_encoding: str
+    k: int
+    batches: Sequence[tuple[int, Sequence[int]]]
+
+
+def verify_batches_receipt(wire: Any, expect: ExpectedBatches,
+                           answers: Sequence[tuple[np.ndarray, bytes | bytearray | memoryview]],
+                           ) -> tuple[SignedReceipt, list[bytes]]:
+    """Check a v2 receipt against the request and each batch's returned rows: answers[i] is batch i's
+    (rows f32 [n_i, d_model], the same rows as they came in expect.output_encoding).
+
+    Returns the receipt and each batch's recomputed sketch. Raises ReceiptError naming the first
+    check that fails, a batch by its expert: one bad batch fails the whole receipt (one signature
+    covers them all)."""
+    if wire is None:
+        raise ReceiptError(f"holder {expect.provider_id[:16]}… answered without a receipt", reason="receipt_missing")
+    if not isinstance(wire, Mapping):
+        raise ReceiptError("the receipt is not an object")
+    body = {name: wire.get(name) for name in BATCHES_FIELDS}
+    if body["v"] != BATCHES_VERSION:
+        raise ReceiptError(f"a multi-expert answer needs a receipt of version {BATCHES_VERSION}, got {body['v']!r}")
+    checks = (("provider_id", expect.provider_id, "the receipt is not bound to the holder that answered"),
+              ("model_id", expect.model_id, "the receipt names another model"),
+              ("layer", expect.layer, "the receipt names another layer"),
+              ("d_model", expect.d_model, "the receipt names another d_model"),
+              ("input_encoding", expect.input_encoding, "the receipt names another input encoding"),
+              ("input_hash", expect.input_hash, "the receipt is over different input than was sent"),
+              ("output_encoding", expect.output_encoding, "the receipt names another output encoding"),
+              ("k", expect.k, "the receipt commits to another number of features per row"))
+    for name, want, why in checks:
+        if body[name] != want or type(body[name]) is not type(want):
+            raise ReceiptError(f"{why}: {name} is {body[name]!r}, expected {want!r}")
+    tokens = body["token_indices"]
+    if not isinstance(tokens, list) or tokens != [int(t) for t in expect.token_indices] \
+            or any(type(t) is not int for t in tokens):
+        raise ReceiptError("the receipt's token set is not the request's")
+    listed = body["batches"]
+    if not isinstance(listed, list) or len(listed) != len(expect.batches) or len(answers) != len(expect.batches):
+        raise ReceiptError(f"the receipt lists {len(listed) if isinstance(listed, list) else 'no'} batches, "
+                           f"the request had {len(expect.batches)}")
+    sketches = []
+    for item, (expert, rows), (out, answer) in zip(listed, expect.batches, answers, strict=True):
+        if not isinstance(item, Mapping) or set(item) != {"expert", "rows", "sketch_hash"} \
+                or item["expert"] != expert or type(item["expert"]) is not int \
+                or item["rows"] != [int(r) for r in rows] or any(type(r) is not int for r in item["rows"]):
+            raise ReceiptError(f"the receipt's entry for expert {expert} is not the batch that was asked")
+        if out.size and not np.isfinite(out).all():
+            raise ReceiptError(f"the rows returned for expert {expert} are not all finite")
+        sketch = answer_sketch(answer, expect.output_encoding, tokens=out.shape[0], d_model=out.shape[1],
+                               k=expect.k)
+        if item["sketch_hash"] != blake3_hex(sketch):
+            raise ReceiptError(f"the receipt's commitment for expert {expert} does not match the returned rows")
+        sketches.append(sketch)
+    body["batches"] = [dict(item) for item in listed]
+    return _signed(wire, body, expect.provider_id), sketches
 
 
 def signature_valid(receipt: SignedReceipt) -> bool:
-    """True when `receipt` carries its provider's signature (a dispute's fraud proof needs it)."""
+    """True when `receipt` (either version) carries its provider's signature (a dispute's fraud proof needs it)."""
     text = canonical_text(receipt.body).encode("ascii")
     try:
-        VerifyKey(bytes.fromhex(receipt.body["provider_id"])).verify(RECEIPT_DOMAIN + text,
+        VerifyKey(bytes.fromhex(receipt.body["provider_id"])).verify(_DOMAINS[receipt.body["v"]] + text,
                                                                      bytes.fromhex(receipt.signature))
     except (BadSignatureError, ValueError, TypeError, KeyError):
         return False
@@ -252,4 +361,17 @@ class ReceiptSigner:
         body = receipt_body(provider_id=self.provider_id, model_id=model_id, layer=layer, expert=expert,
                             token_indices=token_indices, d_model=d_model, input_encoding=input_encoding,
                             input_carrier=input_carrier, output_encoding=output_encoding, k=k, sketch=sketch)
+        return sign_receipt(body, self._key).to_wire()
+
+    def batches(self, *, model_id: str, layer: int, token_indices: Sequence[int], d_model: int,
+                input_encoding: str, input_carrier: bytes | bytearray | memoryview, output_encoding: str, k: int,
+                batches: Sequence[tuple[int, Sequence[int], bytes | bytearray | memoryview]]) -> dict[str, Any]:
+        """One v2 receipt over a multi-expert answer: `batches` is [(expert, rows into the carrier,
+        that expert's answer rows as encoded)], in request order."""
+        sketched = [(e, rows, answer_sketch(answer, output_encoding, tokens=len(rows), d_model=d_model, k=k))
+                    for e, rows, answer in batches]
+        body = batches_receipt_body(provider_id=self.provider_id, model_id=model_id, layer=layer,
+                                    token_indices=token_indices, d_model=d_model, input_encoding=input_encoding,
+                                    input_carrier=input_carrier, output_encoding=output_encoding, k=k,
+                                    batches=sketched)
         return sign_receipt(body, self._key).to_wire()

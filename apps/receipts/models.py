@@ -9,7 +9,9 @@ from django.db import models
 
 
 class Receipt(models.Model):
-    commitment_hash = models.CharField(max_length=64, unique=True, help_text="BLAKE3 of the signed body.")
+    commitment_hash = models.CharField(max_length=64, unique=True, help_text=(
+        "The batch's commitment: BLAKE3 of the signed body (v1), or of \"<that hash>/<batch>\" for batch "
+        "`batch` of a multi-expert receipt (v2)."))
     router_id = models.CharField(max_length=64, help_text="This node: the router that verified and kept it.")
     provider_id = models.CharField(max_length=64, db_index=True, help_text="The holder that signed it.")
     model_id = models.CharField(max_length=200)
@@ -20,6 +22,8 @@ class Receipt(models.Model):
     signature = models.CharField(max_length=128)
     sketch = models.BinaryField(help_text="Per row: k uint32 LE indices, then k f32 LE values.")
     carrier = models.BinaryField(help_text="The exact request body the holder received.")
+    batch = models.PositiveSmallIntegerField(null=True, blank=True, help_text=(
+        "This batch's place in a multi-expert receipt's `batches` (null: a single-expert receipt)."))
     blob_uri = models.CharField(max_length=100, null=True, blank=True,
                                 help_text="Where the holder's expert weights can be fetched (its holding).")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)

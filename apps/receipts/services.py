@@ -27,7 +27,14 @@ from apps.blobs.resolver import HttpBlobSource, resolve_blob
 from apps.blobs.selectors import blob_store
 from apps.blobs.store import BlobError, parse_blob_uri
 from apps.governance.selectors import policy_active
-from apps.receipts.commitment import SignedReceipt, signature_valid, sketch_rows
+from apps.receipts.commitment import (
+    SignedReceipt,
+    batch_commitment,
+    blake3_hex,
+    canonical_text,
+    signature_valid,
+    sketch_rows,
+)
 from apps.receipts.models import Dispute, DisputeState, Receipt
 from apps.receipts.selectors import receipts_list
 from apps.receipts.signals import dispute_decided, receipts_kept
@@ -44,15 +51,17 @@ DISPUTE_TASK = "tenzro.receipts.dispute_run"
 
 
 def receipt_record_many(*, router_id: str, kept: Iterable[dict[str, Any]]) -> int:
-    """Persist kept batches: each {receipt: SignedReceipt, sketch, carrier, blob_uri}. A commitment
-    already stored (the same batch kept twice) is left as it is. Returns how many were new."""
+    """Persist kept batches: each {receipt: SignedReceipt, sketch, carrier, blob_uri, and for batch
+    `batch` of a multi-expert receipt its `commitment`}. A commitment already stored (the same batch
+    kept twice) is left as it is. Returns how many were new."""
     rows = []
     for item in kept:
         receipt: SignedReceipt = item["receipt"]
-        body = receipt.body
-        rows.append(Receipt(commitment_hash=receipt.commitment_hash, router_id=router_id,
+        body, batch = receipt.body, item.get("batch")
+        expert, rows_of = batch_of(body, batch)
+        rows.append(Receipt(commitment_hash=item.get("commitment") or receipt.commitment_hash, router_id=router_id,
                             provider_id=body["provider_id"], model_id=body["model_id"], layer=body["layer"],
-                            expert=body["expert"], tokens=len(body["token_indices"]), body=body,
+                            expert=expert, tokens=len(rows_of), body=body, batch=batch,
                             signature=receipt.signature, sketch=item["sketch"], carrier=item["carrier"],
                             blob_uri=item.get("blob_uri")))
     hashes = [row.commitment_hash for row in rows]
@@ -100,11 +109,20 @@ def _expert_payload(receipt: Receipt) -> bytes:
         raise TenzroError(f"cannot fetch {receipt.blob_uri}: {exc}", reason="expert_unavailable") from exc
 
 
+def batch_of(body: dict[str, Any], batch: int | None) -> tuple[int, list[int]]:
+    """(expert, its rows' positions in the carrier) of a kept batch: the whole carrier of a
+    single-expert receipt, or entry `batch` of a multi-expert one."""
+    if batch is None:
+        return body["expert"], list(range(len(body["token_indices"])))
+    entry = body["batches"][batch]
+    return entry["expert"], entry["rows"]
+
+
 def recompute(receipt: Receipt) -> np.ndarray:
-    """The stored request through a local copy of the expert: f32 [tokens, d_model]."""
+    """The stored request's batch through a local copy of the expert: f32 [tokens, d_model]."""
     body = receipt.body
     hidden = decode_rows(bytes(receipt.carrier), body["input_encoding"], tokens=len(body["token_indices"]),
-                         d_model=body["d_model"])
+                         d_model=body["d_model"])[batch_of(body, receipt.batch)[1]]
     # the CPU backend, whatever the worker runs: a dispute re-executes in a Celery worker, where
     # opening a GPU per task would cost seconds and device memory the expert worker budgets
     backend = cpu_backend()
@@ -113,6 +131,20 @@ def recompute(receipt: Receipt) -> np.ndarray:
         raise TenzroError(f"{receipt.blob_uri} holds expert {expert.key}, the receipt names "
                           f"{(receipt.model_id, receipt.layer, receipt.expert)}", reason="model_mismatch")
     return expert_forward(expert, hidden, backend)
+
+
+def _signed_commitment(receipt: Receipt) -> bool:
+    """The holder's signature verifies over the stored body, the body commits to the stored sketch, and
+    the stored commitment is this batch's: what makes a mismatch a fraud proof."""
+    body = receipt.body
+    signed_hash = blake3_hex(canonical_text(body).encode("ascii"))
+    if receipt.batch is None:
+        sketch_hash, commitment = body.get("sketch_hash"), signed_hash
+    else:
+        sketch_hash, commitment = body["batches"][receipt.batch]["sketch_hash"], batch_commitment(signed_hash,
+                                                                                                receipt.batch)
+    return (commitment == receipt.commitment_hash and sketch_hash == blake3_hex(bytes(receipt.sketch))
+            and signature_valid(SignedReceipt(body, signed_hash, receipt.signature)))
 
 
 def dispute_run(*, dispute_id: int) -> Dispute:
@@ -128,10 +160,10 @@ def dispute_run(*, dispute_id: int) -> Dispute:
         Dispute.objects.filter(pk=dispute_id).update(error=f"{exc.reason}: {exc.message}")
         raise
     body = receipt.body
-    indices, values = sketch_rows(bytes(receipt.sketch), tokens=len(body["token_indices"]), k=body["k"])
+    indices, values = sketch_rows(bytes(receipt.sketch), tokens=receipt.tokens, k=body["k"])
     verdict = compare_sketch(indices, values, recomputed, output_encoding=body["output_encoding"],
                              compute_tolerance=settings.TENZRO_DISPUTE_COMPUTE_TOLERANCE)
-    signed = signature_valid(SignedReceipt(body, receipt.commitment_hash, receipt.signature))
+    signed = _signed_commitment(receipt)
     # A fraud proof needs both halves: the holder's own signature over the commitment, and a
     # recomputation that does not match it. Without the signature nothing binds the holder.
     upheld = verdict.upheld and signed

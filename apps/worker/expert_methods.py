@@ -19,10 +19,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from apps.worker.params import encoded_rows_param, hidden_param, int_param, str_param
+from apps.worker.params import batches_param, encoded_rows_param, hidden_param, int_param, str_param
 from core.errors import InvalidInput, NotFound, PayloadTooLarge
 from core.experts.runtime import ExpertRuntime
-from core.formats.wire import WIRE_CODECS, encode_rows, rows_to_bytes
+from core.formats.wire import WIRE_CODECS, encode_rows, encoded_row_bytes, rows_to_bytes
 
 Result = tuple[dict[str, Any], bytes]
 MAX_RECEIPT_TOPK = 1024  # features committed per row; more is a receipt as large as the answer
@@ -102,14 +102,18 @@ class ExpertHandlers:
         max_payload_bytes: int,
         resolve_blob: Callable[[str], Payload] | None = None,
         after_change: Callable[[], Awaitable[None]] | None = None,
-        sign_receipt: Callable[..., dict[str, Any]] | None = None,
+        sign_receipt: Any = None,
         receipt_topk: int = 16,
+        max_answer_bytes: int | None = None,
+        accept_batches: bool = True,
     ) -> None:
         """`resolve_blob(uri)` returns a blob's verified bytes (local store or a peer); it may block.
         `after_change()` is awaited after a load or unload, before the answer (the control plane
         publishes the new holdings there, so a read after the answer sees them).
-        `sign_receipt(...)` (apps.receipts.commitment.ReceiptSigner) signs each execute's receipt;
-        without it this holder serves receiptless, and remote routers refuse its answers."""
+        `sign_receipt(...)` (apps.receipts.commitment.ReceiptSigner) signs each execute's receipt (its
+        `.batches(...)` a multi-expert answer's); without it this holder serves receiptless, and
+        remote routers refuse its answers. `max_answer_bytes` bounds a multi-expert answer (the rows
+        of every batch; default `max_payload_bytes`)."""
         self.runtime = runtime
         self._sign_receipt = sign_receipt
         self._receipt_topk = receipt_topk
@@ -117,6 +121,8 @@ class ExpertHandlers:
         self._max_payload = max_payload_bytes
         self._resolve_blob = resolve_blob
         self._after_change = after_change
+        self._max_answer = max_answer_bytes or max_payload_bytes
+        self._accept_batches = accept_batches  # false: one expert per request, as before the multi-expert frame
 
     def table(self) -> dict[str, Callable[..., Awaitable[Result]]]:
         return {
@@ -199,6 +205,8 @@ class ExpertHandlers:
         if encoding not in WIRE_CODECS:
             raise InvalidInput(f"param 'encoding' must be one of {list(WIRE_CODECS)}, got {encoding!r}",
                                reason="unsupported_encoding")
+        if "batches" in params and self._accept_batches:
+            return await self._execute_batches(params, body, ctx, encoding)
         model_id, layer, expert = str_param(params, "model_id"), int_param(params, "layer"), int_param(params, "expert")
         if encoding == "f32":
             hidden = hidden_param(params, body)
@@ -226,6 +234,44 @@ class ExpertHandlers:
         if receipt is not None:
             result["receipt"] = receipt
         return result, data
+
+    async def _execute_batches(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context,
+                               encoding: str) -> Result:
+        """Several experts of one layer over one carrier of rows (docs/protocol.md, "Multi-expert execute"):
+        the body's rows once, `batches` [{expert, rows}] naming each expert's rows among them. The
+        answer's body is each batch's output rows in order; one v2 receipt covers them all. A frame
+        that is wrong anywhere (an expert twice, rows out of range, an expert not held, an answer
+        over the limit) is refused whole, before anything is computed."""
+        if "expert" in params:
+            raise InvalidInput("give either 'expert' (one batch) or 'batches' (several), not both")
+        model_id, layer = str_param(params, "model_id"), int_param(params, "layer")
+        k = _receipt_k(params, self._receipt_topk)
+
+        def run() -> Result:
+            hidden = hidden_param(params, body) if encoding == "f32" else encoded_rows_param(params, body, encoding)
+            batches = batches_param(params, len(hidden))
+            token_indices = _token_indices(params, len(hidden))
+            answer_bytes = sum(len(rows) for _, rows in batches) * encoded_row_bytes(encoding, hidden.shape[1])
+            if answer_bytes > self._max_answer:
+                raise PayloadTooLarge(f"the answer to {len(batches)} batches would be {answer_bytes} bytes, more "
+                                      f"than the {self._max_answer} this holder sends in one answer",
+                                      limit_bytes=self._max_answer)
+            outs = self.runtime.execute_many(model_id=model_id, layer=layer,
+                                             batches=[(e, hidden[rows]) for e, rows in batches])
+            encoded = [rows_to_bytes(out) if encoding == "f32" else encode_rows(out, encoding) for out, _ in outs]
+            result: dict[str, Any] = {
+                "d_model": int(hidden.shape[1]), "encoding": encoding,
+                "batches": [{"expert": e, "tokens": len(rows), "compute_ms": round(seconds * 1000.0, 3)}
+                            for (e, rows), (_, seconds) in zip(batches, outs, strict=True)],
+                "compute_ms": round(sum(seconds for _, seconds in outs) * 1000.0, 3)}
+            if self._sign_receipt is not None:
+                result["receipt"] = self._sign_receipt.batches(
+                    model_id=model_id, layer=layer, token_indices=token_indices, d_model=int(hidden.shape[1]),
+                    input_encoding=encoding, input_carrier=body, output_encoding=encoding, k=k,
+                    batches=[(e, rows, data) for (e, rows), data in zip(batches, encoded, strict=True)])
+            return result, b"".join(encoded)
+
+        return await ctx.run_blocking(self._executor, run)
 
     async def forward_local(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
         out = await ctx.run_blocking(self._executor, self.runtime.forward_local,

@@ -8,6 +8,7 @@ Pure module (no Django).
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -72,3 +73,37 @@ def fraction_param(params: dict[str, Any], name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not (0.0 <= value <= 1.0):
         raise InvalidInput(f"param {name!r} must be a number in [0, 1], got {value!r}")
     return float(value)
+
+
+MAX_BATCHES = 1024  # experts in one multi-expert request: more than any layer's top-k times its holders
+
+
+def batches_param(params: dict[str, Any], rows: int) -> list[tuple[int, list[int]]]:
+    """A multi-expert request's `batches`: [{expert, rows}], each expert once, each `rows` a non-empty,
+    strictly ascending list of positions into the body's `rows` rows -> [(expert, rows)] in order.
+    The whole frame is refused, naming the first problem, before anything runs."""
+    value = params.get("batches")
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_BATCHES:
+        raise InvalidInput(f"param 'batches' must be a list of 1 to {MAX_BATCHES} objects {{expert, rows}}, "
+                           f"got {str(value)[:100]}")
+    out: list[tuple[int, list[int]]] = []
+    seen: set[int] = set()
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or set(item) != {"expert", "rows"}:
+            raise InvalidInput(f"batches[{i}] must be an object with exactly 'expert' and 'rows', "
+                               f"got {str(item)[:100]}")
+        expert, positions = item["expert"], item["rows"]
+        if isinstance(expert, bool) or not isinstance(expert, int) or expert < 0:
+            raise InvalidInput(f"batches[{i}].expert must be a non-negative integer, got {expert!r}")
+        if expert in seen:
+            raise InvalidInput(f"expert {expert} is listed twice in 'batches': one entry per expert",
+                               reason="duplicate_expert")
+        seen.add(expert)
+        if not isinstance(positions, list) or not positions or any(
+                isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < rows for r in positions):
+            raise InvalidInput(f"batches[{i}].rows (expert {expert}) must be a non-empty list of row positions "
+                               f"in [0, {rows}), the body's rows")
+        if any(a >= b for a, b in pairwise(positions)):
+            raise InvalidInput(f"batches[{i}].rows (expert {expert}) must be strictly ascending (each row once)")
+        out.append((expert, positions))
+    return out

@@ -65,14 +65,22 @@ def _tier_gauges(status: dict[str, Any]) -> dict[str, Any]:
     return status
 
 
-def _counted(signer: ReceiptSigner) -> Any:
-    """The signer, counting each receipt it signs (tenzro_receipts_total{event="signed"})."""
-    def sign(**kwargs: Any) -> Any:
-        receipt = signer(**kwargs)
+class _CountedSigner:
+    """The signer, counting each receipt it signs (tenzro_receipts_total{event="signed"}): one per
+    answer, a multi-expert one included."""
+
+    def __init__(self, signer: ReceiptSigner) -> None:
+        self._signer = signer
+
+    def __call__(self, **kwargs: Any) -> dict[str, Any]:
+        receipt = self._signer(**kwargs)
         metrics.RECEIPTS.labels("signed").inc()
         return receipt
 
-    return sign
+    def batches(self, **kwargs: Any) -> dict[str, Any]:
+        receipt = self._signer.batches(**kwargs)
+        metrics.RECEIPTS.labels("signed").inc()
+        return receipt
 
 
 def _in_db(func: Any) -> Any:
@@ -131,9 +139,11 @@ class WorkerServer:
         self._resolve = resolve
         experts = ExpertHandlers(runtime=self.runtime, executor=self.executor, resolve_blob=resolve,
                                  max_payload_bytes=settings.TENZRO_BLOB_MAX_BYTES, after_change=self.publisher.flush,
-                                 sign_receipt=_counted(ReceiptSigner(self.identity.signing_key))
+                                 sign_receipt=_CountedSigner(ReceiptSigner(self.identity.signing_key))
                                  if settings.TENZRO_SIGN_RECEIPTS else None,
-                                 receipt_topk=settings.TENZRO_RECEIPT_TOPK)
+                                 receipt_topk=settings.TENZRO_RECEIPT_TOPK,
+                                 max_answer_bytes=settings.TENZRO_PEER_MAX_BODY_BYTES,
+                                 accept_batches=settings.TENZRO_EXECUTE_BATCHES)
         self.methods = MethodTable({
             **experts.table(),
             **BlobHandlers(store=store, executor=self.executor).table(),

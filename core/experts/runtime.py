@@ -218,6 +218,27 @@ class ExpertRuntime:
         x = check_hidden(hidden, self._cache.record(key).header.d_model)
         return self._run(key, x)
 
+    def execute_many(self, *, model_id: str, layer: int, batches: list[tuple[int, np.ndarray]]
+                     ) -> list[tuple[np.ndarray, float]]:
+        """Several held experts of one layer, each over its own rows: batches [(expert, f32 [t_i, d_model])]
+        -> [(f32 [t_i, d_model], compute seconds)] in the same order.
+
+        Every expert is checked before any runs: ExpertNotLoaded names all that are not held here
+        (details `experts`), ShapeMismatch / NonFiniteInput the first bad batch."""
+        keys = [(model_id, int(layer), int(e)) for e, _ in batches]
+        held = set(self._cache.keys())
+        missing = [k[2] for k in keys if k not in held]
+        if missing:
+            raise ExpertNotLoaded(f"{model_id!r} layer {layer}: experts {missing} are not held on this node",
+                                  experts=missing)
+        xs = [check_hidden(x, self._cache.record(key).header.d_model) for key, (_, x) in zip(keys, batches,
+                                                                                               strict=True)]
+        out = []
+        for key, x in zip(keys, xs, strict=True):
+            start = time.perf_counter()
+            out.append((self._run(key, x), time.perf_counter() - start))
+        return out
+
     def _run(self, key: Key, x: np.ndarray) -> np.ndarray:
         resident = self._cache.get(key)  # promotes a Cold expert; not metered (not compute)
         if x.shape[0] == 0:

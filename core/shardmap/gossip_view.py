@@ -52,6 +52,7 @@ class ProviderView:
     activation_codecs: tuple[str, ...] = ("f32",)  # what its moe/execute accepts, preferred first
     reputation: float = 0.0
     price_per_input_token: str = "0"
+    execute_batches: bool = False  # its moe/execute takes a multi-expert frame
 
     def __post_init__(self) -> None:
         if not isinstance(self.provider_id, str) or not self.provider_id:

@@ -56,6 +56,10 @@ TENZRO_RECORD_TPS_STEP = env_float("TENZRO_RECORD_TPS_STEP", 0.25)
 # Activation codecs this node's moe/execute accepts and its forward sends, preferred first
 # (docs/protocol.md, "Activation codecs"); announced in its provider record.
 TENZRO_ACTIVATION_CODECS = env_list("TENZRO_ACTIVATION_CODECS", "q8_0,f32")
+# One moe/execute per holder per MoE layer (docs/protocol.md, "Multi-expert execute"): advertised in
+# the record, taken from peers, used towards holders whose records advertise it. 0 behaves as a node
+# from before the multi-expert frame (one expert per request, both ways).
+TENZRO_EXECUTE_BATCHES = env_bool("TENZRO_EXECUTE_BATCHES", True)
 # The distributed forward (docs/operations.md, "Distributed forward"): batches in flight at
 # once, replanning waves after every holder of a batch failed, one attempt's time limit, and
 # the hedge delay before a holder's own p95 is known (then floored at the floor).

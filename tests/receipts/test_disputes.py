@@ -15,7 +15,14 @@ from apps.forward.engine import Failure
 from apps.forward.services import forward_outcome_record
 from apps.governance.selectors import policy_active
 from apps.receipts import services
-from apps.receipts.commitment import ReceiptSigner, blake3_hex, receipt_body, sign_receipt, sketch_bytes
+from apps.receipts.commitment import (
+    ReceiptSigner,
+    batch_commitment,
+    blake3_hex,
+    receipt_body,
+    sign_receipt,
+    sketch_bytes,
+)
 from apps.receipts.models import Dispute, Receipt
 from apps.receipts.selectors import receipts_list
 from apps.reputation.selectors import reputation_scores
@@ -135,3 +142,51 @@ def test_a_holder_refused_for_its_receipt_loses_the_policys_failure_penalty() ->
         Failure(liar, "bad_receipt", "the receipt is over different input than was sent", 0, 2, 6),
         Failure(liar, "receipt_missing", "answered without a receipt", 0, 3, 6)])
     assert reputation_scores([liar])[liar] == pytest.approx(-2 * policy_active().holder_failure_penalty)
+
+def _kept_from_batches(key: SigningKey, payload: bytes, blob_uri: str, *, lie: float = 1.0) -> Receipt:
+    """Batch 1 (expert 2) of a multi-expert answer, kept as the router keeps it: the whole carrier, the
+    one v2 receipt, that batch's sketch and commitment. Expert 2's rows are scaled by `lie` before the
+    holder commits to them; the other batch (a stand-in expert 5) is honest noise."""
+    carrier_rows = np.random.default_rng(7).standard_normal((5, D_MODEL)).astype(np.float32)
+    carrier = encode_rows(carrier_rows, "q8_0")
+    rows_of_2 = [0, 2, 3]
+    backend = cpu_backend()
+    hidden = decode_rows(carrier, "q8_0", tokens=5, d_model=D_MODEL)[rows_of_2]
+    out = expert_forward(build_expert(payload, backend), hidden, backend) * np.float32(lie)
+    answer_2 = encode_rows(out, "q8_0")
+    answer_5 = encode_rows(np.ones((2, D_MODEL), np.float32), "q8_0")
+    wire = ReceiptSigner(key).batches(model_id=MODEL, layer=0, token_indices=[3, 4, 8, 9, 11], d_model=D_MODEL,
+                                      input_encoding="q8_0", input_carrier=carrier, output_encoding="q8_0", k=16,
+                                      batches=[(5, [1, 4], answer_5), (2, rows_of_2, answer_2)])
+    body = {k: v for k, v in wire.items() if k not in ("commitment_hash", "signature")}
+    receipt = sign_receipt(body, key)
+    commitment = batch_commitment(receipt.commitment_hash, 1)
+    seen = decode_rows(answer_2, "q8_0", tokens=3, d_model=D_MODEL)
+    services.receipt_record_many(router_id="r" * 64, kept=[{
+        "receipt": receipt, "sketch": sketch_bytes(seen, 16), "carrier": carrier, "blob_uri": blob_uri,
+        "commitment": commitment, "batch": 1}])
+    return Receipt.objects.get(commitment_hash=commitment)
+
+
+def test_a_batch_kept_from_a_multi_expert_request_is_disputed_on_its_own() -> None:
+    payload, uri = _store_expert()
+    honest_key, liar_key = SigningKey(bytes([5]) * 32), SigningKey(bytes([6]) * 32)
+    honest = _kept_from_batches(honest_key, payload, uri)
+    liar = _kept_from_batches(liar_key, payload, uri, lie=1.3)
+    assert (honest.expert, honest.tokens, honest.batch, honest.layer) == (2, 3, 1, 0)
+    dismissed = services.dispute_run(dispute_id=services.dispute_open(receipt_id=honest.pk).pk)
+    assert dismissed.state == "dismissed" and dismissed.signature_valid
+    upheld = services.dispute_run(dispute_id=services.dispute_open(receipt_id=liar.pk).pk)
+    assert upheld.state == "upheld" and upheld.signature_valid and upheld.difference > upheld.tolerance
+    liar_id = liar_key.verify_key.encode().hex()
+    assert reputation_scores([liar_id])[liar_id] == pytest.approx(-policy_active().fraud_penalty)
+
+
+def test_a_kept_batch_under_another_batchs_commitment_is_no_fraud_proof() -> None:
+    """The stored commitment must be this batch's: a row filed under batch 0's commitment with batch 1's
+    sketch proves nothing against the holder, so even a real mismatch is dismissed as unsigned."""
+    payload, uri = _store_expert()
+    kept = _kept_from_batches(SigningKey(bytes([7]) * 32), payload, uri, lie=1.3)
+    Receipt.objects.filter(pk=kept.pk).update(batch=0)
+    decided = services.dispute_run(dispute_id=services.dispute_open(receipt_id=kept.pk).pk)
+    assert decided.state == "dismissed" and decided.signature_valid is False
