@@ -443,3 +443,86 @@ def test_the_data_dir_is_private_and_every_secret_file_is_0600(node) -> None:
     assert {p.name for p in present} >= {"node.key", "quic-key.pem", "django.secret"}
     for path in present:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
+
+
+def batches_receipt_verifies(receipt: dict, *, provider_id: str, request_body: bytes, token_indices: list[int],
+                             batches: list[tuple[int, list[int], np.ndarray]], k: int) -> bool:
+    """A second verifier of multi-expert receipts, from docs/protocol.md ("Multi-expert receipts (v2)")
+    alone: each batch's sketch by the v1 rule over its own rows, the v2 body, the v2 domain."""
+    entries = []
+    for expert, rows, out in batches:
+        sketch = bytearray()
+        for row in out.astype("<f4"):
+            chosen = sorted(sorted(range(len(row)), key=lambda j: (-abs(float(row[j])), j))[:min(k, len(row))])
+            sketch += struct.pack(f"<{len(chosen)}I", *chosen) + b"".join(row[j:j + 1].tobytes() for j in chosen)
+        entries.append({"expert": expert, "rows": rows, "sketch_hash": blake3(sketch).hexdigest()})
+    body = {name: receipt[name] for name in receipt if name not in ("commitment_hash", "signature")}
+    want = {"v": 2, "provider_id": provider_id, "token_indices": token_indices, "k": k, "batches": entries,
+            "input_hash": blake3(request_body).hexdigest()}
+    if any(body.get(name) != value for name, value in want.items()) or len(body) != 11:
+        return False
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    if receipt["commitment_hash"] != blake3(text).hexdigest():
+        return False
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(provider_id)).verify(
+            bytes.fromhex(receipt["signature"]), b"tenzro/receipt/v2\n" + text)
+    except InvalidSignature:
+        return False
+    return True
+
+
+def test_a_multi_expert_execute_as_an_outsider_sends_it_honest_and_hostile(node) -> None:
+    """docs/protocol.md, "Multi-expert execute": one frame for two experts answers what two single
+    frames answer, under one receipt this test verifies itself; every malformed frame is refused
+    whole with its reason, and the holder serves on."""
+    rng = np.random.default_rng(12)
+    for expert in (0, 2):
+        node.result("tenzro_moeExpertLoad", {"payload": b64(expert_payload(expert_weights(rng, D_MODEL, D_FF),
+                                                                           expert=expert, layer=4))}, token=TOKEN)
+    carrier = rng.standard_normal((4, D_MODEL)).astype("<f4")
+    base = {"model_id": MODEL, "layer": 4, "d_model": D_MODEL, "token_indices": [5, 6, 8, 13], "receipt_topk": 6}
+    batches = [{"expert": 2, "rows": [0, 3]}, {"expert": 0, "rows": [1, 2, 3]}]
+    hostile = {
+        "an expert twice": ({**base, "batches": [*batches, {"expert": 2, "rows": [1]}]}, carrier, "duplicate_expert"),
+        "an expert not held": ({**base, "batches": [*batches, {"expert": 9, "rows": [1]}]}, carrier,
+                               "expert_not_loaded"),
+        "a row past the carrier": ({**base, "batches": [{"expert": 0, "rows": [1, 4]}]}, carrier, "invalid_input"),
+        "rows out of order": ({**base, "batches": [{"expert": 0, "rows": [3, 1]}]}, carrier, "invalid_input"),
+        "batches not a list": ({**base, "batches": "all"}, carrier, "invalid_input"),
+        "both forms": ({**base, "expert": 0, "batches": batches}, carrier, "invalid_input"),
+        "rows that are not whole": ({**base, "batches": batches}, carrier.tobytes()[:-4], "shape_mismatch"),
+    }
+
+    async def scenario(client):
+        multi = await client.ask("moe/execute", {**base, "batches": batches}, carrier.tobytes())
+        singles = [await client.ask("moe/execute", {"model_id": MODEL, "layer": 4, "d_model": D_MODEL,
+                                                    "expert": b["expert"]}, carrier[b["rows"]].tobytes())
+                   for b in batches]
+        refused = {}
+        for name, (params, rows, _) in hostile.items():
+            refused[name] = await client.ask("moe/execute", params, rows if isinstance(rows, bytes) else rows.tobytes())
+        after = await client.ask("moe/execute", {**base, "batches": batches[:1]}, carrier.tobytes())
+        return multi, singles, refused, after
+
+    (header, body), singles, refused, after = asyncio.run(as_outsider(node.quic_port, scenario))
+    assert header["ok"], header
+    result = header["result"]
+    assert [(b["expert"], b["tokens"]) for b in result["batches"]] == [(2, 2), (0, 3)]
+    assert body == singles[0][1] + singles[1][1]  # the same rows, bit for bit, batch after batch
+    provider_id = node.result("tenzro_nodeInfo")["provider_id"]
+    outs = [np.frombuffer(singles[0][1], "<f4").reshape(2, D_MODEL),
+            np.frombuffer(singles[1][1], "<f4").reshape(3, D_MODEL)]
+    signed = {"provider_id": provider_id, "request_body": carrier.tobytes(), "token_indices": [5, 6, 8, 13], "k": 6}
+    listed = [(2, [0, 3], outs[0]), (0, [1, 2, 3], outs[1])]
+    assert batches_receipt_verifies(result["receipt"], batches=listed, **signed)
+    tampered = outs[1].copy()
+    tampered[0, int(np.argmax(np.abs(tampered[0])))] *= 1.01
+    assert not batches_receipt_verifies(result["receipt"], batches=[listed[0], (0, [1, 2, 3], tampered)], **signed)
+    for name, (_, _, reason) in hostile.items():
+        error = refused[name][0]["error"]
+        assert error["reason"] == reason and refused[name][1] == b"", (name, error)
+    assert refused["an expert not held"][0]["error"]["details"] == {"experts": [9]}
+    assert after[0]["ok"] and after[0]["result"]["batches"] == [{"expert": 2, "tokens": 2,
+                                                                 "compute_ms": after[0]["result"]["batches"][0][
+                                                                     "compute_ms"]}]
