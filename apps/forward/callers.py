@@ -5,7 +5,8 @@ the local runtime (no wire, no codec). A holder with a QUIC endpoint and a certi
 its signed record is called over the shared connection pool; any other over HTTP
 (`POST /peer/moe/execute`, the same binary frames as on QUIC). Rows travel in the first
 activation codec of this node's preference that the holder's record lists (Q8_0 when both
-speak it, else f32); encoding and decoding run off the event loop.
+speak it, else f32); encoding and decoding run off the event loop, but for a few rows (INLINE_ROWS),
+which cost less than the thread hops.
 
 A holder whose record advertises `execute_batches` gets one request per layer step: the batches
 the engine hands this caller for it in one turn of the event loop (every batch of a wave starts
@@ -55,6 +56,9 @@ from core.transport.pool import QuicPool
 from core.transport.quic import TransportError
 
 RunLocal = Callable[[int, int, np.ndarray], Awaitable[np.ndarray]]
+# Encoding and verifying this many rows takes tens of microseconds: less than the two thread hops
+# that running it on the codec executor costs (a decode step's batches are a row or a few).
+INLINE_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -126,17 +130,22 @@ class HolderCaller:
         if self.gathers(holder):
             return await self._gathered(holder, layer, expert, rows, tokens)
         codec = codec_for(holder, self._codecs)
-        loop = asyncio.get_running_loop()
-        body = await loop.run_in_executor(self._codec_executor, encode_rows, rows, codec)
+        body = await self._codec(len(rows), encode_rows, rows, codec)
         token_indices = [int(t) for t in tokens]
         params = {"model_id": self.model_id, "layer": layer, "expert": expert, "d_model": self.d_model,
                   "tokens": len(rows), "encoding": codec, "token_indices": token_indices, "receipt_topk": self._topk}
         result, answer, transport = await self._request(holder, params, body)
         expect = Expected(holder.provider_id, self.model_id, layer, expert, token_indices, self.d_model, codec,
                           "", codec, self._topk)
-        out, verified = await loop.run_in_executor(self._codec_executor, self._accept, result, answer, body, expect)
+        out, verified = await self._codec(len(rows), self._accept, result, answer, body, expect)
         return Answer(out, bytes_sent=len(body), bytes_received=len(answer), transport=transport,
                       compute_s=_seconds(result.get("compute_ms")), receipt=verified)
+
+    async def _codec(self, rows: int, func: Callable[..., Any], /, *args: Any) -> Any:
+        """`func(*args)`: inline for a few rows, else on the codec executor (off the event loop)."""
+        if rows <= INLINE_ROWS:
+            return func(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._codec_executor, func, *args)
 
     async def _request(self, holder: ProviderView, params: dict[str, Any], body: bytes
                        ) -> tuple[dict[str, Any], bytes | bytearray, str]:
@@ -207,11 +216,10 @@ class HolderCaller:
         """One multi-expert moe/execute for `calls` [(expert, rows f32 [n_i, d], tokens int64 [n_i])]:
         each token's row once in the carrier, each batch's rows named by position."""
         codec = codec_for(holder, self._codecs)
-        loop = asyncio.get_running_loop()
         carrier_tokens, first = np.unique(np.concatenate([t for _, _, t, _ in calls]), return_index=True)
         carrier = np.concatenate([r for _, r, _, _ in calls])[first]  # (n_unique, d_model)
         positions = [np.searchsorted(carrier_tokens, t).tolist() for _, _, t, _ in calls]  # tokens ascend per batch
-        body = await loop.run_in_executor(self._codec_executor, encode_rows, carrier, codec)
+        body = await self._codec(len(carrier), encode_rows, carrier, codec)
         token_indices = carrier_tokens.tolist()
         batches = [(expert, rows) for (expert, *_), rows in zip(calls, positions, strict=True)]
         params = {"model_id": self.model_id, "layer": layer, "d_model": self.d_model, "tokens": len(carrier),
@@ -220,10 +228,9 @@ class HolderCaller:
         result, answer, transport = await self._request(holder, params, body)
         expect = ExpectedBatches(holder.provider_id, self.model_id, layer, token_indices, self.d_model, codec,
                                  blake3_hex(body), codec, self._topk, batches)
-        outs, verified = await loop.run_in_executor(self._codec_executor, self._accept_batches, result, answer,
-                                                    body, expect)
-        reported = result.get("batches")
         n_rows = sum(len(rows) for _, rows in batches)
+        outs, verified = await self._codec(n_rows, self._accept_batches, result, answer, body, expect)
+        reported = result.get("batches")
         sent = [len(body) * len(rows) // n_rows for _, rows in batches]  # the request's bytes, shared by rows
         sent[0] += len(body) - sum(sent)
         return [Answer(out, bytes_sent=sent[i], bytes_received=len(part), transport=transport,

@@ -30,6 +30,7 @@ from apps.forward.callers import HolderCaller
 from apps.forward.combine import ForwardIncomplete, StreamingCombine
 from apps.forward.engine import ForwardLimits, ForwardReport, run_forward
 from apps.forward.hedging import HedgePolicy, LatencyBook
+from apps.forward.ledger import ForwardWork
 from apps.governance.selectors import policy_active
 from apps.providers.selectors import holding_views, provider_views, replication_policy
 from apps.receipts.sampling import keep_receipt
@@ -82,6 +83,7 @@ class DistributedForward:
         self._http: httpx.AsyncClient | None = None
         self._writes: set[asyncio.Future] = set()
         self._cooling: dict[str, float] = {}  # provider -> monotonic time its failure cooldown ends
+        self._shards: dict[str, tuple[tuple[Any, ...], View, ShardIndex]] = {}  # model_id -> (key, view, index)
 
     def _transports(self) -> tuple[QuicPool, httpx.AsyncClient]:
         if self._pool is None:  # created on the worker's loop, at the first forward
@@ -97,7 +99,29 @@ class DistributedForward:
 
         return await self.control_plane.read(f"forward.view:{model_id}", read)
 
+    def _route(self, model_id: str, layer: int, hidden: np.ndarray, view: View) -> tuple[Any, ShardIndex]:
+        """On the compute thread, in one hop: the gate's routing of `hidden`, readahead of the experts
+        it chose that this node holds, and the shard index to plan on."""
+        routing = self.runtime.route(model_id=model_id, layer=layer, hidden=hidden)
+        self.runtime.readahead((model_id, layer, int(e)) for e in np.unique(routing.experts))
+        return routing, self._shard(model_id, view)
+
     def _shard(self, model_id: str, view: View) -> ShardIndex:
+        """The shard index of `model_id`, built again only when its inputs changed: the gossip view (a
+        new object each TENZRO_WORKER_CONTROL_TTL_S), this node's holdings, or who is cooling down.
+        Planning a decode step then costs the plan itself, not a rebuild of every holder's rows."""
+        now = time.monotonic()
+        # list(): the loop thread updates _cooling while this runs on a compute thread
+        cooling = frozenset(pid for pid, until in list(self._cooling.items()) if until > now)
+        key = (id(view), self.runtime.holdings_version, cooling)
+        cached = self._shards.get(model_id)
+        if cached is not None and cached[0] == key and cached[1] is view:
+            return cached[2]
+        shard = self._build_shard(model_id, view, cooling)
+        self._shards[model_id] = (key, view, shard)
+        return shard
+
+    def _build_shard(self, model_id: str, view: View, cooling: frozenset[str]) -> ShardIndex:
         """The gossiped holders of other providers, and this node's live holdings (latency 0: no wire).
 
         This node's own experts count as Warm even when they sit in its disk tier: readahead has
@@ -108,8 +132,6 @@ class DistributedForward:
         me = ProviderView(self.self_id, tuple(settings.TENZRO_ROLES), None, None, None, False, 0.0)
         mine = [HoldingView(self.self_id, model_id, layer, expert, "Warm", tps, blob)
                 for layer, expert, _, blob in self.runtime.held(model_id)]
-        now = time.monotonic()
-        cooling = {pid for pid, until in self._cooling.items() if until > now}
         # A holder that failed or stalled lately is planned last (primary only when nobody else
         # holds the expert) until its cooldown ends: every forward need not pay its timeout again.
         others = [dataclasses.replace(p, latency_ms=COOLING_LATENCY_MS) if p.provider_id in cooling else p
@@ -135,25 +157,22 @@ class DistributedForward:
 
     async def forward_layer(self, model_id: str, layer: int, hidden: np.ndarray, ctx: CallContext, *,
                             allow_partial: bool = False, allow_cold: bool = False, min_gate_mass: float = 0.0,
-                            codecs: tuple[str, ...] = (), keep_record: bool = True
-                            ) -> tuple[dict[str, Any], np.ndarray]:
+                            codecs: tuple[str, ...] = (), keep_record: bool = True,
+                            work: ForwardWork | None = None) -> tuple[dict[str, Any], np.ndarray]:
         """One layer's distributed forward of hidden f32 [tokens, d_model] (validated rows): the
         answer's JSON part (tokens, d_model, missing, lost_gate_mass, stats) and the combined
         rows f32 [tokens, d_model]. `codecs`: the wire codecs to offer, () for the node's own.
         Raises ForwardIncomplete (naming what is missing) when it fails closed. `keep_record`
-        false: no ForwardRecord of its stats (a generation keeps them in its steps instead);
-        penalties, latencies, receipts and settlement are recorded either way."""
+        false: no ForwardRecord of its stats (a generation keeps them in its steps instead).
+        `work`: a ledger to gather penalties, latencies, kept batches and settlement into (the
+        caller writes it with record_work); without one they are written after this forward."""
         started = time.monotonic()
         codecs = codecs or tuple(c for c in settings.TENZRO_ACTIVATION_CODECS if c in WIRE_CODECS)
         gate = self.runtime.gate_spec(model_id, layer)
-        routing = await ctx.run_blocking(self.executor, self.runtime.route, model_id=model_id, layer=layer,
-                                         hidden=hidden)
+        view = await self._gossip_view(model_id)  # kept TENZRO_WORKER_CONTROL_TTL_S: no query per layer
+        routing, shard = await ctx.run_blocking(self.executor, self._route, model_id, layer, hidden, view)
         n_tokens, k = routing.experts.shape
         experts = routing.experts.ravel()
-        await ctx.run_blocking(self.executor, self.runtime.readahead,
-                               [(model_id, layer, int(e)) for e in np.unique(experts)])
-        view = await self._gossip_view(model_id)
-        shard = await ctx.run_blocking(self.executor, self._shard, model_id, view)
         planned_at = time.monotonic()
 
         def plan(tokens: np.ndarray, layers: np.ndarray, exps: np.ndarray, exclude: frozenset[str]) -> Any:
@@ -186,7 +205,7 @@ class DistributedForward:
             failed = _stats(report, np.zeros(0), elapsed_s=time.monotonic() - started,
                             dispatch_s=time.monotonic() - planned_at, codecs=codecs)
             self._record(model_id, report, view, forward_id, failed if keep_record else None, tokens=n_tokens,
-                         missing=len(exc.details["missing"]) or 1)
+                         missing=len(exc.details["missing"]) or 1, work=work)
             message = exc.message
             if report.unroutable:
                 why = sorted({(layer_, e, reason) for _, layer_, e, reason in report.unroutable})
@@ -204,15 +223,18 @@ class DistributedForward:
         stats["forward_id"] = forward_id
         # Recorded once the stats exist (the finish above is synchronous: nothing awaits in between).
         self._record(model_id, report, view, forward_id, stats if keep_record else None, tokens=n_tokens,
-                     missing=len(result.missing))
+                     missing=len(result.missing), work=work)
         return {"tokens": n_tokens, "d_model": gate.d_model, "missing": result.missing,
                 "lost_gate_mass": [round(float(x), 6) for x in result.lost_share] if result.missing else [],
                 "stats": stats}, result.out
 
     def _record(self, model_id: str, report: ForwardReport, view: View, forward_id: str,
-                forward_stats: dict[str, Any] | None, *, tokens: int, missing: int) -> None:
-        """Penalties, latencies, kept receipts, the settlement and the forward's stats (unless None)
-        go to the control plane after the answer, never delaying it."""
+                forward_stats: dict[str, Any] | None, *, tokens: int, missing: int,
+                work: ForwardWork | None) -> None:
+        """The cooldowns now; the forward's stats (unless None) after the answer; its penalties,
+        latencies, kept batches and settlement into `work` (a generation's ledger, written when the
+        generation ends) or, without one, to the control plane after the answer. Never on the way
+        of the answer."""
         _count(report)
         until = time.monotonic() + settings.TENZRO_FORWARD_FAILURE_COOLDOWN_S
         for failure in report.failures:
@@ -220,32 +242,28 @@ class DistributedForward:
         for pid, stats in report.holders.items():
             if stats.batches and not stats.failures:
                 self._cooling.pop(pid, None)  # it answered this time
-        # The planner's latency is a holder's round trip beside its compute (which committed_tps
-        # accounts for), so the wire's share is fed back where the holder reported its compute.
-        latencies = {pid: float(np.median(s.overheads_s or s.latencies_s)) * 1000.0
-                     for pid, s in report.holders.items() if s.latencies_s}
-        remote = {pid: s for pid, s in report.holders.items() if pid != self.self_id and s.receipts}
         if forward_stats is not None:
             self._write(lambda: services.forward_stats_record(forward_id=forward_id, model_id=model_id,
                                                               tokens=tokens, stats=forward_stats, missing=missing))
-        if not report.failures and not remote:
-            return
         providers, holdings, _, _ = view
-        price = {p.provider_id: p.price_per_input_token for p in providers}
-        blob_of = {(h.provider_id, h.layer, h.expert): h.blob_uri for h in holdings}
-        kept = [{"receipt": v.receipt, "sketch": v.sketch, "carrier": v.carrier, "commitment": v.commitment,
-                 "batch": v.batch, "blob_uri": blob_of.get((pid, v.layer, v.expert))}
-                for pid, s in remote.items() for v in s.receipts if v.kept]
-        # What each remote holder served and proved, in the order its receipts were accepted
-        holders = [{"provider_id": pid, "tokens": s.rows, "price_per_input_token": price.get(pid, "0"),
-                    "commitments": [v.commitment for v in s.receipts]}
-                   for pid, s in sorted(remote.items())]
+        own = work if work is not None else ForwardWork()
+        kept = any(v.kept for s in report.holders.values() for v in s.receipts)
+        own.add(report, self_id=self.self_id, prices={p.provider_id: p.price_per_input_token for p in providers},
+                blob_of={(h.provider_id, h.layer, h.expert): h.blob_uri for h in holdings} if kept else {})
+        if work is None:
+            self.record_work(model_id=model_id, forward_id=forward_id, work=own)
+
+    def record_work(self, *, model_id: str, forward_id: str, work: ForwardWork) -> None:
+        """Write a ledger on the database thread: penalties and latencies, the kept batches, and one
+        settlement keyed by `forward_id` (a forward's id, or a generation's)."""
+        if not work.failures and not work.holders:
+            return
 
         def write() -> None:
-            services.forward_outcome_record(model_id=model_id, failures=report.failures, latencies_ms=latencies,
-                                            self_id=self.self_id)
+            services.forward_outcome_record(model_id=model_id, failures=work.failures,
+                                            latencies_ms=work.latency_medians(), self_id=self.self_id)
             services.forward_work_record(forward_id=forward_id, router_id=self.self_id, model_id=model_id,
-                                         kept=kept, holders=holders)
+                                         kept=work.kept, holders=work.holder_rows())
 
         self._write(write)
 

@@ -67,6 +67,8 @@ class GenerateParams(Params):
 class LayerStep(Out):
     layer: int
     ms: float
+    dispatch_ms: float | None = Field(None, description="Of ms, the dispatch to the holders and the combine; the "
+                                                        "rest is gating, readahead and planning.")
     lost_gate_mass: float | None
     missing: int
     failures: int
@@ -81,6 +83,9 @@ class Step(Out):
     tokens_in: int
     token: int
     ms: float
+    dense_ms: float | None = Field(None, description="The step's dense part (embedding, attention, norms, dense "
+                                                     "FFNs, LM head) as the compute thread timed it; ms minus it and "
+                                                     "the MoE layers is hand-off between the loop and that thread.")
     layers: list[LayerStep]
 
 

@@ -31,6 +31,7 @@ from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.shapes import shape_from_config
 from apps.catalog.slicing import gate_payload_for_layer
 from apps.forward.handlers import distributed_forward
+from apps.forward.ledger import ForwardWork
 from apps.generation import services
 from apps.generation.model import WholeModel
 from apps.generation.spec import spec_from_config
@@ -45,17 +46,19 @@ Result = tuple[dict[str, Any], bytes]
 
 
 class LayerForward(Protocol):
-    """apps.forward.handlers.DistributedForward.forward_layer."""
+    """What generation drives: apps.forward.handlers.DistributedForward."""
 
-    def __call__(self, model_id: str, layer: int, hidden: np.ndarray, ctx: CallContext, *,
-                 allow_partial: bool = ..., allow_cold: bool = ..., min_gate_mass: float = ...,
-                 codecs: tuple[str, ...] = ..., keep_record: bool = ...
-                 ) -> Awaitable[tuple[dict[str, Any], np.ndarray]]: ...
+    def forward_layer(self, model_id: str, layer: int, hidden: np.ndarray, ctx: CallContext, *,
+                      allow_partial: bool = ..., allow_cold: bool = ..., min_gate_mass: float = ...,
+                      codecs: tuple[str, ...] = ..., keep_record: bool = ..., work: ForwardWork | None = ...
+                      ) -> Awaitable[tuple[dict[str, Any], np.ndarray]]: ...
+
+    def record_work(self, *, model_id: str, forward_id: str, work: ForwardWork) -> None: ...
 
 
 def generation_handlers(parts: WorkerParts) -> dict[str, Callable[..., Awaitable[Result]]]:
     """moe/load_dense, moe/model_forward and moe/generate, over the worker's distributed forward."""
-    return WholeModelHandlers(parts, distributed_forward(parts).forward_layer).table()
+    return WholeModelHandlers(parts, distributed_forward(parts)).table()
 
 
 class LoadedModel:
@@ -72,19 +75,21 @@ def _eos_ids(config: dict[str, Any]) -> frozenset[int]:
 
 
 def _advance(gen: Generator[tuple[int, np.ndarray], np.ndarray, np.ndarray],
-             value: np.ndarray | None) -> tuple[bool, Any]:
-    """One step of WholeModel.run on a compute thread: (False, (layer, x)) or (True, logits).
-    StopIteration must not cross into a Future, so the end is returned instead."""
+             value: np.ndarray | None) -> tuple[bool, Any, float]:
+    """One step of WholeModel.run on a compute thread: (False, (layer, x), s) or (True, logits, s),
+    s the seconds it computed. StopIteration must not cross into a Future, so the end is returned."""
+    started = time.perf_counter()
     try:
-        return False, gen.send(value)  # type: ignore[arg-type]  # None starts the generator
+        return False, gen.send(value), time.perf_counter() - started  # type: ignore[arg-type]  # None starts it
     except StopIteration as stop:
-        return True, stop.value
+        return True, stop.value, time.perf_counter() - started
 
 
 def _layer_stats(layer: int, result: dict[str, Any]) -> dict[str, Any]:
     """What a step shows of one MoE layer: its fan-out per holder, its time and what it lost."""
     stats = result["stats"]
-    return {"layer": layer, "ms": stats["elapsed_ms"], "lost_gate_mass": stats["lost_gate_mass"],
+    return {"layer": layer, "ms": stats["elapsed_ms"], "dispatch_ms": stats["dispatch_ms"],
+            "lost_gate_mass": stats["lost_gate_mass"],
             "missing": len(result["missing"]), "failures": len(stats["failures"]),
             "holders": [{"provider": h["provider"], "transport": h["transport"], "rows": h["rows"],
                          "batches": h["batches"], "latency_ms_max": h["latency_ms_max"],
@@ -97,9 +102,9 @@ def _log_failed_write(future: asyncio.Future) -> None:
 
 
 class WholeModelHandlers:
-    def __init__(self, parts: WorkerParts, forward_layer: LayerForward) -> None:
+    def __init__(self, parts: WorkerParts, forward: LayerForward) -> None:
         self.runtime, self.executor = parts.runtime, parts.executor
-        self.forward_layer = forward_layer
+        self.forward = forward
         self.models: dict[str, LoadedModel] = {}
         self._running: dict[str, asyncio.Task] = {}
         self._db = ThreadPoolExecutor(1, thread_name_prefix="generation-db")
@@ -197,8 +202,12 @@ class WholeModelHandlers:
         spec = loaded.model.spec
         ids = np.asarray(self._token_ids(params, "token_ids", spec.vocab_size), dtype=np.int64)
         started = time.monotonic()
-        logits, layers = await self._step(model_id, loaded.model, ids, loaded.model.new_cache(),
-                                          self._options(params), ctx, last_only=False)
+        work = ForwardWork()
+        try:
+            logits, layers, _ = await self._step(model_id, loaded.model, ids, loaded.model.new_cache(),
+                                                 self._options(params), ctx, work, last_only=False)
+        finally:  # the holders' work is paid, and their failures penalized, however the forward ended
+            self.forward.record_work(model_id=model_id, forward_id=uuid.uuid4().hex, work=work)
         return {"model_id": model_id, "tokens": len(ids), "vocab_size": spec.vocab_size, "layers": layers,
                 "elapsed_ms": round((time.monotonic() - started) * 1000.0, 3)}, \
             np.ascontiguousarray(logits, dtype="<f4").tobytes()
@@ -224,21 +233,24 @@ class WholeModelHandlers:
         return {"generation_id": generation_id, "state": "running", "model_id": model_id}, b""
 
     async def _step(self, model_id: str, model: WholeModel, ids: np.ndarray, cache: Any, options: dict[str, Any],
-                    ctx: CallContext, *, last_only: bool = True) -> tuple[np.ndarray, list[dict[str, Any]]]:
+                    ctx: CallContext, work: ForwardWork, *, last_only: bool = True
+                    ) -> tuple[np.ndarray, list[dict[str, Any]], float]:
         """One whole-model forward of `ids` (by default the last position's logits only), every MoE
-        layer over the network; the layers' stats in order."""
+        layer over the network, its penalties, latencies, kept batches and paid work into `work`;
+        the layers' stats in order, and the seconds the dense part computed (on the compute thread)."""
         gen = model.run(ids, cache, last_only=last_only)
         layers: list[dict[str, Any]] = []
-        done, value = await ctx.run_blocking(self.executor, _advance, gen, None)
+        done, value, dense_s = await ctx.run_blocking(self.executor, _advance, gen, None)
         while not done:
             layer, x = value
             # the step's record keeps this layer's stats: no ForwardRecord per layer and token
-            result, out = await self.forward_layer(model_id, layer, x, ctx, allow_partial=options["allow_partial"],
-                                                   codecs=(options["wire"],) if options["wire"] else (),
-                                                   keep_record=False)
+            result, out = await self.forward.forward_layer(
+                model_id, layer, x, ctx, allow_partial=options["allow_partial"],
+                codecs=(options["wire"],) if options["wire"] else (), keep_record=False, work=work)
             layers.append(_layer_stats(layer, result))
-            done, value = await ctx.run_blocking(self.executor, _advance, gen, out)
-        return value, layers
+            done, value, seconds = await ctx.run_blocking(self.executor, _advance, gen, out)
+            dense_s += seconds
+        return value, layers, dense_s
 
     async def _run(self, generation_id: str, model_id: str, loaded: LoadedModel, prompt: list[int],
                    max_new: int, options: dict[str, Any]) -> None:
@@ -247,14 +259,16 @@ class WholeModelHandlers:
         started = time.monotonic()
         decode_started, decoded = 0.0, 0
         ids = np.asarray(prompt, dtype=np.int64)
+        work = ForwardWork()  # the whole generation's: one settlement per holder, written at the end
         try:
             for index in range(max_new):
                 step_started = time.monotonic()
-                logits, layers = await self._step(model_id, model, ids, cache, options, ctx)
+                logits, layers, dense_s = await self._step(model_id, model, ids, cache, options, ctx, work)
                 token = int(np.argmax(logits[-1]))  # greedy; a tie goes to the lower id, as torch.argmax
                 now = time.monotonic()
                 step = {"index": index, "phase": "prefill" if index == 0 else "decode", "tokens_in": len(ids),
-                        "token": token, "ms": round((now - step_started) * 1000.0, 3), "layers": layers}
+                        "token": token, "ms": round((now - step_started) * 1000.0, 3),
+                        "dense_ms": round(dense_s * 1000.0, 3), "layers": layers}
                 if index == 0:
                     decode_started = now
                 else:
@@ -274,3 +288,5 @@ class WholeModelHandlers:
             logger.exception("generation %s failed", generation_id)
             await self._write(services.generation_finish, generation_id=generation_id,
                               error_reason="internal_error", error_message=f"{type(exc).__name__}: {exc}")
+        finally:  # one settlement per holder for the whole generation, its id the generation's
+            self.forward.record_work(model_id=model_id, forward_id=generation_id, work=work)

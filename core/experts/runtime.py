@@ -85,6 +85,9 @@ class ExpertRuntime:
         budget = default_memory_budget() if memory_budget_bytes is None else int(memory_budget_bytes)
         self._root = self.data_dir / "moe"
         self._on_change = on_change
+        # Bumped on every load, unload and backend state change: a reader that keeps something built
+        # from the holdings (the forward's shard index) knows when to build it again.
+        self.holdings_version = 0
         self._cache = TieredCache(root=self._root / "experts", budget_bytes=budget, decode=self._decode,
                                   on_change=on_change, on_corrupt=on_corrupt)
         self._gates: dict[tuple[str, int], _Gate] = {}
@@ -177,6 +180,7 @@ class ExpertRuntime:
         self._changed()
 
     def _changed(self) -> None:
+        self.holdings_version += 1
         if self._on_change is not None:
             try:
                 self._on_change()

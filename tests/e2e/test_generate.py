@@ -100,6 +100,34 @@ def test_greedy_generation_equals_transformers(network, name) -> None:
     assert generation["ttft_ms"] > 0 and generation["decode_tokens_per_s"] > 0
 
 
+def test_a_generation_is_settled_once_with_each_remote_holder_once(network) -> None:
+    """One settlement per generation (docs/protocol.md, "Whole-model generation"), keyed by its id:
+    each remote holder appears once, paid for every row it served over every layer and step."""
+    a = network[0]
+    meta, _ = expected("deepseek_v3")
+    generation = a.result("tenzro_moeGenerate", {"model_id": MODELS["deepseek_v3"], "prompt_ids": meta["prompt_ids"],
+                                                 "max_new_tokens": 4, "wire": "f32"}, token=TOKEN)
+    assert generation["state"] == "done", generation
+    router = a.result("tenzro_nodeInfo")["provider_id"]
+    served: dict[str, int] = {}
+    for step in generation["steps"]:
+        for layer in step["layers"]:
+            for holder in layer["holders"]:
+                if holder["provider"] != router:
+                    served[holder["provider"]] = served.get(holder["provider"], 0) + holder["rows"]
+    assert len(served) == 2  # both other nodes served remote rows
+    gid = generation["generation_id"]
+    settled = wait_for(lambda: a.result("tenzro_moeSettlements", {"forward_id": gid})["settlements"], 60,
+                       "the generation's settlement")
+    assert len(settled) == 1
+    holders = [e for e in settled[0]["entries"] if e["kind"] == "holder"]
+    assert sorted(e["account"] for e in holders) == sorted(served)  # each holder once
+    assert {e["account"]: e["tokens"] for e in holders} == served
+    batches = sum(h["batches"] for step in generation["steps"] for layer in step["layers"]
+                  for h in layer["holders"] if h["provider"] != router)
+    assert len(settled[0]["commitments"]) == batches  # one commitment per remote batch, all in one settlement
+
+
 def test_the_cli_generates_and_prints_the_record(network) -> None:
     meta, _ = expected("deepseek_v3")
     cli = [sys.executable, "-m", "cli.main", "--node", network[0].url, "--token", TOKEN, "moe"]

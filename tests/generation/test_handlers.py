@@ -17,8 +17,8 @@ def test_forward_and_generation_each_contribute_their_methods_sharing_one_forwar
     forward = parts.shared["forward"]
     assert isinstance(forward, DistributedForward)
     assert handlers["moe/forward"].__self__ is forward
-    # every whole-model method drives that same forward's layer step (its pool, hedging book, cooldowns)
-    assert {handlers[m].__self__.forward_layer.__self__ for m in WHOLE_MODEL} == {forward}
+    # every whole-model method drives that same forward (its pool, hedging book, cooldowns, ledger writes)
+    assert {handlers[m].__self__.forward for m in WHOLE_MODEL} == {forward}
 
 
 def test_the_forward_app_no_longer_serves_the_whole_model_methods(tmp_path) -> None:

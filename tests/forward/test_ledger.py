@@ -1,0 +1,41 @@
+"""A generation's ledger: every layer of every step adds to it, and it holds one settlement row per
+holder (its rows summed, its commitments in order), the kept batches, the failures and one latency
+median per holder. Pure."""
+
+from __future__ import annotations
+
+from apps.forward.callers import VerifiedBatch
+from apps.forward.engine import Failure, ForwardReport, HolderStats
+from apps.forward.ledger import ForwardWork
+from apps.receipts.commitment import SignedReceipt
+
+RECEIPT = SignedReceipt({"v": 2}, "c" * 64, "s" * 128)
+
+
+def _report(step: int) -> ForwardReport:
+    a = HolderStats("a", batches=2, rows=3, latencies_s=[0.004, 0.006], overheads_s=[0.001, 0.003],
+                    receipts=[VerifiedBatch(RECEIPT, step == 1, b"sk", b"carrier", f"a{step}{i}", 0, i, i)
+                              for i in range(2)])
+    b = HolderStats("b", batches=1, rows=1, latencies_s=[0.010],
+                    receipts=[VerifiedBatch(RECEIPT, False, None, None, f"b{step}", 0, 5, None)])
+    me = HolderStats("me", batches=1, rows=4, latencies_s=[0.0001])  # this node's own experts: no receipt
+    failures = [Failure("c", "timeout", "slow", 0, 7, 2)] if step == 0 else []
+    return ForwardReport(holders={"a": a, "b": b, "me": me}, failures=failures)
+
+
+def test_every_layer_of_a_generation_adds_to_one_settlement_per_holder() -> None:
+    work = ForwardWork()
+    assert not work
+    for step in range(3):
+        work.add(_report(step), self_id="me", prices={"a": "0.1", "b": "0.2"}, blob_of={("a", 0, 1): "tenzro://x"})
+    assert work.holder_rows() == [
+        {"provider_id": "a", "tokens": 9, "price_per_input_token": "0.1",
+         "commitments": ["a00", "a01", "a10", "a11", "a20", "a21"]},
+        {"provider_id": "b", "tokens": 3, "price_per_input_token": "0.2", "commitments": ["b0", "b1", "b2"]}]
+    assert [(k["commitment"], k["batch"], k["blob_uri"]) for k in work.kept] == [("a10", 0, None),
+                                                                                ("a11", 1, "tenzro://x")]
+    assert [f.provider for f in work.failures] == ["c"]
+    medians = work.latency_medians()
+    assert medians["a"] == 2.0 and medians["b"] == 10.0  # the wire's share where a holder reported compute
+    assert "me" in medians  # measured, and skipped by the writer (not a network latency)
+    assert work
