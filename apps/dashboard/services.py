@@ -96,6 +96,6 @@ def push_providers_changed(*, changed: list[str], removed: list[str], **_: Any) 
 
 
 def push_generation_progress(*, generation: dict[str, Any], **_: Any) -> None:
-    """Receiver of generation's generation_progressed (sent from the expert worker after each step's
-    commit): the generate page appends the step's token and fan-out live."""
+    """Receiver of generation's generation_progressed (sent from the expert worker after each batch of
+    steps commits): the generate page appends their tokens and fan-out live."""
     dashboard_push(event="generation.progress", payload={"generation": generation})

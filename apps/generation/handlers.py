@@ -260,6 +260,15 @@ class WholeModelHandlers:
         decode_started, decoded = 0.0, 0
         ids = np.asarray(prompt, dtype=np.int64)
         work = ForwardWork()  # the whole generation's: one settlement per holder, written at the end
+        pending: list[dict[str, Any]] = []  # steps not yet written to the record
+        written_at = 0.0
+
+        def flush(ttft_ms: float | None = None) -> None:
+            nonlocal pending, written_at
+            if pending:  # a new list each time: the database thread owns the one it was handed
+                self._write(services.generation_steps, generation_id=generation_id, steps=pending, ttft_ms=ttft_ms)
+            pending, written_at = [], time.monotonic()
+
         try:
             for index in range(max_new):
                 step_started = time.monotonic()
@@ -273,19 +282,25 @@ class WholeModelHandlers:
                     decode_started = now
                 else:
                     decoded += 1
-                self._write(services.generation_step, generation_id=generation_id, step=step,
-                            ttft_ms=round((now - started) * 1000.0, 3) if index == 0 else None)
+                pending.append(step)
+                if index == 0:
+                    flush(ttft_ms=round((now - started) * 1000.0, 3))
+                elif now - written_at >= settings.TENZRO_GENERATION_RECORD_INTERVAL_S:
+                    flush()
                 if options["stop_at_eos"] and token in loaded.eos_ids:
                     break
                 ids = np.array([token], dtype=np.int64)
             rate = decoded / (time.monotonic() - decode_started) if decoded else None
+            flush()
             await self._write(services.generation_finish, generation_id=generation_id,
                               decode_tokens_per_s=None if rate is None else round(rate, 3))
         except TenzroError as exc:
+            flush()
             await self._write(services.generation_finish, generation_id=generation_id, error_reason=exc.reason,
                               error_message=exc.message)
         except Exception as exc:  # a bug must still end the record, not leave it running
             logger.exception("generation %s failed", generation_id)
+            flush()
             await self._write(services.generation_finish, generation_id=generation_id,
                               error_reason="internal_error", error_message=f"{type(exc).__name__}: {exc}")
         finally:  # one settlement per holder for the whole generation, its id the generation's

@@ -13,9 +13,11 @@ from apps.generation.selectors import generation_to_dict
 from apps.generation.signals import generation_progressed
 
 
-def _sent(row: Generation, step: dict[str, Any] | None) -> None:
+def _sent(row: Generation, steps: list[dict[str, Any]]) -> None:
     # JSON-ready, as the signal promises: the dashboard's channel layer (msgpack) refuses datetimes.
-    view = {**generation_to_dict(row, steps=False), "step": step}
+    view = {**generation_to_dict(row, steps=False), "step": steps[-1] if steps else None}
+    if steps:
+        view["steps"] = steps
     for name in ("created_at", "finished_at"):
         view[name] = view[name].isoformat() if view[name] is not None else None
     transaction.on_commit(lambda: generation_progressed.send(sender=Generation, generation=view))
@@ -36,20 +38,28 @@ def generation_start(*, generation_id: str, model_id: str, prompt_ids: list[int]
         bound = Generation.objects.values_list("id", flat=True)[settings.TENZRO_GENERATIONS_KEPT:][:1]
         if bound:
             Generation.objects.filter(id__lte=bound[0]).delete()
-        _sent(row, None)
+        _sent(row, [])
     return row
 
 
 def generation_step(*, generation_id: str, step: dict[str, Any], ttft_ms: float | None = None) -> None:
     """Append one step (its new token under step["token"]); the first step sets the time to first token."""
+    generation_steps(generation_id=generation_id, steps=[step], ttft_ms=ttft_ms)
+
+
+def generation_steps(*, generation_id: str, steps: list[dict[str, Any]], ttft_ms: float | None = None) -> None:
+    """Append steps in order, in one transaction and one update of the record (the worker writes a
+    generation's steps in batches, off its decode path); `ttft_ms` when the first step is among them."""
+    if not steps:
+        return
     with transaction.atomic():
         row = Generation.objects.select_for_update().get(generation_id=generation_id)
-        GenerationStep.objects.create(generation=row, index=step["index"], data=step)
-        row.tokens = [*row.tokens, step["token"]]
+        GenerationStep.objects.bulk_create([GenerationStep(generation=row, index=s["index"], data=s) for s in steps])
+        row.tokens = [*row.tokens, *(s["token"] for s in steps)]
         if ttft_ms is not None:
             row.ttft_ms = ttft_ms
         row.save(update_fields=["tokens", "ttft_ms"])
-        _sent(row, step)
+        _sent(row, steps)
 
 
 def generation_finish(*, generation_id: str, decode_tokens_per_s: float | None = None, error_reason: str = "",
@@ -62,4 +72,4 @@ def generation_finish(*, generation_id: str, decode_tokens_per_s: float | None =
         row.error_reason, row.error_message = error_reason, error_message[:2000]
         row.finished_at = timezone.now()
         row.save(update_fields=["state", "decode_tokens_per_s", "error_reason", "error_message", "finished_at"])
-        _sent(row, None)
+        _sent(row, [])

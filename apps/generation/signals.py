@@ -2,6 +2,6 @@
 
 from django.dispatch import Signal
 
-# Sent after each step's record commits; kwargs: generation (selectors.generation_to_dict, JSON-ready,
-# with the newest step only under "step").
+# Sent after each batch of steps commits; kwargs: generation (selectors.generation_to_dict, JSON-ready,
+# with the steps just written under "steps" and the newest of them under "step").
 generation_progressed = Signal()

@@ -1,6 +1,6 @@
-// Generate page: a prompt is started by POSTing the form (CSRF token inside); each step arrives over
-// the websocket as `generation.progress` (the record without steps, plus the newest step). The page
-// merges events into the selected generation by step index, so the order in which the POST's answer,
+// Generate page: a prompt is started by POSTing the form (CSRF token inside); steps arrive over the
+// websocket as `generation.progress` (the record without steps, plus the steps written since the
+// last push). The page merges events into the selected generation by step index, so the order in which the POST's answer,
 // /generate/data.json and the events arrive does not matter. No polling: the record is read once
 // when a generation is selected and again when the socket (re)connects.
 import { onEvent } from "./live.js";
@@ -154,7 +154,8 @@ function listRow(view) {
 
 onEvent("generation.progress", function (payload) {
   const view = payload.generation;
-  const entry = remember(view, view.step ? [view.step] : []);
+  // a push carries the steps written since the last one (the worker writes them in batches)
+  const entry = remember(view, view.steps || (view.step ? [view.step] : []));
   const old = list.querySelector('tr[data-generation="' + view.generation_id + '"]');
   if (old) old.replaceWith(listRow(entry.view)); else prependRow(list, listRow(entry.view), 30);
   if (current && current.generation_id === view.generation_id) {

@@ -79,6 +79,9 @@ TENZRO_GENERATE_MAX_PROMPT_TOKENS = env_int("TENZRO_GENERATE_MAX_PROMPT_TOKENS",
 TENZRO_GENERATE_MAX_NEW_TOKENS = env_int("TENZRO_GENERATE_MAX_NEW_TOKENS", 1024)
 TENZRO_GENERATE_MAX_CONCURRENT = env_int("TENZRO_GENERATE_MAX_CONCURRENT", 2)
 TENZRO_GENERATIONS_KEPT = env_int("TENZRO_GENERATIONS_KEPT", 200)
+# A generation's steps are written to its record in batches, at most this often (the first step, the
+# time to first token, at once; the rest with the end): no database write or dashboard push per token.
+TENZRO_GENERATION_RECORD_INTERVAL_S = env_float("TENZRO_GENERATION_RECORD_INTERVAL_S", 0.25)
 # Seconds tenzro_moeLoadDense waits for the worker to read a checkpoint's dense tensors, and a
 # waiting tenzro_moeGenerate for its generation to end (past it, it answers with the record so far).
 TENZRO_LOAD_DENSE_TIMEOUT_S = env_float("TENZRO_LOAD_DENSE_TIMEOUT_S", 600.0)

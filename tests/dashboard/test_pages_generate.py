@@ -201,7 +201,9 @@ def test_generate_page_live_in_a_browser(start_node, page) -> None:  # noqa: F81
     page.on("response", lambda r: errors.append(f"{r.status} {r.url}")
             if r.status >= 400 and not r.url.endswith(refusals) else None)
     meta = json.loads((FIXTURE / "expected.json").read_text())
-    node = start_node(env=ENV)
+    # Every step written as it ends (the default batches them every 0.25 s, longer than this tiny
+    # model's whole generation): the page must show them arrive one by one.
+    node = start_node(env={**ENV, "TENZRO_GENERATION_RECORD_INTERVAL_S": "0"})
     # A second node that holds nothing: a lone node announces no holdings until a peer has dialed it
     # back (apps.providers.selectors.announcement), so the router would not see its own experts.
     start_node(env=ENV, peers=[node.url])

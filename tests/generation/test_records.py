@@ -26,6 +26,17 @@ def test_steps_accumulate_tokens_and_the_first_sets_ttft() -> None:
     assert record["ttft_ms"] == 12.5 and record["state"] == "done" and record["error"] is None
 
 
+def test_steps_written_in_a_batch_keep_their_order_in_one_query_set(django_assert_max_num_queries) -> None:
+    _start("g1")
+    services.generation_steps(generation_id="g1", steps=[{"index": 0, "token": 7}], ttft_ms=3.0)
+    with django_assert_max_num_queries(6):  # the same few queries for 5 steps as for 1
+        services.generation_steps(generation_id="g1", steps=[{"index": i, "token": 10 + i} for i in range(1, 6)])
+    services.generation_steps(generation_id="g1", steps=[])  # nothing to write: nothing written
+    record = selectors.generation_get(generation_id="g1")
+    assert record["tokens"] == [7, 11, 12, 13, 14, 15] and [s["index"] for s in record["steps"]] == list(range(6))
+    assert record["ttft_ms"] == 3.0
+
+
 def test_a_failure_keeps_the_tokens_so_far_and_names_the_reason() -> None:
     _start("g1")
     services.generation_step(generation_id="g1", step={"index": 0, "token": 7}, ttft_ms=1.0)
