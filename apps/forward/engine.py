@@ -25,6 +25,7 @@ logic runs in unit tests with holders that fail, hang or answer late on purpose.
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -110,14 +111,16 @@ class HolderStats:
     receipts: list[Any] = field(default_factory=list)  # the verified receipts of the batches it won
 
     def to_dict(self) -> dict[str, object]:
-        lat = np.asarray(self.latencies_s) * 1000.0
+        # statistics, not numpy: a decode step's holder has a sample or a few, where numpy's call
+        # overhead is most of the cost (this runs for every holder of every MoE layer)
+        lat = self.latencies_s
         return {"provider": self.provider, "transport": self.transport, "batches": self.batches, "rows": self.rows,
                 "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received, "failures": self.failures,
-                "latency_ms_median": round(float(np.median(lat)), 3) if lat.size else None,
-                "latency_ms_max": round(float(lat.max()), 3) if lat.size else None,
-                "overhead_ms_median": round(float(np.median(self.overheads_s)) * 1000.0, 3)
+                "latency_ms_median": round(statistics.median(lat) * 1000.0, 3) if lat else None,
+                "latency_ms_max": round(max(lat) * 1000.0, 3) if lat else None,
+                "overhead_ms_median": round(statistics.median(self.overheads_s) * 1000.0, 3)
                 if self.overheads_s else None,
-                "compute_ms": round(float(sum(self.computes_s)) * 1000.0, 3) if self.computes_s else None,
+                "compute_ms": round(sum(self.computes_s) * 1000.0, 3) if self.computes_s else None,
                 "receipts": len(self.receipts)}
 
 

@@ -72,7 +72,8 @@ class DistributedForward:
         self.self_id = parts.provider_id
         self.control_plane = parts.control_plane
         self._sampling_key = parts.sampling_key
-        self.book = LatencyBook(HedgePolicy(default_s=settings.TENZRO_FORWARD_HEDGE_DEFAULT_S,
+        self.book = LatencyBook(HedgePolicy(quantile=settings.TENZRO_FORWARD_HEDGE_QUANTILE,
+                                            default_s=settings.TENZRO_FORWARD_HEDGE_DEFAULT_S,
                                             floor_s=settings.TENZRO_FORWARD_HEDGE_FLOOR_S))
         self.limits = ForwardLimits(max_in_flight=settings.TENZRO_FORWARD_MAX_IN_FLIGHT,
                                     max_replans=settings.TENZRO_FORWARD_MAX_REPLANS,

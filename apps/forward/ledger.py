@@ -11,11 +11,10 @@ and no database write per layer on the decode path.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from apps.forward.engine import Failure, ForwardReport
 
@@ -41,7 +40,7 @@ class ForwardWork:
                 # The planner's latency is a holder's round trip beside its compute (committed_tps
                 # accounts for that), so the wire's share is what is fed back where the holder reported it.
                 wire = stats.overheads_s or stats.latencies_s
-                self.latencies_ms.setdefault(pid, []).append(float(np.median(wire)) * 1000.0)
+                self.latencies_ms.setdefault(pid, []).append(statistics.median(wire) * 1000.0)
             if pid == self_id or not stats.receipts:
                 continue
             held = self.holders.setdefault(pid, {"provider_id": pid, "tokens": 0, "commitments": [],
@@ -55,7 +54,7 @@ class ForwardWork:
 
     def latency_medians(self) -> dict[str, float]:
         """Each holder's median over the forwards it served (ms)."""
-        return {pid: float(np.median(values)) for pid, values in self.latencies_ms.items()}
+        return {pid: statistics.median(values) for pid, values in self.latencies_ms.items()}
 
     def holder_rows(self) -> list[dict[str, Any]]:
         """The settlement's holders, by provider id."""

@@ -62,10 +62,12 @@ TENZRO_ACTIVATION_CODECS = env_list("TENZRO_ACTIVATION_CODECS", "q8_0,f32")
 TENZRO_EXECUTE_BATCHES = env_bool("TENZRO_EXECUTE_BATCHES", True)
 # The distributed forward (docs/operations.md, "Distributed forward"): batches in flight at
 # once, replanning waves after every holder of a batch failed, one attempt's time limit, and
-# the hedge delay before a holder's own p95 is known (then floored at the floor).
+# the quantile of a holder's own latencies past which its batch is hedged, the hedge delay before
+# it has enough of them (both floored at the floor).
 TENZRO_FORWARD_MAX_IN_FLIGHT = env_int("TENZRO_FORWARD_MAX_IN_FLIGHT", 16)
 TENZRO_FORWARD_MAX_REPLANS = env_int("TENZRO_FORWARD_MAX_REPLANS", 2)
 TENZRO_FORWARD_ATTEMPT_TIMEOUT_S = env_float("TENZRO_FORWARD_ATTEMPT_TIMEOUT_S", 20.0)
+TENZRO_FORWARD_HEDGE_QUANTILE = env_float("TENZRO_FORWARD_HEDGE_QUANTILE", 0.99)
 TENZRO_FORWARD_HEDGE_DEFAULT_S = env_float("TENZRO_FORWARD_HEDGE_DEFAULT_S", 0.5)
 TENZRO_FORWARD_HEDGE_FLOOR_S = env_float("TENZRO_FORWARD_HEDGE_FLOOR_S", 0.005)
 # A holder that failed or stalled in a forward is planned last for this long.
