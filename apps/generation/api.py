@@ -69,6 +69,8 @@ class LayerStep(Out):
     ms: float
     dispatch_ms: float | None = Field(None, description="Of ms, the dispatch to the holders and the combine; the "
                                                         "rest is gating, readahead and planning.")
+    hedges_fired: int | None = Field(None, description="Batches whose backup was raced against a stalled primary.")
+    hedges_won: int | None = Field(None, description="Of those, the backup answered first.")
     lost_gate_mass: float | None
     missing: int
     failures: int

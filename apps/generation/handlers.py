@@ -89,6 +89,7 @@ def _layer_stats(layer: int, result: dict[str, Any]) -> dict[str, Any]:
     """What a step shows of one MoE layer: its fan-out per holder, its time and what it lost."""
     stats = result["stats"]
     return {"layer": layer, "ms": stats["elapsed_ms"], "dispatch_ms": stats["dispatch_ms"],
+            "hedges_fired": stats["hedges_fired"], "hedges_won": stats["hedges_won"],
             "lost_gate_mass": stats["lost_gate_mass"],
             "missing": len(result["missing"]), "failures": len(stats["failures"]),
             "holders": [{"provider": h["provider"], "transport": h["transport"], "rows": h["rows"],
