@@ -212,17 +212,36 @@ def verify_receipt(wire: Any, expect: Expected, rows: np.ndarray, answer: bytes 
     that fails: present, well-formed, bound to the provider, the model/layer/expert, the token
     set, the input carrier, k, the sketch of the returned rows, the commitment hash, the signature.
     """
+    body = _checked_body(wire, expect, BODY_FIELDS, RECEIPT_VERSION)
+    if body["expert"] != expect.expert or type(body["expert"]) is not int:
+        raise ReceiptError(f"the receipt names another expert: expert is {body['expert']!r}, "
+                           f"expected {expect.expert!r}")
+    if rows.size and not np.isfinite(rows).all():
+        raise ReceiptError("the returned rows are not all finite")
+    if answer is not None:
+        sketch = answer_sketch(answer, expect.output_encoding, tokens=rows.shape[0], d_model=rows.shape[1],
+                               k=expect.k)
+    else:
+        sketch = sketch_bytes(rows, expect.k)
+    if body["sketch_hash"] != blake3_hex(sketch):
+        raise ReceiptError("the receipt's commitment does not match the returned rows")
+    return _signed(wire, body, expect.provider_id), sketch
+
+
+def _checked_body(wire: Any, expect: Expected | ExpectedBatches, fields: tuple[str, ...], version: int
+                  ) -> dict[str, Any]:
+    """The receipt's body fields, checked against what the router asked of either version: present,
+    an object, the version, the provider, model, layer, width, encodings, input hash, k, token set."""
     if wire is None:
         raise ReceiptError(f"holder {expect.provider_id[:16]}… answered without a receipt", reason="receipt_missing")
     if not isinstance(wire, Mapping):
         raise ReceiptError("the receipt is not an object")
-    body = {name: wire.get(name) for name in BODY_FIELDS}
-    if body["v"] != RECEIPT_VERSION:
-        raise ReceiptError(f"receipt version {body['v']!r}, this node verifies {RECEIPT_VERSION}")
+    body = {name: wire.get(name) for name in fields}
+    if body["v"] != version:
+        raise ReceiptError(f"receipt version {body['v']!r}, this answer needs version {version}")
     checks = (("provider_id", expect.provider_id, "the receipt is not bound to the holder that answered"),
               ("model_id", expect.model_id, "the receipt names another model"),
               ("layer", expect.layer, "the receipt names another layer"),
-              ("expert", expect.expert, "the receipt names another expert"),
               ("d_model", expect.d_model, "the receipt names another d_model"),
               ("input_encoding", expect.input_encoding, "the receipt names another input encoding"),
               ("input_hash", expect.input_hash, "the receipt is over different input than was sent"),
@@ -234,17 +253,8 @@ def verify_receipt(wire: Any, expect: Expected, rows: np.ndarray, answer: bytes 
     tokens = body["token_indices"]
     if not isinstance(tokens, list) or tokens != [int(t) for t in expect.token_indices] \
             or any(type(t) is not int for t in tokens):
-        raise ReceiptError("the receipt's token set is not the batch's")
-    if rows.size and not np.isfinite(rows).all():
-        raise ReceiptError("the returned rows are not all finite")
-    if answer is not None:
-        sketch = answer_sketch(answer, expect.output_encoding, tokens=rows.shape[0], d_model=rows.shape[1],
-                               k=expect.k)
-    else:
-        sketch = sketch_bytes(rows, expect.k)
-    if body["sketch_hash"] != blake3_hex(sketch):
-        raise ReceiptError("the receipt's commitment does not match the returned rows")
-    return _signed(wire, body, expect.provider_id), sketch
+        raise ReceiptError("the receipt's token set is not the request's")
+    return body
 
 
 def _signed(wire: Mapping[str, Any], body: dict[str, Any], provider_id: str) -> SignedReceipt:
@@ -289,28 +299,7 @@ def verify_batches_receipt(wire: Any, expect: ExpectedBatches,
     Returns the receipt and each batch's recomputed sketch. Raises ReceiptError naming the first
     check that fails, a batch by its expert: one bad batch fails the whole receipt (one signature
     covers them all)."""
-    if wire is None:
-        raise ReceiptError(f"holder {expect.provider_id[:16]}… answered without a receipt", reason="receipt_missing")
-    if not isinstance(wire, Mapping):
-        raise ReceiptError("the receipt is not an object")
-    body = {name: wire.get(name) for name in BATCHES_FIELDS}
-    if body["v"] != BATCHES_VERSION:
-        raise ReceiptError(f"a multi-expert answer needs a receipt of version {BATCHES_VERSION}, got {body['v']!r}")
-    checks = (("provider_id", expect.provider_id, "the receipt is not bound to the holder that answered"),
-              ("model_id", expect.model_id, "the receipt names another model"),
-              ("layer", expect.layer, "the receipt names another layer"),
-              ("d_model", expect.d_model, "the receipt names another d_model"),
-              ("input_encoding", expect.input_encoding, "the receipt names another input encoding"),
-              ("input_hash", expect.input_hash, "the receipt is over different input than was sent"),
-              ("output_encoding", expect.output_encoding, "the receipt names another output encoding"),
-              ("k", expect.k, "the receipt commits to another number of features per row"))
-    for name, want, why in checks:
-        if body[name] != want or type(body[name]) is not type(want):
-            raise ReceiptError(f"{why}: {name} is {body[name]!r}, expected {want!r}")
-    tokens = body["token_indices"]
-    if not isinstance(tokens, list) or tokens != [int(t) for t in expect.token_indices] \
-            or any(type(t) is not int for t in tokens):
-        raise ReceiptError("the receipt's token set is not the request's")
+    body = _checked_body(wire, expect, BATCHES_FIELDS, BATCHES_VERSION)
     listed = body["batches"]
     if not isinstance(listed, list) or len(listed) != len(expect.batches) or len(answers) != len(expect.batches):
         raise ReceiptError(f"the receipt lists {len(listed) if isinstance(listed, list) else 'no'} batches, "

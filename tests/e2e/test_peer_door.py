@@ -104,15 +104,22 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def receipt_verifies(receipt: dict, *, provider_id: str, request_body: bytes, rows: np.ndarray,
-                     token_indices: list[int], k: int) -> bool:
-    """A second verifier, written from docs/protocol.md ("Receipts") alone: its own top-k (a full
-    sort), its own canonical text, and another ed25519 library (cryptography, not pynacl)."""
+def sketch_of(rows: np.ndarray, k: int) -> bytes:
+    """docs/protocol.md ("Receipts"), per row: the k largest |values| (a full sort, ties to the lower
+    index) in ascending index order, as uint32 indices then the f32 values."""
     sketch = bytearray()
     for row in rows.astype("<f4"):
         chosen = sorted(sorted(range(len(row)), key=lambda j: (-abs(float(row[j])), j))[:min(k, len(row))])
         sketch += struct.pack(f"<{len(chosen)}I", *chosen)
         sketch += b"".join(row[j:j + 1].tobytes() for j in chosen)
+    return bytes(sketch)
+
+
+def receipt_verifies(receipt: dict, *, provider_id: str, request_body: bytes, rows: np.ndarray,
+                     token_indices: list[int], k: int) -> bool:
+    """A second verifier, written from docs/protocol.md ("Receipts") alone: its own top-k (a full
+    sort), its own canonical text, and another ed25519 library (cryptography, not pynacl)."""
+    sketch = sketch_of(rows, k)
     body = {name: receipt[name] for name in receipt if name not in ("commitment_hash", "signature")}
     if sorted(body) != sorted(["v", "provider_id", "model_id", "layer", "expert", "token_indices", "d_model",
                                "input_encoding", "input_hash", "output_encoding", "k", "sketch_hash"]):
@@ -449,13 +456,8 @@ def batches_receipt_verifies(receipt: dict, *, provider_id: str, request_body: b
                              batches: list[tuple[int, list[int], np.ndarray]], k: int) -> bool:
     """A second verifier of multi-expert receipts, from docs/protocol.md ("Multi-expert receipts (v2)")
     alone: each batch's sketch by the v1 rule over its own rows, the v2 body, the v2 domain."""
-    entries = []
-    for expert, rows, out in batches:
-        sketch = bytearray()
-        for row in out.astype("<f4"):
-            chosen = sorted(sorted(range(len(row)), key=lambda j: (-abs(float(row[j])), j))[:min(k, len(row))])
-            sketch += struct.pack(f"<{len(chosen)}I", *chosen) + b"".join(row[j:j + 1].tobytes() for j in chosen)
-        entries.append({"expert": expert, "rows": rows, "sketch_hash": blake3(sketch).hexdigest()})
+    entries = [{"expert": expert, "rows": rows, "sketch_hash": blake3(sketch_of(out, k)).hexdigest()}
+               for expert, rows, out in batches]
     body = {name: receipt[name] for name in receipt if name not in ("commitment_hash", "signature")}
     want = {"v": 2, "provider_id": provider_id, "token_indices": token_indices, "k": k, "batches": entries,
             "input_hash": blake3(request_body).hexdigest()}
