@@ -183,10 +183,18 @@ async def run_forward(
         groups = np.split(todo[order], starts[1:])
         failures_before = len(report.failures)
         report.batches += len(groups)
+        batches = [planned.batches[int(sorted_batch[s])] for s in starts.tolist()]
+        gathers = getattr(execute, "gathers", None)
+        # A holder that takes a wave's batches as one request answers them all after the request's
+        # time: its latency book is kept, and its hedges timed, by the rows of the whole request.
+        request_rows: dict[str, int] = {}
+        for batch, pairs in zip(batches, groups, strict=True):
+            request_rows[batch.provider.provider_id] = request_rows.get(batch.provider.provider_id, 0) + len(pairs)
         await asyncio.gather(*(
-            _serve_batch(planned.batches[int(sorted_batch[s])], pairs, combine, hidden, execute, book, limits,
-                         report, in_flight)
-            for s, pairs in zip(starts.tolist(), groups, strict=True)))
+            _serve_batch(batch, pairs, combine, hidden, execute, book, limits, report, in_flight,
+                         gathered=gathers is not None and gathers(batch.provider),
+                         size=request_rows[batch.provider.provider_id])
+            for batch, pairs in zip(batches, groups, strict=True)))
         if len(report.failures) == failures_before:
             break  # nothing failed: what is left is unroutable, and replanning cannot change that
     return report
@@ -194,22 +202,24 @@ async def run_forward(
 
 async def _serve_batch(batch: Batch, pairs: np.ndarray, combine: StreamingCombine, hidden: np.ndarray,
                        execute: BatchExecutor, book: LatencyBook, limits: ForwardLimits, report: ForwardReport,
-                       in_flight: asyncio.Semaphore) -> None:
+                       in_flight: asyncio.Semaphore, *, gathered: bool, size: int) -> None:
+    """`gathered`: the primary takes this wave's batches as one request of `size` rows."""
     tokens = combine.tokens[pairs]
     rows = np.ascontiguousarray(hidden[tokens])
-    gathers = getattr(execute, "gathers", None)
-    if gathers is not None and gathers(batch.provider):
-        won = await _race(batch, rows, tokens, execute, book, limits, report)  # all start now: one request
+    if gathered:
+        won = await _race(batch, rows, tokens, execute, book, limits, report, size)  # all start now: one request
     else:
         async with in_flight:
-            won = await _race(batch, rows, tokens, execute, book, limits, report)
+            won = await _race(batch, rows, tokens, execute, book, limits, report, len(rows))
     if won is not None:
         combine.add(pairs, won.rows)
 
 
 async def _race(batch: Batch, rows: np.ndarray, tokens: np.ndarray, execute: BatchExecutor, book: LatencyBook,
-                limits: ForwardLimits, report: ForwardReport) -> Answer | None:
-    """The batch's holders in order, the next one raced against a stalled one; the winner's answer."""
+                limits: ForwardLimits, report: ForwardReport, primary_size: int) -> Answer | None:
+    """The batch's holders in order, the next one raced against a stalled one; the winner's answer.
+    `primary_size`: the rows of the primary's request (the latency book's size for it; a backup's
+    request is this batch's rows as far as the engine knows)."""
     waiting = [h for h in (batch.provider, *batch.backups) if h.provider_id not in report.failed_providers]
     n = len(rows)
     running: dict[asyncio.Task[Answer], tuple[ProviderView, float]] = {}
@@ -231,7 +241,8 @@ async def _race(batch: Batch, rows: np.ndarray, tokens: np.ndarray, execute: Bat
             newest_holder, newest_start = list(running.values())[-1]
             hedge_at = None
             if waiting and hedges < limits.max_hedges_per_batch:
-                hedge_at = newest_start + book.hedge_after_s(newest_holder.provider_id, n)
+                size = primary_size if newest_holder is batch.provider else n
+                hedge_at = newest_start + book.hedge_after_s(newest_holder.provider_id, size)
             timeout = None if hedge_at is None else max(0.0, hedge_at - time.monotonic())
             done, _ = await asyncio.wait(running, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if not done:  # the newest attempt stalled past its p95: race the next holder
@@ -258,7 +269,7 @@ async def _race(batch: Batch, rows: np.ndarray, tokens: np.ndarray, execute: Bat
                                                    batch.expert, n))
                     continue
                 elapsed = time.monotonic() - started
-                book.record(holder.provider_id, n, elapsed)
+                book.record(holder.provider_id, primary_size if holder is batch.provider else n, elapsed)
                 stats.transport = answer.transport
                 stats.batches += 1
                 stats.rows += n

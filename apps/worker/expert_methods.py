@@ -8,6 +8,7 @@ the call's context, so a call whose caller gave up is dropped before it computes
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import time
@@ -26,6 +27,9 @@ from core.formats.wire import WIRE_CODECS, encode_rows, encoded_row_bytes, rows_
 
 Result = tuple[dict[str, Any], bytes]
 MAX_RECEIPT_TOPK = 1024  # features committed per row; more is a receipt as large as the answer
+# A multi-expert frame listing at least this many rows in all spreads its experts over the compute
+# threads; below it (a decode step's) one job beats the thread hops.
+SPLIT_ROWS = 64
 
 
 class Context(Protocol):
@@ -46,6 +50,15 @@ class Payload:
 def _timed(func: Callable[..., np.ndarray], /, **kwargs: Any) -> tuple[np.ndarray, float]:
     started = time.perf_counter()
     return func(**kwargs), time.perf_counter() - started
+
+
+def _listed_rows(params: dict[str, Any]) -> int:
+    """The rows a multi-expert frame's `batches` list in all, read without validating (0 when malformed:
+    the validation in the compute job names what is wrong)."""
+    batches = params.get("batches")
+    if not isinstance(batches, list):
+        return 0
+    return sum(len(b["rows"]) for b in batches if isinstance(b, dict) and isinstance(b.get("rows"), list))
 
 
 def _token_indices(params: dict[str, Any], tokens: int) -> list[int]:
@@ -106,6 +119,7 @@ class ExpertHandlers:
         receipt_topk: int = 16,
         max_answer_bytes: int | None = None,
         accept_batches: bool = True,
+        compute_threads: int = 1,
     ) -> None:
         """`resolve_blob(uri)` returns a blob's verified bytes (local store or a peer); it may block.
         `after_change()` is awaited after a load or unload, before the answer (the control plane
@@ -123,6 +137,7 @@ class ExpertHandlers:
         self._after_change = after_change
         self._max_answer = max_answer_bytes or max_payload_bytes
         self._accept_batches = accept_batches  # false: one expert per request, as before the multi-expert frame
+        self._compute_threads = compute_threads  # the executor's threads: a large multi-expert frame uses them all
 
     def table(self) -> dict[str, Callable[..., Awaitable[Result]]]:
         return {
@@ -241,37 +256,60 @@ class ExpertHandlers:
         the body's rows once, `batches` [{expert, rows}] naming each expert's rows among them. The
         answer's body is each batch's output rows in order; one v2 receipt covers them all. A frame
         that is wrong anywhere (an expert twice, rows out of range, an expert not held, an answer
-        over the limit) is refused whole, before anything is computed."""
+        over the limit) is refused whole, before anything is computed.
+
+        A decode step's frame (a few rows) runs as one compute job: every thread hop would cost more
+        than its experts. A large one (a prefill's share of a layer) spreads its experts over the
+        compute threads, as the single-expert requests it replaces did."""
         if "expert" in params:
             raise InvalidInput("give either 'expert' (one batch) or 'batches' (several), not both")
         model_id, layer = str_param(params, "model_id"), int_param(params, "layer")
         k = _receipt_k(params, self._receipt_topk)
 
-        def run() -> Result:
+        def prepare() -> tuple[np.ndarray, list[tuple[int, list[int]]], list[int]]:
             hidden = hidden_param(params, body) if encoding == "f32" else encoded_rows_param(params, body, encoding)
             batches = batches_param(params, len(hidden))
-            token_indices = _token_indices(params, len(hidden))
             answer_bytes = sum(len(rows) for _, rows in batches) * encoded_row_bytes(encoding, hidden.shape[1])
             if answer_bytes > self._max_answer:
                 raise PayloadTooLarge(f"the answer to {len(batches)} batches would be {answer_bytes} bytes, more "
                                       f"than the {self._max_answer} this holder sends in one answer",
                                       limit_bytes=self._max_answer)
+            return hidden, batches, _token_indices(params, len(hidden))
+
+        def compute(hidden: np.ndarray, batches: list[tuple[int, list[int]]]) -> list[tuple[bytes, float]]:
             outs = self.runtime.execute_many(model_id=model_id, layer=layer,
                                              batches=[(e, hidden[rows]) for e, rows in batches])
-            encoded = [rows_to_bytes(out) if encoding == "f32" else encode_rows(out, encoding) for out, _ in outs]
+            return [(rows_to_bytes(out) if encoding == "f32" else encode_rows(out, encoding), seconds)
+                    for out, seconds in outs]
+
+        def answer(hidden: np.ndarray, batches: list[tuple[int, list[int]]], token_indices: list[int],
+                   done: list[tuple[bytes, float]]) -> Result:
             result: dict[str, Any] = {
                 "d_model": int(hidden.shape[1]), "encoding": encoding,
                 "batches": [{"expert": e, "tokens": len(rows), "compute_ms": round(seconds * 1000.0, 3)}
-                            for (e, rows), (_, seconds) in zip(batches, outs, strict=True)],
-                "compute_ms": round(sum(seconds for _, seconds in outs) * 1000.0, 3)}
+                            for (e, rows), (_, seconds) in zip(batches, done, strict=True)],
+                "compute_ms": round(sum(seconds for _, seconds in done) * 1000.0, 3)}
             if self._sign_receipt is not None:
                 result["receipt"] = self._sign_receipt.batches(
                     model_id=model_id, layer=layer, token_indices=token_indices, d_model=int(hidden.shape[1]),
                     input_encoding=encoding, input_carrier=body, output_encoding=encoding, k=k,
-                    batches=[(e, rows, data) for (e, rows), data in zip(batches, encoded, strict=True)])
-            return result, b"".join(encoded)
+                    batches=[(e, rows, data) for (e, rows), (data, _) in zip(batches, done, strict=True)])
+            return result, b"".join(data for data, _ in done)
 
-        return await ctx.run_blocking(self._executor, run)
+        def whole() -> Result:
+            hidden, batches, token_indices = prepare()
+            return answer(hidden, batches, token_indices, compute(hidden, batches))
+
+        if self._compute_threads < 2 or _listed_rows(params) < SPLIT_ROWS:
+            return await ctx.run_blocking(self._executor, whole)
+        hidden, batches, token_indices = await ctx.run_blocking(self._executor, prepare)
+        shares = [batches[i::self._compute_threads] for i in range(self._compute_threads)]  # interleaved: balanced
+        parts = await asyncio.gather(*(ctx.run_blocking(self._executor, compute, hidden, share)
+                                       for share in shares if share))
+        done: list[tuple[bytes, float]] = [(b"", 0.0)] * len(batches)
+        for i, part in enumerate(parts):
+            done[i::self._compute_threads] = part
+        return await ctx.run_blocking(self._executor, answer, hidden, batches, token_indices, done)
 
     async def forward_local(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
         out = await ctx.run_blocking(self._executor, self.runtime.forward_local,
