@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -118,6 +119,7 @@ class HolderCaller:
         self._keep = keep_receipt
         self._gather_batches = gather_batches
         self._open: dict[tuple[str, int], _Gathered] = {}  # requests still gathering batches this turn
+        self._requests = itertools.count()  # ids of the multi-expert requests sent (Answer.request)
 
     def gathers(self, holder: ProviderView) -> bool:
         """Batches for `holder` started in one turn travel as one multi-expert request."""
@@ -233,8 +235,9 @@ class HolderCaller:
         reported = result.get("batches")
         sent = [len(body) * len(rows) // n_rows for _, rows in batches]  # the request's bytes, shared by rows
         sent[0] += len(body) - sum(sent)
+        request = next(self._requests)
         return [Answer(out, bytes_sent=sent[i], bytes_received=len(part), transport=transport,
-                       compute_s=_seconds(reported[i].get("compute_ms")), receipt=batch)
+                       compute_s=_seconds(reported[i].get("compute_ms")), receipt=batch, request=request)
                 for i, ((out, part), batch) in enumerate(zip(outs, verified, strict=True))]
 
     def _accept_batches(self, result: dict[str, Any], answer: bytes | bytearray, body: bytes,

@@ -50,6 +50,7 @@ class Answer:
     transport: str = "local"  # local | quic | http
     compute_s: float | None = None  # the holder's own time on the batch, when it says
     receipt: Any = None  # the holder's verified receipt (apps.forward.callers.VerifiedBatch); None for local
+    request: int | None = None  # the request it shared with other batches (one latency sample for them all)
 
 
 class BatchExecutor(Protocol):
@@ -134,6 +135,7 @@ class ForwardReport:
     replans: int = 0
     batches: int = 0
     unroutable: list[tuple[int, int, int, str]] = field(default_factory=list)
+    timed_requests: set[int] = field(default_factory=set)  # gathered requests whose latency the book has
 
     def holder(self, provider: str) -> HolderStats:
         return self.holders.setdefault(provider, HolderStats(provider))
@@ -269,7 +271,12 @@ async def _race(batch: Batch, rows: np.ndarray, tokens: np.ndarray, execute: Bat
                                                    batch.expert, n))
                     continue
                 elapsed = time.monotonic() - started
-                book.record(holder.provider_id, primary_size if holder is batch.provider else n, elapsed)
+                # A gathered request's batches all end at its time: one sample per request, or its
+                # quantile would be drawn from copies of itself and hedge the next one that runs longer.
+                if answer.request is None or answer.request not in report.timed_requests:
+                    book.record(holder.provider_id, primary_size if holder is batch.provider else n, elapsed)
+                    if answer.request is not None:
+                        report.timed_requests.add(answer.request)
                 stats.transport = answer.transport
                 stats.batches += 1
                 stats.rows += n

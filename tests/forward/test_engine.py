@@ -164,3 +164,27 @@ def test_a_busy_holder_is_asked_again_without_a_penalty():
     combine, report, expected, _ = _forward(_shard({0: [1], 1: [1], 2: [1], 3: [1]}), holders)
     np.testing.assert_allclose(combine.finish(allow_partial=False).out, expected, rtol=1e-6)
     assert report.failures == [] and report.retries == 0  # pushed back twice, served by the same holder
+
+
+class GatheringHolders(Holders):
+    """Each holder takes a wave's batches as one request (as HolderCaller does for a holder that
+    advertises execute_batches): its answers share one request id."""
+
+    def gathers(self, holder) -> bool:
+        return True
+
+    async def __call__(self, holder, layer, expert, rows, tokens):
+        answer = await super().__call__(holder, layer, expert, rows, tokens)
+        return Answer(answer.rows, transport="quic", request=hash(holder.provider_id) & 0xFFFF)
+
+
+def test_a_gathered_request_is_one_latency_sample_sized_by_its_rows() -> None:
+    """The batches of one gathered request end together: counting each as a sample would fill the
+    holder's quantile with copies of one request, and hedge every batch of the next slower one."""
+    book = LatencyBook(HedgePolicy(min_samples=2))
+    shard = _shard({e: [0] for e in range(N_EXPERTS)})
+    _, report, _, _ = _forward(shard, GatheringHolders(), tokens=40, k=2, book=book)
+    assert report.batches == N_EXPERTS and not report.failures
+    samples = {key: list(q) for key, q in book._samples.items()}
+    assert list(samples) == [(provider_id(0), 7)]  # one holder, keyed by the request's 80 rows (bucket 7)
+    assert len(samples[(provider_id(0), 7)]) == 1
