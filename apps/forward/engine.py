@@ -244,7 +244,8 @@ async def _race(batch: Batch, rows: np.ndarray, tokens: np.ndarray, execute: Bat
             hedge_at = None
             if waiting and hedges < limits.max_hedges_per_batch:
                 size = primary_size if newest_holder is batch.provider else n
-                hedge_at = newest_start + book.hedge_after_s(newest_holder.provider_id, size)
+                after = book.hedge_after_s(newest_holder.provider_id, size)
+                hedge_at = None if after is None else newest_start + after
             timeout = None if hedge_at is None else max(0.0, hedge_at - time.monotonic())
             done, _ = await asyncio.wait(running, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if not done:  # the newest attempt stalled past its p95: race the next holder

@@ -73,7 +73,7 @@ class DistributedForward:
         self.control_plane = parts.control_plane
         self._sampling_key = parts.sampling_key
         self.book = LatencyBook(HedgePolicy(quantile=settings.TENZRO_FORWARD_HEDGE_QUANTILE,
-                                            default_s=settings.TENZRO_FORWARD_HEDGE_DEFAULT_S,
+                                            default_s=settings.TENZRO_FORWARD_HEDGE_DEFAULT_S or None,
                                             floor_s=settings.TENZRO_FORWARD_HEDGE_FLOOR_S))
         self.limits = ForwardLimits(max_in_flight=settings.TENZRO_FORWARD_MAX_IN_FLIGHT,
                                     max_replans=settings.TENZRO_FORWARD_MAX_REPLANS,

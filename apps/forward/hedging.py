@@ -10,8 +10,9 @@ deferring the second request to the p95 bounds the extra load at about 5% of req
 Similar size: batches are bucketed by powers of two of their row count. A hedge fires only past
 the holder's *own* quantile for that size, once it has `min_samples` there: other holders'
 latencies say little of this one's (another machine, another load), and hedging on them fired
-on 8-18 % of batches and mostly lost. Until then `default_s` (generous: it only bounds a holder
-that hangs before it was ever measured). `floor_s` keeps loopback jitter from hedging
+on 8-18 % of batches and mostly lost. Until then no hedge (`default_s` None, the default: the
+attempt timeout bounds a holder that hangs before it was ever measured), or a hedge after
+`default_s` when an operator sets one. `floor_s` keeps loopback jitter from hedging
 sub-millisecond batches. The quantile is an operator setting (TENZRO_FORWARD_HEDGE_QUANTILE,
 0.99 by default: a request past its own p99 is rarely merely slow, so the backup usually wins
 and the extra load stays near 1 %).
@@ -31,7 +32,7 @@ class HedgePolicy:
     min_samples: int = 16
     window: int = 64  # most recent samples kept per (holder, bucket)
     floor_s: float = 0.002
-    default_s: float = 0.5
+    default_s: float | None = None
 
 
 def size_bucket(rows: int) -> int:
@@ -58,11 +59,13 @@ class LatencyBook:
             return None
         return float(np.quantile(np.fromiter(samples, dtype=np.float64), self.policy.quantile))
 
-    def hedge_after_s(self, holder: str, rows: int) -> float:
+    def hedge_after_s(self, holder: str, rows: int) -> float | None:
         """Seconds after which a batch of `rows` on `holder` counts as stalled: its own measured quantile
-        at that size, else the default."""
+        at that size, else the default; None: not hedged (no measurements, no default)."""
         own = self._quantile(self._samples.get((holder, size_bucket(rows))))
-        return max(self.policy.floor_s, self.policy.default_s if own is None else own)
+        if own is None:
+            own = self.policy.default_s
+        return None if own is None else max(self.policy.floor_s, own)
 
     def median_s(self, holder: str) -> float | None:
         """The holder's median over every bucket it has samples in (for ranking), None if none."""

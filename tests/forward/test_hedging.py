@@ -7,7 +7,7 @@ def test_buckets_are_powers_of_two():
     assert [size_bucket(n) for n in (0, 1, 2, 3, 4, 7, 8, 512)] == [0, 1, 2, 2, 3, 3, 4, 10]
 
 
-def test_the_delay_is_the_holders_own_p95_at_that_size_else_the_default():
+def test_the_delay_is_the_holders_own_p95_at_that_size_else_the_default_else_none():
     book = LatencyBook(HedgePolicy(min_samples=4, floor_s=0.001, default_s=0.5))
     assert book.hedge_after_s("a", 64) == 0.5
     for ms in (10, 11, 12, 13, 100):
@@ -19,3 +19,5 @@ def test_the_delay_is_the_holders_own_p95_at_that_size_else_the_default():
         book.record("b", 64, 0.0001)
     assert book.hedge_after_s("b", 64) == 0.001  # the floor
     assert book.median_s("a") == 0.012 and book.median_s("nobody") is None
+    unmeasured = LatencyBook(HedgePolicy(min_samples=4))  # no default: never hedged before measured
+    assert unmeasured.hedge_after_s("a", 64) is None
