@@ -8,7 +8,6 @@ the call's context, so a call whose caller gave up is dropped before it computes
 
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
 import time
@@ -27,9 +26,6 @@ from core.formats.wire import WIRE_CODECS, encode_rows, encoded_row_bytes, rows_
 
 Result = tuple[dict[str, Any], bytes]
 MAX_RECEIPT_TOPK = 1024  # features committed per row; more is a receipt as large as the answer
-# A multi-expert frame listing at least this many rows in all spreads its experts over the compute
-# threads; below it (a decode step's) one job beats the thread hops.
-SPLIT_ROWS = 64
 
 
 class Context(Protocol):
@@ -50,15 +46,6 @@ class Payload:
 def _timed(func: Callable[..., np.ndarray], /, **kwargs: Any) -> tuple[np.ndarray, float]:
     started = time.perf_counter()
     return func(**kwargs), time.perf_counter() - started
-
-
-def _listed_rows(params: dict[str, Any]) -> int:
-    """The rows a multi-expert frame's `batches` list in all, read without validating (0 when malformed:
-    the validation in the compute job names what is wrong)."""
-    batches = params.get("batches")
-    if not isinstance(batches, list):
-        return 0
-    return sum(len(b["rows"]) for b in batches if isinstance(b, dict) and isinstance(b.get("rows"), list))
 
 
 def _token_indices(params: dict[str, Any], tokens: int) -> list[int]:
@@ -119,7 +106,6 @@ class ExpertHandlers:
         receipt_topk: int = 16,
         max_answer_bytes: int | None = None,
         accept_batches: bool = True,
-        compute_threads: int = 1,
     ) -> None:
         """`resolve_blob(uri)` returns a blob's verified bytes (local store or a peer); it may block.
         `after_change()` is awaited after a load or unload, before the answer (the control plane
@@ -137,7 +123,6 @@ class ExpertHandlers:
         self._after_change = after_change
         self._max_answer = max_answer_bytes or max_payload_bytes
         self._accept_batches = accept_batches  # false: one expert per request, as before the multi-expert frame
-        self._compute_threads = compute_threads  # the executor's threads: a large multi-expert frame uses them all
 
     def table(self) -> dict[str, Callable[..., Awaitable[Result]]]:
         return {
@@ -258,9 +243,9 @@ class ExpertHandlers:
         that is wrong anywhere (an expert twice, rows out of range, an expert not held, an answer
         over the limit) is refused whole, before anything is computed.
 
-        A decode step's frame (a few rows) runs as one compute job: every thread hop would cost more
-        than its experts. A large one (a prefill's share of a layer) spreads its experts over the
-        compute threads, as the single-expert requests it replaces did."""
+        The frame runs as one compute job: a decode step's few rows cost less than a thread hop, and
+        a large frame's matmuls already use every core (BLAS, the C kernels' own threads): measured
+        with bench/forward.py, spreading its experts over the compute threads as well was slower."""
         if "expert" in params:
             raise InvalidInput("give either 'expert' (one batch) or 'batches' (several), not both")
         model_id, layer = str_param(params, "model_id"), int_param(params, "layer")
@@ -300,16 +285,7 @@ class ExpertHandlers:
             hidden, batches, token_indices = prepare()
             return answer(hidden, batches, token_indices, compute(hidden, batches))
 
-        if self._compute_threads < 2 or _listed_rows(params) < SPLIT_ROWS:
-            return await ctx.run_blocking(self._executor, whole)
-        hidden, batches, token_indices = await ctx.run_blocking(self._executor, prepare)
-        shares = [batches[i::self._compute_threads] for i in range(self._compute_threads)]  # interleaved: balanced
-        parts = await asyncio.gather(*(ctx.run_blocking(self._executor, compute, hidden, share)
-                                       for share in shares if share))
-        done: list[tuple[bytes, float]] = [(b"", 0.0)] * len(batches)
-        for i, part in enumerate(parts):
-            done[i::self._compute_threads] = part
-        return await ctx.run_blocking(self._executor, answer, hidden, batches, token_indices, done)
+        return await ctx.run_blocking(self._executor, whole)
 
     async def forward_local(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
         out = await ctx.run_blocking(self._executor, self.runtime.forward_local,

@@ -143,8 +143,7 @@ class WorkerServer:
                                  if settings.TENZRO_SIGN_RECEIPTS else None,
                                  receipt_topk=settings.TENZRO_RECEIPT_TOPK,
                                  max_answer_bytes=settings.TENZRO_PEER_MAX_BODY_BYTES,
-                                 accept_batches=settings.TENZRO_EXECUTE_BATCHES,
-                                 compute_threads=settings.TENZRO_COMPUTE_THREADS)
+                                 accept_batches=settings.TENZRO_EXECUTE_BATCHES)
         self.methods = MethodTable({
             **experts.table(),
             **BlobHandlers(store=store, executor=self.executor).table(),

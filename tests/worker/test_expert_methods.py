@@ -114,16 +114,3 @@ def test_an_answer_over_the_holders_limit_is_refused_before_computing(handlers) 
         _call(handlers, params, many)
     assert info.value.reason == "payload_too_large" and info.value.details["limit_bytes"] == 1 << 16
 
-
-def test_a_large_frame_spread_over_the_compute_threads_answers_the_same_bytes(handlers) -> None:
-    """A prefill-sized frame runs its experts on every compute thread; the answer and its receipt are
-    the ones a single job gives (the batches' order is the request's, whichever thread ran them)."""
-    spread = ExpertHandlers(runtime=handlers.runtime, executor=ThreadPoolExecutor(2), max_payload_bytes=1 << 20,
-                            sign_receipt=SIGNER, max_answer_bytes=1 << 20, compute_threads=2)
-    rows = np.random.default_rng(8).standard_normal((40, D_MODEL)).astype(np.float32)
-    batches = [{"expert": e, "rows": list(range(e, 40, 2))} for e in (3, 0, 2, 1)]  # 80 rows listed in all
-    params = {**_params("q8_0", 40, batches), "token_indices": list(range(40))}
-    one_job, one_answer = _call(handlers, params, encode_rows(rows, "q8_0"))
-    split, split_answer = _call(spread, params, encode_rows(rows, "q8_0"))
-    assert split_answer == one_answer and split["receipt"]["batches"] == one_job["receipt"]["batches"]
-    assert [b["expert"] for b in split["batches"]] == [3, 0, 2, 1]
