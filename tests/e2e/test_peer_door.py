@@ -128,12 +128,17 @@ def receipt_verifies(receipt: dict, *, provider_id: str, request_body: bytes, ro
         return False
     if body["input_hash"] != blake3(request_body).hexdigest() or body["sketch_hash"] != blake3(sketch).hexdigest():
         return False
+    return signed_by(receipt, body, provider_id, b"tenzro/receipt/v1\n")
+
+
+def signed_by(receipt: dict, body: dict, provider_id: str, domain: bytes) -> bool:
+    """The canonical text's hash is the commitment, and the holder signed domain + text."""
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
     if receipt["commitment_hash"] != blake3(text).hexdigest():
         return False
     try:
-        Ed25519PublicKey.from_public_bytes(bytes.fromhex(provider_id)).verify(
-            bytes.fromhex(receipt["signature"]), b"tenzro/receipt/v1\n" + text)
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(provider_id)).verify(bytes.fromhex(receipt["signature"]),
+                                                                           domain + text)
     except InvalidSignature:
         return False
     return True
@@ -463,15 +468,7 @@ def batches_receipt_verifies(receipt: dict, *, provider_id: str, request_body: b
             "input_hash": blake3(request_body).hexdigest()}
     if any(body.get(name) != value for name, value in want.items()) or len(body) != 11:
         return False
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-    if receipt["commitment_hash"] != blake3(text).hexdigest():
-        return False
-    try:
-        Ed25519PublicKey.from_public_bytes(bytes.fromhex(provider_id)).verify(
-            bytes.fromhex(receipt["signature"]), b"tenzro/receipt/v2\n" + text)
-    except InvalidSignature:
-        return False
-    return True
+    return signed_by(receipt, body, provider_id, b"tenzro/receipt/v2\n")
 
 
 def test_a_multi_expert_execute_as_an_outsider_sends_it_honest_and_hostile(node) -> None:
