@@ -84,7 +84,7 @@ class DistributedForward:
         self._http: httpx.AsyncClient | None = None
         self._writes: set[asyncio.Future] = set()
         self._cooling: dict[str, float] = {}  # provider -> monotonic time its failure cooldown ends
-        self._shards: dict[str, tuple[tuple[Any, ...], View, ShardIndex]] = {}  # model_id -> (key, view, index)
+        self._shards: dict[str, tuple[View, tuple[Any, ...], ShardIndex]] = {}  # model_id -> (view, key, index)
 
     def _transports(self) -> tuple[QuicPool, httpx.AsyncClient]:
         if self._pool is None:  # created on the worker's loop, at the first forward
@@ -114,12 +114,12 @@ class DistributedForward:
         now = time.monotonic()
         # list(): the loop thread updates _cooling while this runs on a compute thread
         cooling = frozenset(pid for pid, until in list(self._cooling.items()) if until > now)
-        key = (id(view), self.runtime.holdings_version, cooling)
+        key = (self.runtime.holdings_version, cooling)
         cached = self._shards.get(model_id)
-        if cached is not None and cached[0] == key and cached[1] is view:
+        if cached is not None and cached[0] is view and cached[1] == key:
             return cached[2]
         shard = self._build_shard(model_id, view, cooling)
-        self._shards[model_id] = (key, view, shard)
+        self._shards[model_id] = (view, key, shard)
         return shard
 
     def _build_shard(self, model_id: str, view: View, cooling: frozenset[str]) -> ShardIndex:
