@@ -115,7 +115,8 @@ def answer_sketch(answer: bytes | bytearray | memoryview, encoding: str, *, toke
     """The sketch of an encoded answer: the same bytes as sketch_bytes(decoded rows, k), computed
     from Q8_0 blocks directly when the compiled kernel is there (no decode, most blocks skipped)."""
     if encoding == "q8_0" and _sketch_q8_0 is not None and tokens and min(k, d_model):
-        return _pack(*_sketch_q8_0(answer, tokens=tokens, d_model=d_model, k=min(k, d_model)))
+        sketch = _sketch_q8_0(answer, tokens=tokens, d_model=d_model, k=min(k, d_model))  # uint32 [tokens, 2k]
+        return sketch.astype("<u4", copy=False).tobytes()
     return sketch_bytes(decode_rows(answer, encoding, tokens=tokens, d_model=d_model), k)
 
 
