@@ -130,10 +130,11 @@ def rpc(obj: CliContext, method: str, params: str) -> None:
     print_json(obj.call(method, parsed))
 
 
-from cli import generate as _generate  # noqa: E402, F401  (registers load-dense and generate on moe)
+from cli import generate as _generate  # noqa: E402  (registers load-dense and generate on moe; has `keys`)
 from cli.moe import moe  # noqa: E402  (the moe group registers its commands on import)
 
 cli.add_command(moe)
+cli.add_command(_generate.keys)
 
 
 if __name__ == "__main__":

@@ -170,6 +170,22 @@ class CheckpointReader:
                                           f"{type(exc).__name__}: {str(exc)[:200]}") from None
         return data
 
+    def describe(self, name: str) -> str:
+        """Where `name` is read from (a path or a URL), for messages."""
+        return self._src.describe(name)
+
+    def read_optional(self, name: str) -> bytes | None:
+        """A small file beside the weights (tokenizer.json, generation_config.json …), or None when the
+        checkpoint has none; other failures raise CheckpointError as every read does."""
+        try:
+            data = self._src.read_small(name)
+        except CheckpointError as exc:
+            if exc.reason == "not_found":
+                return None
+            raise
+        self._count("json", len(data))
+        return data
+
     def _count(self, kind: str, n: int) -> None:
         self.bytes_read += n
         self.bytes_by_kind[kind] += n

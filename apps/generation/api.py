@@ -46,13 +46,43 @@ class LoadDenseOut(Out):
     dense_bytes: int = Field(description="Bytes of f32 dense weights now held in this router's memory.")
     gates_loaded: int = Field(description="MoE layers whose gate was loaded from the checkpoint.")
     eos_token_ids: list[int]
+    context_length: int | None = Field(description="The model's max_position_embeddings: prompt and new tokens.")
+    text: bool = Field(description="The checkpoint's tokenizer.json was read: prompts may be text (and /v1 serves it).")
+    chat_template: bool = Field(description="Its tokenizer_config.json has a chat template: chat completions work.")
+    no_text_reason: str | None = Field(description="Why text is not served (no or a broken tokenizer.json).")
     elapsed_ms: float
+
+
+class ChatMessage(Params):
+    role: str = Field(min_length=1, max_length=64)
+    content: str = Field(max_length=1_000_000)
+
+
+class SamplingIn(Params):
+    """How each token is chosen (docs/openai.md, "Sampling"); absent: greedy."""
+
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="0: greedy (the largest logit).")
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: Int | None = Field(None, ge=0, le=DB_INT_MAX, description="0: off.")
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    seed: Int | None = Field(None, ge=0, lt=2**63, description="The same seed and prompt give the same tokens.")
+    use_model_defaults: bool = Field(False, description="Fill what is not given from generation_config.json.")
 
 
 class GenerateParams(Params):
     model_id: str = Field(**_MODEL_ID)
-    prompt_ids: list[TokenId] = Field(min_length=1, max_length=settings.TENZRO_GENERATE_MAX_PROMPT_TOKENS,
-                                      description="The prompt's token ids (the tokenizer is the caller's).")
+    prompt_ids: list[TokenId] | None = Field(None, min_length=1,
+                                             max_length=settings.TENZRO_GENERATE_MAX_PROMPT_TOKENS,
+                                             description="The prompt's token ids; or prompt, or messages.")
+    prompt: str | None = Field(None, min_length=1, max_length=1_000_000,
+                               description="The prompt as text, encoded with the model's tokenizer.")
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=512,
+                                               description="A chat, rendered with the model's chat template.")
+    sampling: SamplingIn | None = None
+    stop: list[str] | None = Field(None, max_length=4, description="Strings that end the completion (not included).")
     max_new_tokens: Int = Field(16, ge=1, le=settings.TENZRO_GENERATE_MAX_NEW_TOKENS,
                                 description="At most TENZRO_GENERATE_MAX_NEW_TOKENS.")
     allow_partial: bool = Field(False, description="Accept a layer whose lost experts' gate mass is renormalized "
@@ -94,11 +124,13 @@ class Step(Out):
 class GenerationOut(Out):
     generation_id: str
     model_id: str
-    state: Literal["running", "done", "failed"]
+    state: Literal["running", "done", "failed", "cancelled"]
     prompt_ids: list[int]
     max_new_tokens: int
     options: dict[str, Any]
     tokens: list[int]
+    text: str = Field(description="The completion's text (a model with a tokenizer), up to any stop string.")
+    finish_reason: Literal["stop", "length", "cancelled", "error"] | None
     ttft_ms: float | None = Field(description="Time to the first new token: the prefill.")
     decode_tokens_per_s: float | None
     error: dict[str, str] | None

@@ -34,12 +34,21 @@ from apps.forward.handlers import distributed_forward
 from apps.forward.ledger import ForwardWork
 from apps.generation import services
 from apps.generation.model import WholeModel
+from apps.generation.requests import (
+    GenerateRequest,
+    max_new_of,
+    options_of,
+    prompt_ids_of,
+    sampling_of,
+    stop_of,
+)
+from apps.generation.runs import GenerationRun
 from apps.generation.spec import spec_from_config
+from apps.generation.text import TextCodec, TextError
 from apps.generation.weights import load_dense_weights
-from apps.worker.doors import CallContext, Door, WorkerParts
+from apps.worker.doors import CallContext, WorkerParts
 from apps.worker.params import str_param
-from core.errors import InvalidInput, NotFound, RateLimited, TenzroError
-from core.formats.wire import WIRE_CODECS
+from core.errors import InvalidInput, NotFound, RateLimited
 
 logger = logging.getLogger("tenzro.generation")
 Result = tuple[dict[str, Any], bytes]
@@ -62,10 +71,26 @@ def generation_handlers(parts: WorkerParts) -> dict[str, Callable[..., Awaitable
 
 
 class LoadedModel:
-    """A model whose dense part this router holds: the math, and the token ids that end a generation."""
+    """A model whose dense part this router holds: the math, the token ids that end a generation, and its
+    text codec (None, with the reason, when the checkpoint has no usable tokenizer: ids only)."""
 
-    def __init__(self, model: WholeModel, dense_bytes: int, eos_ids: frozenset[int], checkpoint: str) -> None:
+    def __init__(self, model: WholeModel, dense_bytes: int, eos_ids: frozenset[int], checkpoint: str,
+                 codec: TextCodec | None = None, no_text_reason: str = "") -> None:
         self.model, self.dense_bytes, self.eos_ids, self.checkpoint = model, dense_bytes, eos_ids, checkpoint
+        self.codec, self.no_text_reason = codec, no_text_reason
+        self.loaded_at = int(time.time())
+
+
+def _text_codec(reader: CheckpointReader) -> tuple[TextCodec | None, str]:
+    """The checkpoint's tokenizer, chat template and generation defaults, or why there are none."""
+    tokenizer = reader.read_optional("tokenizer.json")
+    if tokenizer is None:
+        return None, f"its checkpoint ({reader.describe('')}) has no tokenizer.json"
+    try:
+        return TextCodec.from_files(tokenizer, reader.read_optional("tokenizer_config.json"),
+                                    reader.read_optional("generation_config.json")), ""
+    except TextError as exc:
+        return None, str(exc)
 
 
 def _eos_ids(config: dict[str, Any]) -> frozenset[int]:
@@ -112,7 +137,8 @@ class WholeModelHandlers:
 
     def table(self) -> dict[str, Callable[..., Awaitable[Result]]]:
         return {"moe/load_dense": self.load_dense, "moe/generate": self.generate,
-                "moe/model_forward": self.model_forward}
+                "moe/generation_cancel": self.generation_cancel, "moe/model_forward": self.model_forward,
+                "moe/models": self.loaded_models}
 
     def _write(self, func: Callable[..., Any], /, **kwargs: Any) -> asyncio.Future:
         """Run a service on the one database thread: writes land in the order they were asked for,
@@ -144,8 +170,9 @@ class WholeModelHandlers:
                 weights = load_dense_weights(reader, spec, max_bytes=self._free_bytes(model_id))
                 shape = shape_from_config(model_id, reader.config)
                 gates = [gate_payload_for_layer(reader, shape, layer, model_id=model_id) for layer in spec.moe_layers]
-                eos = _eos_ids(reader.config)
-            return LoadedModel(WholeModel(weights), weights.nbytes, eos, checkpoint), gates
+                codec, no_text_reason = _text_codec(reader)
+                eos = _eos_ids(reader.config) | (codec.eos_ids if codec is not None else frozenset())
+            return LoadedModel(WholeModel(weights), weights.nbytes, eos, checkpoint, codec, no_text_reason), gates
 
         loaded, gates = await ctx.run_blocking(self.executor, load)
         # held under the node's memory budget: experts move to the disk tier to make room
@@ -159,7 +186,9 @@ class WholeModelHandlers:
         return {"model_id": model_id, "family": spec.family, "checkpoint": checkpoint, "n_layers": spec.n_layers,
                 "moe_layers": list(spec.moe_layers), "vocab_size": spec.vocab_size, "d_model": spec.d_model,
                 "dense_bytes": loaded.dense_bytes, "gates_loaded": len(gates),
-                "eos_token_ids": sorted(loaded.eos_ids),
+                "eos_token_ids": sorted(loaded.eos_ids), "context_length": spec.max_position_embeddings,
+                "text": loaded.codec is not None, "chat_template": loaded.codec is not None
+                and loaded.codec.chat_template is not None, "no_text_reason": loaded.no_text_reason or None,
                 "elapsed_ms": round((time.monotonic() - started) * 1000.0, 3)}, b""
 
     # -- moe/generate --------------------------------------------------------------------------
@@ -176,26 +205,8 @@ class WholeModelHandlers:
 
     @staticmethod
     def _token_ids(params: dict[str, Any], name: str, vocab: int) -> list[int]:
-        ids = params.get(name)
-        limit = settings.TENZRO_GENERATE_MAX_PROMPT_TOKENS
-        if not isinstance(ids, list) or not ids or len(ids) > limit:
-            raise InvalidInput(f"param {name!r} must be a list of 1 to {limit} token ids")
-        for i, t in enumerate(ids):
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                raise InvalidInput(f"{name}[{i}] = {t!r} is not a token id of this model (0 … {vocab - 1})",
-                                   reason="token_out_of_range")
-        return ids
-
-    @staticmethod
-    def _options(params: dict[str, Any]) -> dict[str, Any]:
-        allow_partial, stop_at_eos = params.get("allow_partial", False), params.get("stop_at_eos", True)
-        if not isinstance(allow_partial, bool) or not isinstance(stop_at_eos, bool):
-            raise InvalidInput("params 'allow_partial' and 'stop_at_eos' must be true or false")
-        wire = params.get("wire")
-        if wire is not None and wire not in WIRE_CODECS:
-            raise InvalidInput(f"param 'wire' must be one of {list(WIRE_CODECS)}, got {wire!r}",
-                               reason="unsupported_encoding")
-        return {"allow_partial": allow_partial, "wire": wire, "stop_at_eos": stop_at_eos}
+        return prompt_ids_of({"prompt_ids": params.get(name)}, None, vocab=vocab,
+                             limit=settings.TENZRO_GENERATE_MAX_PROMPT_TOKENS, no_text_reason="")
 
     async def model_forward(self, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Result:
         """One whole-model forward of token_ids from position 0 (no cache kept): logits f32 [t, vocab]."""
@@ -206,32 +217,67 @@ class WholeModelHandlers:
         work = ForwardWork()
         try:
             logits, layers, _ = await self._step(model_id, loaded.model, ids, loaded.model.new_cache(),
-                                                 self._options(params), ctx, work, last_only=False)
+                                                 options_of(params), ctx, work, last_only=False)
         finally:  # the holders' work is paid, and their failures penalized, however the forward ended
             self.forward.record_work(model_id=model_id, forward_id=uuid.uuid4().hex, work=work)
         return {"model_id": model_id, "tokens": len(ids), "vocab_size": spec.vocab_size, "layers": layers,
                 "elapsed_ms": round((time.monotonic() - started) * 1000.0, 3)}, \
             np.ascontiguousarray(logits, dtype="<f4").tobytes()
 
+    def _request(self, params: dict[str, Any], loaded: LoadedModel) -> GenerateRequest:
+        """The call's params checked, its prompt as ids (tokenized or rendered here: a long prompt takes a
+        while, so this runs on the compute executor)."""
+        spec = loaded.model.spec
+        ids = prompt_ids_of(params, loaded.codec, vocab=spec.vocab_size,
+                            limit=settings.TENZRO_GENERATE_MAX_PROMPT_TOKENS, no_text_reason=loaded.no_text_reason,
+                            context=spec.max_position_embeddings)
+        max_new = max_new_of(params, prompt_tokens=len(ids), limit=settings.TENZRO_GENERATE_MAX_NEW_TOKENS,
+                             context=spec.max_position_embeddings)
+        stream = params.get("stream")
+        if stream is not None and (not isinstance(stream, str) or not 0 < len(stream) <= 200):
+            raise InvalidInput("param 'stream' must be the name of a Channels channel", param="stream")
+        defaults = loaded.codec.generation_defaults if loaded.codec is not None else {}
+        return GenerateRequest(prompt_ids=ids, max_new_tokens=max_new, sampling=sampling_of(params.get("sampling"),
+                                                                                              defaults),
+                               stop=stop_of(params.get("stop")), stream=stream, options=options_of(params))
+
     async def generate(self, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Result:
         model_id, loaded = self._loaded(params)
-        spec = loaded.model.spec
-        prompt = self._token_ids(params, "prompt_ids", spec.vocab_size)
-        max_new = params.get("max_new_tokens", 16)
-        limit = settings.TENZRO_GENERATE_MAX_NEW_TOKENS
-        if isinstance(max_new, bool) or not isinstance(max_new, int) or not 1 <= max_new <= limit:
-            raise InvalidInput(f"param 'max_new_tokens' must be an integer from 1 to {limit}, got {max_new!r}")
-        options = self._options(params)
+        request = await ctx.run_blocking(self.executor, self._request, params, loaded)
         if len(self._running) >= settings.TENZRO_GENERATE_MAX_CONCURRENT:
             raise RateLimited(f"{len(self._running)} generations are running on this router "
                               f"(TENZRO_GENERATE_MAX_CONCURRENT); try again when one ends", reason="busy")
         generation_id = uuid.uuid4().hex
+        run = GenerationRun(generation_id=generation_id, model_id=model_id, model=loaded.model, codec=loaded.codec,
+                            eos_ids=loaded.eos_ids, request=request, step=self._step, write=self._write,
+                            record_work=self.forward.record_work)
+        options = {**request.options, "sampling": {**run.sampler.params.__dict__}, "stop": request.stop}
         await self._write(services.generation_start, generation_id=generation_id, model_id=model_id,
-                          prompt_ids=prompt, max_new_tokens=max_new, options=options, running=set(self._running))
-        task = asyncio.create_task(self._run(generation_id, model_id, loaded, prompt, max_new, options))
+                          prompt_ids=request.prompt_ids, max_new_tokens=request.max_new_tokens, options=options,
+                          running=set(self._running))
+        task = asyncio.create_task(run.run())
         self._running[generation_id] = task
         task.add_done_callback(lambda _: self._running.pop(generation_id, None))
-        return {"generation_id": generation_id, "state": "running", "model_id": model_id}, b""
+        return {"generation_id": generation_id, "state": "running", "model_id": model_id,
+                "prompt_tokens": len(request.prompt_ids), "max_new_tokens": request.max_new_tokens,
+                "seed": run.sampler.seed}, b""
+
+    async def loaded_models(self, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Result:
+        """The models this router can generate: its dense part loaded, and what it serves (ids, text, chat)."""
+        return {"models": [{"model_id": model_id, "family": m.model.spec.family, "checkpoint": m.checkpoint,
+                            "text": m.codec is not None, "chat_template": m.codec is not None
+                            and m.codec.chat_template is not None, "no_text_reason": m.no_text_reason or None,
+                            "context_length": m.model.spec.max_position_embeddings, "loaded_at": m.loaded_at}
+                           for model_id, m in sorted(self.models.items())]}, b""
+
+    async def generation_cancel(self, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Result:
+        """Stop a running generation (its client left, or the operator asked): it ends within one step,
+        its record `cancelled` with the tokens so far."""
+        generation_id = str_param(params, "generation_id")
+        task = self._running.get(generation_id)
+        if task is not None:
+            task.cancel()
+        return {"generation_id": generation_id, "cancelled": task is not None}, b""
 
     async def _step(self, model_id: str, model: WholeModel, ids: np.ndarray, cache: Any, options: dict[str, Any],
                     ctx: CallContext, work: ForwardWork, *, last_only: bool = True
@@ -252,57 +298,3 @@ class WholeModelHandlers:
             done, value, seconds = await ctx.run_blocking(self.executor, _advance, gen, out)
             dense_s += seconds
         return value, layers, dense_s
-
-    async def _run(self, generation_id: str, model_id: str, loaded: LoadedModel, prompt: list[int],
-                   max_new: int, options: dict[str, Any]) -> None:
-        ctx = CallContext(door=Door.OPERATOR)
-        model, cache = loaded.model, loaded.model.new_cache()
-        started = time.monotonic()
-        decode_started, decoded = 0.0, 0
-        ids = np.asarray(prompt, dtype=np.int64)
-        work = ForwardWork()  # the whole generation's: one settlement per holder, written at the end
-        pending: list[dict[str, Any]] = []  # steps not yet written to the record
-        written_at = 0.0
-
-        def flush(ttft_ms: float | None = None) -> None:
-            nonlocal pending, written_at
-            if pending:  # a new list each time: the database thread owns the one it was handed
-                self._write(services.generation_steps, generation_id=generation_id, steps=pending, ttft_ms=ttft_ms)
-            pending, written_at = [], time.monotonic()
-
-        try:
-            for index in range(max_new):
-                step_started = time.monotonic()
-                logits, layers, dense_s = await self._step(model_id, model, ids, cache, options, ctx, work)
-                token = int(np.argmax(logits[-1]))  # greedy; a tie goes to the lower id, as torch.argmax
-                now = time.monotonic()
-                step = {"index": index, "phase": "prefill" if index == 0 else "decode", "tokens_in": len(ids),
-                        "token": token, "ms": round((now - step_started) * 1000.0, 3),
-                        "dense_ms": round(dense_s * 1000.0, 3), "layers": layers}
-                if index == 0:
-                    decode_started = now
-                else:
-                    decoded += 1
-                pending.append(step)
-                if index == 0:
-                    flush(ttft_ms=round((now - started) * 1000.0, 3))
-                elif now - written_at >= settings.TENZRO_GENERATION_RECORD_INTERVAL_S:
-                    flush()
-                if options["stop_at_eos"] and token in loaded.eos_ids:
-                    break
-                ids = np.array([token], dtype=np.int64)
-            rate = decoded / (time.monotonic() - decode_started) if decoded else None
-            flush()
-            await self._write(services.generation_finish, generation_id=generation_id,
-                              decode_tokens_per_s=None if rate is None else round(rate, 3))
-        except TenzroError as exc:
-            flush()
-            await self._write(services.generation_finish, generation_id=generation_id, error_reason=exc.reason,
-                              error_message=exc.message)
-        except Exception as exc:  # a bug must still end the record, not leave it running
-            logger.exception("generation %s failed", generation_id)
-            flush()
-            await self._write(services.generation_finish, generation_id=generation_id,
-                              error_reason="internal_error", error_message=f"{type(exc).__name__}: {exc}")
-        finally:  # one settlement per holder for the whole generation, its id the generation's
-            self.forward.record_work(model_id=model_id, forward_id=generation_id, work=work)

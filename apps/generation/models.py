@@ -7,10 +7,11 @@ class GenerationState(models.TextChoices):
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 class Generation(models.Model):
-    """One greedy generation over the network (tenzro_moeGenerate).
+    """One generation over the network (tenzro_moeGenerate, or the OpenAI-compatible /v1 API).
 
     Written only by apps.generation.services, from the expert worker after each step; only the
     last TENZRO_GENERATIONS_KEPT are kept."""
@@ -19,9 +20,14 @@ class Generation(models.Model):
     model_id = models.CharField(max_length=200)
     prompt_ids = models.JSONField(help_text="The prompt's token ids.")
     max_new_tokens = models.PositiveIntegerField()
-    options = models.JSONField(default=dict, help_text="allow_partial, wire.")
-    state = models.CharField(max_length=8, choices=GenerationState.choices, default=GenerationState.RUNNING)
+    options = models.JSONField(default=dict, help_text="allow_partial, wire, stop_at_eos, sampling (with its seed), "
+                                                       "stop.")
+    state = models.CharField(max_length=9, choices=GenerationState.choices, default=GenerationState.RUNNING)
     tokens = models.JSONField(default=list, help_text="The new token ids, in order.")
+    text = models.TextField(blank=True, default="", help_text="The completion's text (a model with a tokenizer), "
+                                                              "up to any stop string.")
+    finish_reason = models.CharField(max_length=16, blank=True, default="",
+                                     help_text="stop, length, cancelled or error; empty while running.")
     ttft_ms = models.FloatField(null=True, blank=True, help_text="Time to the first new token (the prefill).")
     decode_tokens_per_s = models.FloatField(null=True, blank=True)
     error_reason = models.CharField(max_length=64, blank=True, default="")

@@ -12,7 +12,8 @@ def generation_to_dict(row: Generation, *, steps: bool = True) -> dict[str, Any]
     out: dict[str, Any] = {
         "generation_id": row.generation_id, "model_id": row.model_id, "state": row.state,
         "prompt_ids": row.prompt_ids, "max_new_tokens": row.max_new_tokens, "options": row.options,
-        "tokens": row.tokens, "ttft_ms": row.ttft_ms, "decode_tokens_per_s": row.decode_tokens_per_s,
+        "tokens": row.tokens, "text": row.text, "finish_reason": row.finish_reason or None,
+        "ttft_ms": row.ttft_ms, "decode_tokens_per_s": row.decode_tokens_per_s,
         "error": {"reason": row.error_reason, "message": row.error_message} if row.error_reason else None,
         "created_at": row.created_at, "finished_at": row.finished_at,
     }

@@ -56,20 +56,26 @@ def generation_steps(*, generation_id: str, steps: list[dict[str, Any]], ttft_ms
         row = Generation.objects.select_for_update().get(generation_id=generation_id)
         GenerationStep.objects.bulk_create([GenerationStep(generation=row, index=s["index"], data=s) for s in steps])
         row.tokens = [*row.tokens, *(s["token"] for s in steps)]
+        row.text += "".join(s.get("text", "") for s in steps)  # what could be shown so far (the end adds the rest)
         if ttft_ms is not None:
             row.ttft_ms = ttft_ms
-        row.save(update_fields=["tokens", "ttft_ms"])
+        row.save(update_fields=["tokens", "text", "ttft_ms"])
         _sent(row, steps)
 
 
 def generation_finish(*, generation_id: str, decode_tokens_per_s: float | None = None, error_reason: str = "",
-                      error_message: str = "") -> None:
-    """Done, or failed with a reason when error_reason is given; the tokens so far are kept either way."""
+                      error_message: str = "", finish_reason: str = "", text: str = "") -> None:
+    """Done, cancelled (finish_reason "cancelled"), or failed with a reason when error_reason is given; the
+    tokens and text so far are kept either way."""
     with transaction.atomic():
         row = Generation.objects.select_for_update().get(generation_id=generation_id)
-        row.state = GenerationState.FAILED if error_reason else GenerationState.DONE
+        row.state = GenerationState.FAILED if error_reason else \
+            GenerationState.CANCELLED if finish_reason == "cancelled" else GenerationState.DONE
         row.decode_tokens_per_s = decode_tokens_per_s
         row.error_reason, row.error_message = error_reason, error_message[:2000]
+        row.finish_reason = finish_reason or ("error" if error_reason else "")
+        row.text = text
         row.finished_at = timezone.now()
-        row.save(update_fields=["state", "decode_tokens_per_s", "error_reason", "error_message", "finished_at"])
+        row.save(update_fields=["state", "decode_tokens_per_s", "error_reason", "error_message", "finish_reason",
+                                "text", "finished_at"])
         _sent(row, [])

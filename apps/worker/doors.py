@@ -64,6 +64,8 @@ METHOD_DOORS: dict[str, frozenset[Door]] = {
     "moe/load_dense": OPERATOR_ONLY,  # reads a checkpoint into this node's memory
     "moe/generate": OPERATOR_ONLY,  # a whole model over the network, paid by this node
     "moe/model_forward": OPERATOR_ONLY,  # the same, one forward's logits
+    "moe/generation_cancel": OPERATOR_ONLY,  # stops a generation this node runs
+    "moe/models": OPERATOR_ONLY,  # the models whose dense part this router holds (what /v1/models lists)
 }
 
 

@@ -88,6 +88,13 @@ TENZRO_GENERATION_RECORD_INTERVAL_S = env_float("TENZRO_GENERATION_RECORD_INTERV
 # waiting tenzro_moeGenerate for its generation to end (past it, it answers with the record so far).
 TENZRO_LOAD_DENSE_TIMEOUT_S = env_float("TENZRO_LOAD_DENSE_TIMEOUT_S", 600.0)
 TENZRO_GENERATE_WAIT_S = env_float("TENZRO_GENERATE_WAIT_S", 600.0)
+# The OpenAI-compatible API under /v1 (docs/openai.md): whether a request needs a client key, how many
+# requests per minute a key may make (a key's own figure wins; 0 = no limit), the Retry-After of a
+# busy router's 429, and how long /v1 waits for a generation's next token before it gives up (503).
+TENZRO_API_KEYS_REQUIRED = env_bool("TENZRO_API_KEYS_REQUIRED", True)
+TENZRO_API_KEY_REQUESTS_PER_MINUTE = env_int("TENZRO_API_KEY_REQUESTS_PER_MINUTE", 60)
+TENZRO_API_RETRY_AFTER_S = env_int("TENZRO_API_RETRY_AFTER_S", 1)
+TENZRO_OPENAI_STEP_TIMEOUT_S = env_float("TENZRO_OPENAI_STEP_TIMEOUT_S", 300.0)
 # Receipts (docs/protocol.md, "Receipts"): this holder signs each moe/execute answer with its
 # node key (off: it serves receiptless, and remote routers refuse its answers); a router asks
 # holders to commit to this many features per row, and a dispute tolerates an honest holder's
@@ -187,6 +194,7 @@ INSTALLED_APPS = [
     "apps.repair",
     "apps.blobs",
     "apps.catalog",
+    "apps.serving",
     "apps.dashboard",
 ]
 

@@ -39,7 +39,7 @@ def begun(monkeypatch):
     calls: list[dict] = []
 
     async def begin(params):
-        calls.append(params.model_dump())
+        calls.append(params.model_dump(exclude_none=True))
         return "a" * 32
 
     monkeypatch.setattr("apps.dashboard.pages_generate.generation_begin", begin)
@@ -97,7 +97,7 @@ def test_an_operator_starts_a_generation_through_the_rpcs_schema(operator, begun
     assert begun == [{"model_id": MODEL, "prompt_ids": [97, 47, 42], "max_new_tokens": 4, "allow_partial": True,
                       "wire": "f32", "stop_at_eos": True, "wait": False},
                      {"model_id": MODEL, "prompt_ids": [97, 47, 42], "max_new_tokens": 4, "allow_partial": False,
-                      "wire": None, "stop_at_eos": True, "wait": False}]
+                      "stop_at_eos": True, "wait": False}]
 
 
 @pytest.mark.django_db

@@ -6,7 +6,7 @@ from apps.forward.handlers import DistributedForward, forward_handlers
 from apps.worker.doors import WorkerParts, contributed_handlers
 from core.experts.runtime import ExpertRuntime
 
-WHOLE_MODEL = {"moe/load_dense", "moe/generate", "moe/model_forward"}
+WHOLE_MODEL = {"moe/load_dense", "moe/generate", "moe/model_forward", "moe/generation_cancel", "moe/models"}
 
 
 def test_forward_and_generation_each_contribute_their_methods_sharing_one_forward(tmp_path) -> None:

@@ -1,0 +1,26 @@
+"""Reads of client keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apps.serving.models import ClientKey
+from apps.serving.services import key_hash
+
+
+def key_for_secret(secret: str) -> ClientKey | None:
+    """The live (not revoked) key with this secret, or None."""
+    return ClientKey.objects.filter(key_hash=key_hash(secret), revoked_at__isnull=True).first()
+
+
+def key_to_dict(row: ClientKey) -> dict[str, Any]:
+    return {"name": row.name, "prefix": row.prefix, "requests_per_minute": row.requests_per_minute,
+            "created_at": row.created_at, "revoked_at": row.revoked_at, "last_used_at": row.last_used_at,
+            "requests": row.requests, "prompt_tokens": row.prompt_tokens, "completion_tokens": row.completion_tokens}
+
+
+def keys_list(*, include_revoked: bool = True) -> list[dict[str, Any]]:
+    rows = ClientKey.objects.all()
+    if not include_revoked:
+        rows = rows.filter(revoked_at__isnull=True)
+    return [key_to_dict(row) for row in rows]
