@@ -1,5 +1,5 @@
-"""The generate page (/generate/): run a prompt of token ids against a model whose dense part this
-router holds, and watch its tokens and each MoE layer's fan-out arrive live.
+"""The generate page (/generate/): run a prompt (text, a chat turn, or token ids) against a model whose
+dense part this router holds, and watch its text, its tokens and each MoE layer's fan-out arrive live.
 
 Thin edges, as pages_work: reading follows TENZRO_DASHBOARD_PUBLIC (dashboard_page); starting a
 generation needs a logged-in staff user (`operator_required`) and a CSRF token. The form's values
@@ -26,6 +26,7 @@ from apps.dashboard.pages_work import _wants_json, operator_required
 from apps.generation import selectors
 from apps.generation.api import GenerateParams, generation_begin
 from apps.providers.selectors import held_models
+from apps.serving.selectors import keys_list
 from core.errors import TenzroError
 
 GENERATIONS_SHOWN = 30
@@ -36,14 +37,24 @@ WIRE_CHOICES = [("", "default (Q8_0 first)"), ("f32", "f32"), ("q8_0", "q8_0")]
 class GenerateForm(forms.Form):
     model_id = forms.CharField(max_length=200, label="Model",
                                widget=forms.TextInput(attrs={"list": "generate-models", "autocomplete": "off"}))
-    prompt_ids = forms.CharField(max_length=65536, label="Prompt token ids", widget=forms.Textarea(attrs={"rows": 2}),
-                                 help_text="Comma-separated, e.g. 97, 47, 42 (the tokenizer is yours)")
+    prompt = forms.CharField(max_length=100_000, required=False, label="Prompt", strip=False,
+                             widget=forms.Textarea(attrs={"rows": 3}),
+                             help_text="Text, encoded with the model's tokenizer (its checkpoint must have one)")
+    as_chat = forms.BooleanField(required=False, label="As a chat turn",
+                                 help_text="the prompt is one user message, through the model's chat template")
+    prompt_ids = forms.CharField(max_length=65536, required=False, label="Or prompt token ids",
+                                 widget=forms.Textarea(attrs={"rows": 2}),
+                                 help_text="Comma-separated, e.g. 97, 47, 42 (instead of text)")
     max_new_tokens = forms.IntegerField(min_value=1, initial=16, label="Max new tokens")
+    temperature = forms.FloatField(min_value=0.0, max_value=2.0, required=False, label="Temperature",
+                                   help_text="empty or 0: greedy")
     allow_partial = forms.BooleanField(required=False, label="Allow partial",
                                        help_text="renormalize away lost experts' gate mass instead of failing")
     wire = forms.ChoiceField(choices=WIRE_CHOICES, required=False, label="Wire")
 
-    def clean_prompt_ids(self) -> list[int]:
+    def clean_prompt_ids(self) -> list[int] | None:
+        if not self.cleaned_data["prompt_ids"].strip():
+            return None
         ids = []
         for part in self.cleaned_data["prompt_ids"].replace("\n", ",").replace(" ", ",").split(","):
             if not part:
@@ -55,14 +66,28 @@ class GenerateForm(forms.Form):
             raise forms.ValidationError("give at least one token id")
         return ids
 
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if not self.errors and bool(data.get("prompt")) == (data.get("prompt_ids") is not None):
+            raise forms.ValidationError("give a prompt as text or as token ids (one of the two)")
+        return data
+
     def params(self) -> GenerateParams:
         """The RPC's params (its schema's checks); ValueError with a readable reason."""
         data = self.cleaned_data
+        if data["prompt_ids"] is not None:
+            prompt: dict[str, Any] = {"prompt_ids": data["prompt_ids"]}
+        elif data["as_chat"]:
+            prompt = {"messages": [{"role": "user", "content": data["prompt"]}]}
+        else:
+            prompt = {"prompt": data["prompt"]}
+        temperature = data.get("temperature")
         try:
             return GenerateParams.model_validate({
-                "model_id": data["model_id"].strip(), "prompt_ids": data["prompt_ids"],
+                "model_id": data["model_id"].strip(), **prompt,
                 "max_new_tokens": data["max_new_tokens"], "allow_partial": data["allow_partial"],
-                "wire": data["wire"] or None, "wait": False})
+                "wire": data["wire"] or None, "wait": False,
+                **({"sampling": {"temperature": temperature}} if temperature else {})})
         except ValidationError as exc:
             first = exc.errors()[0]
             raise ValueError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from exc
@@ -86,7 +111,9 @@ def _page(request: HttpRequest, form: GenerateForm, *, generation_id: str = "", 
     models = list(dict.fromkeys([*selectors.generation_models(), *held_models()]))
     context = {"form": form, "error": error, "can_mutate": request.user.is_staff, "models": models,
                "selected": selected, "missing": missing, "steps_shown": STEPS_SHOWN,
-               "generations": selectors.generations_recent(limit=GENERATIONS_SHOWN)}
+               "generations": selectors.generations_recent(limit=GENERATIONS_SHOWN),
+               # who uses the OpenAI-compatible API and how much: operators only (names and prefixes)
+               "client_keys": keys_list() if request.user.is_staff else None}
     return render(request, "dashboard/generate.html", context, status=status)
 
 

@@ -1,7 +1,8 @@
 """The request bodies of OpenAI's completions and chat completions, and what they ask of `moe/generate`.
 
-Fields this router does not serve are refused by name (n > 1, best_of, echo, suffix, tools,
-logit_bias, a response_format other than text) rather than silently ignored; fields OpenAI's clients
+Fields this router does not serve are refused by the schema itself, by name (n > 1, best_of > 1,
+echo, suffix, tools, logit_bias, a response_format other than text), rather than silently ignored:
+the OpenAPI description says what is served. Fields OpenAI's clients
 send that change nothing here (user, metadata, store, service_tier, …) are accepted and ignored.
 Sampling extensions that vLLM and llama.cpp's server also take (top_k, min_p, repetition_penalty)
 are accepted too (docs/openai.md).
@@ -9,14 +10,16 @@ are accepted too (docs/openai.md).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field
 
 from apps.generation.sampling import MAX_TOP_LOGPROBS
-from core.errors import InvalidInput
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+MAX_NEW = settings.TENZRO_GENERATE_MAX_NEW_TOKENS
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 
 class StreamOptions(BaseModel):
@@ -28,10 +31,10 @@ class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str = Field(min_length=1, max_length=200)
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_NEW, description="At most TENZRO_GENERATE_MAX_NEW_TOKENS.")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0, le=2**31 - 1)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
@@ -41,7 +44,7 @@ class _Common(BaseModel):
     n: int = Field(1, ge=1, le=1, description="Only 1: one choice per request.")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(None, max_length=0, description="Not supported: empty or absent.")
     user: str | None = None
 
     def sampling(self, top_logprobs: int | None) -> dict[str, Any]:
@@ -52,25 +55,16 @@ class _Common(BaseModel):
         return {**{k: v for k, v in given.items() if v is not None}, "top_logprobs": top_logprobs,
                 "use_model_defaults": True}
 
-    def refuse_unserved(self) -> None:
-        if self.logit_bias:
-            raise InvalidInput("logit_bias is not supported by this router", param="logit_bias")
-
 
 class CompletionRequest(_Common):
-    prompt: str | list[int] = Field(description="Text, or one prompt's token ids.")
-    max_tokens: int | None = Field(DEFAULT_COMPLETION_TOKENS, ge=1)
+    prompt: str | list[TokenId] = Field(description="Text, or one prompt's token ids.", max_length=1_000_000)
+    max_tokens: int | None = Field(DEFAULT_COMPLETION_TOKENS, ge=1, le=MAX_NEW)
     logprobs: int | None = Field(None, ge=0, le=5, description="Log-probabilities of this many most likely tokens.")
-    echo: bool = False
+    echo: Literal[False] = Field(False, description="Not supported: false or absent.")
     best_of: int | None = Field(None, ge=1, le=1)
-    suffix: str | None = None
+    suffix: None = Field(None, description="Not supported: absent.")
 
     def worker_params(self) -> dict[str, Any]:
-        self.refuse_unserved()
-        if self.echo:
-            raise InvalidInput("echo is not supported by this router", param="echo")
-        if self.suffix:
-            raise InvalidInput("suffix is not supported by this router", param="suffix")
         prompt: dict[str, Any] = {"prompt": self.prompt} if isinstance(self.prompt, str) else \
             {"prompt_ids": self.prompt}
         return {**prompt, "max_new_tokens": self.max_tokens or DEFAULT_COMPLETION_TOKENS, "stop": self.stop,
@@ -95,23 +89,21 @@ class ChatMessage(BaseModel):
         return {"role": self.role, "content": content, **({"name": self.name} if self.name else {})}
 
 
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"] = Field(description="Only text: JSON modes are not supported.")
+
+
 class ChatRequest(_Common):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=512)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: list[dict[str, Any]] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="With logprobs: true.")
+    tools: list[dict[str, Any]] | None = Field(None, max_length=0, description="Not supported: empty or absent.")
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
 
     def worker_params(self) -> dict[str, Any]:
-        self.refuse_unserved()
-        if self.tools:
-            raise InvalidInput("tools are not supported by this router", param="tools")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise InvalidInput("only response_format {\"type\": \"text\"} is supported", param="response_format")
-        if self.top_logprobs is not None and not self.logprobs:
-            raise InvalidInput("top_logprobs needs logprobs: true", param="top_logprobs")
         limit = self.max_completion_tokens or self.max_tokens
         top_logprobs = (self.top_logprobs or 0) if self.logprobs else None
         return {"messages": [m.plain() for m in self.messages],

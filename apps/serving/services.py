@@ -21,7 +21,6 @@ def key_hash(secret: str) -> str:
 
 def key_create(*, name: str, requests_per_minute: int = 0) -> tuple[ClientKey, str]:
     """A new key; the secret is returned here and never again."""
-    name = name.strip()
     if not name:
         raise InvalidInput("a key needs a name (who or what it is for)", param="name")
     secret = KEY_PREFIX + secrets.token_urlsafe(32)

@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
-from ninja import NinjaAPI
+from ninja import NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
 from redis.exceptions import RedisError
@@ -44,6 +44,27 @@ _STATUS = {"invalid_input": 400, "invalid_params": 400, "token_out_of_range": 40
 _CODES = {"dense_not_loaded": "model_not_found", "busy": "server_busy"}
 _PARAMS = {"max_new_tokens": "max_tokens", "prompt_ids": "prompt"}  # the worker's names, as OpenAI's clients know them
 _cancels: set[asyncio.Task] = set()  # cancels of generations whose client left, kept until sent
+
+
+class ErrorBody(Schema):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIErrorOut(Schema):
+    """Every refusal of /v1, in OpenAI's shape."""
+
+    error: ErrorBody
+
+
+_ERRORS = {status: OpenAIErrorOut for status in (400, 401, 404, 413, 429, 503)}
+# A generation answers JSON, or server-sent events when the request asked to stream.
+_GENERATED = {"responses": {200: {"description": "The completion (JSON), or its chunks as server-sent events "
+                                                 "(text/event-stream) when `stream` is true.",
+                                  "content": {"application/json": {"schema": {"type": "object"}},
+                                              "text/event-stream": {"schema": {"type": "string"}}}}}}
 
 
 def openai_error(status: int, message: str, *, code: str | None = None, param: str | None = None,
@@ -128,17 +149,20 @@ def build_v1() -> NinjaAPI:
         message = cause.message if isinstance(cause, JsonBodyError) else str(exc)
         return openai_error(exc.status_code, message, code="invalid_json" if isinstance(cause, JsonBodyError) else None)
 
-    @api.get("/models", operation_id="v1_models", summary="The models this router can generate")
+    @api.get("/models", operation_id="v1_models", summary="The models this router can generate",
+             response={200: dict[str, Any], **_ERRORS})
     async def models(request: HttpRequest) -> dict[str, Any]:
         result, _ = await worker_call("moe/models", {})
         return {"object": "list", "data": [{"id": m["model_id"], "object": "model", "created": m["loaded_at"],
                                             "owned_by": "tenzro"} for m in result["models"]]}
 
-    @api.post("/completions", operation_id="v1_completions", summary="A completion of a text prompt")
+    @api.post("/completions", operation_id="v1_completions", summary="A completion of a text prompt",
+              response={200: dict[str, Any], **_ERRORS}, openapi_extra=_GENERATED)
     async def completions(request: HttpRequest, body: CompletionRequest) -> HttpResponse:
         return await _generate(request, body, "text", body.worker_params(), logprobs=body.logprobs is not None)
 
-    @api.post("/chat/completions", operation_id="v1_chat_completions", summary="The assistant's next message")
+    @api.post("/chat/completions", operation_id="v1_chat_completions", summary="The assistant's next message",
+              response={200: dict[str, Any], **_ERRORS}, openapi_extra=_GENERATED)
     async def chat_completions(request: HttpRequest, body: ChatRequest) -> HttpResponse:
         return await _generate(request, body, "chat", body.worker_params(), logprobs=body.logprobs)
 

@@ -105,6 +105,8 @@ function show() {
     tokens.append(code, " "); flash(code);
   });
   text("gen-count", view.tokens.length + " / " + view.max_new_tokens);
+  text("gen-text", view.text || "");  // the record's text grows with each batch of steps
+  text("gen-finish", view.finish_reason || "");
   text("gen-ttft", ms(view.ttft_ms));
   text("gen-rate", view.decode_tokens_per_s === null ? "–" : view.decode_tokens_per_s.toFixed(1) + " tokens/s");
   text("gen-options", "wire " + (view.options.wire || "default") + ", "

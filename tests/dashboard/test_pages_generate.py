@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import html as html_text
 import json
+import shutil
 from pathlib import Path
 
 import msgpack
@@ -20,8 +21,10 @@ from apps.catalog.shapes import shape_from_config
 from apps.catalog.slicing import prepare_layer
 from apps.generation import services as generation_services
 from apps.generation.models import Generation
+from apps.serving.services import key_create, key_used
 from core.errors import NotFound, RateLimited
 from testkit.nodes import TOKEN
+from testkit.text_files import write_text_files
 from tests.dashboard.test_browser import page  # noqa: F401  (the fixture: a real chromium)
 from tests.dashboard.test_pages_work import _shoot, _superuser
 from tests.e2e.test_forward import ENV
@@ -101,9 +104,31 @@ def test_an_operator_starts_a_generation_through_the_rpcs_schema(operator, begun
 
 
 @pytest.mark.django_db
+def test_client_keys_usage_is_shown_to_operators_only(operator) -> None:
+    row, _ = key_create(name="laptop")
+    key_used(key_id=row.id, prompt_tokens=12, completion_tokens=34, request=True)
+    html = operator.get("/generate/").content.decode()
+    assert f'data-prefix="{row.prefix}"' in html and "<td>12</td>" in html and "<td>34</td>" in html
+    assert 'id="client-keys"' not in Client().get("/generate/").content.decode()  # anonymous: not shown
+
+
+@pytest.mark.django_db
+def test_a_text_prompt_or_a_chat_turn_goes_through_the_same_schema(operator, begun) -> None:
+    text = {**FORM, "prompt_ids": "", "prompt": "ba be\nbi", "temperature": "0.7"}
+    assert operator.post("/generate/start/", text).status_code == 302
+    assert operator.post("/generate/start/", {**text, "as_chat": "on", "temperature": ""}).status_code == 302
+    assert begun == [{"model_id": MODEL, "prompt": "ba be\nbi", "sampling": {"temperature": 0.7, "use_model_defaults":
+                      False}, "max_new_tokens": 4, "allow_partial": False, "wire": "f32", "stop_at_eos": True,
+                      "wait": False},
+                     {"model_id": MODEL, "messages": [{"role": "user", "content": "ba be\nbi"}], "max_new_tokens": 4,
+                      "allow_partial": False, "wire": "f32", "stop_at_eos": True, "wait": False}]
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize(("form", "message"), [
     ({"prompt_ids": "97, x"}, "'x' is not a token id"),
     ({"prompt_ids": " , "}, "give at least one token id"),
+    ({"prompt": "ba"}, "give a prompt as text or as token ids"),
     ({"max_new_tokens": "0"}, "Max new tokens"),
     ({"model_id": ""}, "Model: This field is required."),
 ])
@@ -165,8 +190,9 @@ def test_a_generation_is_rendered_with_its_fan_out(client, django_assert_max_num
 
 # --- In a real browser against a real node -------------------------------------------------------
 
-def _load_everything(node) -> list[int]:
-    """Every expert of every MoE layer (f32) on the node, then the dense part; the MoE layers."""
+def _load_everything(node, checkpoint: Path = FIXTURE) -> list[int]:
+    """Every expert of every MoE layer (f32) on the node, then the dense part (from `checkpoint`: the
+    fixture, or a copy with the text files of a hub checkpoint); the MoE layers."""
     with CheckpointReader.open(FIXTURE) as reader:
         shape = shape_from_config(MODEL, reader.config)
         for layer in shape.moe_layers:
@@ -174,7 +200,7 @@ def _load_everything(node) -> list[int]:
                                      experts=range(shape.n_experts_total), quant=None)
             for payload in prepared.experts.values():
                 node.result("tenzro_moeExpertLoad", {"payload": base64.b64encode(payload).decode()}, token=TOKEN)
-    loaded = node.result("tenzro_moeLoadDense", {"model_id": MODEL, "checkpoint": str(FIXTURE)}, token=TOKEN)
+    loaded = node.result("tenzro_moeLoadDense", {"model_id": MODEL, "checkpoint": str(checkpoint)}, token=TOKEN)
     assert loaded["moe_layers"] == list(shape.moe_layers)
     n = shape.n_experts_total * len(shape.moe_layers)
     wait_for(lambda: len(node.result("tenzro_moeShardMap", {"model_id": MODEL})["holders"]) == n, 60,
@@ -182,9 +208,10 @@ def _load_everything(node) -> list[int]:
     return list(shape.moe_layers)
 
 
-def _submit(tab, prompt: str, max_new: int, *, model: str = MODEL) -> None:
+def _submit(tab, prompt: str, max_new: int, *, model: str = MODEL, text: str = "") -> None:
     tab.fill('input[name="model_id"]', model)
     tab.fill('textarea[name="prompt_ids"]', prompt)
+    tab.fill('textarea[name="prompt"]', text)
     tab.fill('input[name="max_new_tokens"]', str(max_new))
     tab.select_option('select[name="wire"]', "f32")
     tab.click('#generate-form button[type="submit"]')
@@ -192,7 +219,7 @@ def _submit(tab, prompt: str, max_new: int, *, model: str = MODEL) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.browser
-def test_generate_page_live_in_a_browser(start_node, page) -> None:  # noqa: F811
+def test_generate_page_live_in_a_browser(start_node, page, tmp_path) -> None:  # noqa: F811
     errors: list[str] = []
     refusals = "/generate/start/"  # the refused prompts below answer 400/404 on purpose; nothing else may fail
     page.on("console", lambda m: errors.append(f"{m.text} ({m.location.get('url')})")
@@ -207,7 +234,12 @@ def test_generate_page_live_in_a_browser(start_node, page) -> None:  # noqa: F81
     # A second node that holds nothing: a lone node announces no holdings until a peer has dialed it
     # back (apps.providers.selectors.announcement), so the router would not see its own experts.
     start_node(env=ENV, peers=[node.url])
-    moe_layers = _load_everything(node)
+    checkpoint = tmp_path / "checkpoint"  # the fixture with a tokenizer and a chat template beside it
+    checkpoint.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(FIXTURE / name, checkpoint / name)
+    tokenizer = write_text_files(checkpoint, vocab_size=256)
+    moe_layers = _load_everything(node, checkpoint)
     _superuser(node, "operator", "s3cret-pass")
 
     # Anonymous: the page renders live, offers no form, and a POST starts nothing.
@@ -246,7 +278,7 @@ def test_generate_page_live_in_a_browser(start_node, page) -> None:  # noqa: F81
     _submit(page, ", ".join(map(str, meta["prompt_ids"])), n)
     expect(page.locator("#gen-state")).to_have_text("done", timeout=120000)
     expect(page.locator("#gen-tokens code.tok")).to_have_count(n)
-    assert [int(t) for t in page.locator("#gen-tokens code.tok").all_inner_texts()] == meta["greedy_ids"]
+    assert [int(t) for t in page.locator("#gen-tokens code.tok").all_text_contents()] == meta["greedy_ids"]
     assert page.evaluate("window.stayed") is True
     counts = page.evaluate("window.counts")
     assert len(set(counts)) > 2, counts  # not all at once: step by step
@@ -254,6 +286,8 @@ def test_generate_page_live_in_a_browser(start_node, page) -> None:  # noqa: F81
     expect(page.locator("#gen-ttft")).to_contain_text(" ms")
     expect(page.locator("#gen-rate")).to_contain_text(" tokens/s")
     expect(page.locator("#gen-count")).to_have_text(f"{n} / {n}")
+    expect(page.locator("#gen-text")).to_have_text(tokenizer.decode(meta["greedy_ids"], skip_special_tokens=True))
+    expect(page.locator("#gen-finish")).to_have_text("length")
     # Each step's fan-out: at least one holder row per MoE layer, this node's short id among them.
     layers = page.evaluate("""() => Array.from(document.querySelectorAll('#gen-steps details.step')).map(
         d => Array.from(new Set(Array.from(d.querySelectorAll('tr.holder')).map(tr => Number(tr.dataset.layer)))))""")
@@ -269,4 +303,12 @@ def test_generate_page_live_in_a_browser(start_node, page) -> None:  # noqa: F81
     page.reload()
     expect(page.locator("#gen-tokens code.tok")).to_have_count(n)
     expect(page.locator("#gen-steps details.step")).to_have_count(n)
+
+    # Text in: the same prompt as words, encoded by the model's tokenizer; the text shows as it grows.
+    _submit(page, "", 4, text=tokenizer.decode(meta["prompt_ids"]))
+    expect(page.locator("#gen-state")).to_have_text("done", timeout=120000)
+    expect(page.locator("#gen-text")).to_have_text(tokenizer.decode(meta["greedy_ids"][:4], skip_special_tokens=True))
+    expect(page.locator("#gen-prompt")).to_have_text(", ".join(map(str, meta["prompt_ids"])), use_inner_text=False)
+    _submit(page, "1, 2", 4, text="both")
+    expect(page.locator("#generate-error")).to_contain_text("give a prompt as text or as token ids")
     assert errors == [], errors

@@ -36,3 +36,19 @@ def test_schemathesis_finds_no_failure(start_module_node, as_operator: bool) -> 
     assert "passed" in summary and "found" not in summary, done.stdout[-3000:]
     # The stateful phase ran: the OpenAPI links (apps' `links=`) chain operations into scenarios.
     assert "✅  Stateful" in done.stdout and "Scenarios:" in done.stdout, done.stdout[-3000:]
+
+
+def test_schemathesis_finds_no_failure_in_the_openai_api(start_module_node) -> None:
+    """/v1 (docs/openai.md) with a client key: every refusal is OpenAI-shaped 4xx, never a server error.
+    No model is loaded, so schema-valid generations answer 404 model_not_found after the key and the
+    body were checked; a schema-invalid one answers 400."""
+    node = start_module_node()
+    key = node.result("tenzro_keysCreate", {"name": "schemathesis", "requests_per_minute": 1_000_000},
+                      token=TOKEN)["key"]
+    argv = [str(ST), "run", f"{node.url}/v1/openapi.json", "--checks", "all", "--max-examples", "40",
+            "--seed", "20261201", "--request-timeout", "30", "-H", f"Authorization: Bearer {key}"]
+    done = subprocess.run(argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-12000:] + done.stderr[-4000:]
+    summary = next(line for line in done.stdout.splitlines() if " generated, " in line)
+    assert "passed" in summary and "found" not in summary, done.stdout[-3000:]
