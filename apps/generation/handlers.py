@@ -252,12 +252,18 @@ class WholeModelHandlers:
                             eos_ids=loaded.eos_ids, request=request, step=self._step, write=self._write,
                             record_work=self.forward.record_work)
         options = {**request.options, "sampling": {**run.sampler.params.__dict__}, "stop": request.stop}
-        await self._write(services.generation_start, generation_id=generation_id, model_id=model_id,
-                          prompt_ids=request.prompt_ids, max_new_tokens=request.max_new_tokens, options=options,
-                          running=set(self._running))
+        written = self._write(services.generation_start, generation_id=generation_id, model_id=model_id,
+                              prompt_ids=request.prompt_ids, max_new_tokens=request.max_new_tokens, options=options,
+                              running=set(self._running))
+        # The prefill starts while the record is written: the one database thread writes the steps after it.
         task = asyncio.create_task(run.run())
         self._running[generation_id] = task
         task.add_done_callback(lambda _: self._running.pop(generation_id, None))
+        try:
+            await written  # the answer names a record that exists
+        except Exception:
+            task.cancel()
+            raise
         return {"generation_id": generation_id, "state": "running", "model_id": model_id,
                 "prompt_tokens": len(request.prompt_ids), "max_new_tokens": request.max_new_tokens,
                 "seed": run.sampler.seed}, b""

@@ -43,7 +43,7 @@ _STATUS = {"invalid_input": 400, "invalid_params": 400, "token_out_of_range": 40
            "dense_not_loaded": 404, "busy": 429, "rate_limited": 429}
 _CODES = {"dense_not_loaded": "model_not_found", "busy": "server_busy"}
 _PARAMS = {"max_new_tokens": "max_tokens", "prompt_ids": "prompt"}  # the worker's names, as OpenAI's clients know them
-_cancels: set[asyncio.Task] = set()  # cancels of generations whose client left, kept until sent
+_background: set[asyncio.Task] = set()  # work nobody waits for (apps.serving.v1._later), kept until it ends
 
 
 class ErrorBody(Schema):
@@ -104,22 +104,38 @@ class ClientKeyAuth(HttpBearer):
         if key is None:
             raise Unauthorized("this client key is not valid (unknown or revoked)", reason="invalid_api_key")
         limit = key.requests_per_minute or settings.TENZRO_API_KEY_REQUESTS_PER_MINUTE
-        minute = int(time.time() // 60)
+        name = f"tenzro:v1:requests:{key.id}:{int(time.time() // 60)}"
         try:
-            async with aioredis.from_url(settings.REDIS_URL, socket_timeout=2) as client:
-                name = f"tenzro:v1:requests:{key.id}:{minute}"
-                count = await client.incr(name)
-                if count == 1:
-                    await client.expire(name, 120)
+            async with _redis().pipeline(transaction=False) as pipe:  # one round trip
+                count, _ = await pipe.incr(name).expire(name, 120).execute()
         except (RedisError, OSError) as exc:
             raise error_for_reason("redis_unavailable", f"cannot count this key's requests: Redis does not answer "
                                                         f"({type(exc).__name__})") from exc
         if limit and count > limit:
             raise RateLimited(f"this key made more than {limit} requests this minute", reason="rate_limited",
                               retry_after_s=60 - int(time.time()) % 60)
-        await sync_to_async(services.key_used)(key_id=key.id, request=True)
+        _later(sync_to_async(services.key_used)(key_id=key.id, request=True))  # a counter: off the request's path
         request.client_key = key  # type: ignore[attr-defined]
         return key
+
+
+_clients: dict[int, aioredis.Redis] = {}
+
+
+def _redis() -> aioredis.Redis:
+    """This event loop's Redis client (a pool kept across requests: a connection per request cost ~5 ms)."""
+    loop = asyncio.get_running_loop()
+    client = _clients.get(id(loop))
+    if client is None:
+        client = _clients[id(loop)] = aioredis.from_url(settings.REDIS_URL, socket_timeout=2)
+    return client
+
+
+def _later(work: Any) -> None:
+    """Run a coroutine nobody waits for (a cancel, a counter), kept referenced until it ends."""
+    task = asyncio.get_running_loop().create_task(work)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
 
 
 def build_v1() -> NinjaAPI:
@@ -214,15 +230,10 @@ class _Events:
                 yield event
         finally:
             if not self.ended:  # the client left, or the stream broke: stop the work nobody will read
-                task = asyncio.get_running_loop().create_task(_cancel(self.generation_id))
-                _cancels.add(task)
-                task.add_done_callback(_cancels.discard)
+                _later(_cancel(self.generation_id))
             if self.key_id is not None:
-                charge = sync_to_async(services.key_used)(key_id=self.key_id, prompt_tokens=self.prompt_tokens,
-                                                          completion_tokens=self.completion_tokens)
-                task = asyncio.get_running_loop().create_task(charge)
-                _cancels.add(task)
-                task.add_done_callback(_cancels.discard)
+                _later(sync_to_async(services.key_used)(key_id=self.key_id, prompt_tokens=self.prompt_tokens,
+                                                        completion_tokens=self.completion_tokens))
 
 
 async def _cancel(generation_id: str) -> None:
