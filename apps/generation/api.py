@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -63,12 +63,12 @@ class SamplingIn(Params):
 
     temperature: float | None = Field(None, ge=0.0, le=2.0, description="0: greedy (the largest logit).")
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: Int | None = Field(None, ge=0, le=DB_INT_MAX, description="0: off.")
+    top_k: bounded_int(0, DB_INT_MAX) | None = Field(None, description="0: off.")
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    seed: Int | None = Field(None, ge=0, lt=2**63, description="The same seed and prompt give the same tokens.")
+    seed: bounded_int(0, 2**63 - 1) | None = Field(None, description="The same seed and prompt give the same tokens.")
     use_model_defaults: bool = Field(False, description="Fill what is not given from generation_config.json.")
 
 
@@ -82,7 +82,8 @@ class GenerateParams(Params):
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=512,
                                                description="A chat, rendered with the model's chat template.")
     sampling: SamplingIn | None = None
-    stop: list[str] | None = Field(None, max_length=4, description="Strings that end the completion (not included).")
+    stop: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        None, max_length=4, description="Strings that end the completion (not included).")
     max_new_tokens: Int = Field(16, ge=1, le=settings.TENZRO_GENERATE_MAX_NEW_TOKENS,
                                 description="At most TENZRO_GENERATE_MAX_NEW_TOKENS.")
     allow_partial: bool = Field(False, description="Accept a layer whose lost experts' gate mass is renormalized "

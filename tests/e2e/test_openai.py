@@ -35,6 +35,7 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "generation" / "qwe
 MODEL = "test/chat-qwen3-moe"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
 MESSAGES = [{"role": "system", "content": "ba be"}, {"role": "user", "content": "bi bo bu da"}]
+UNHELD = "test/chat-unheld"
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +58,8 @@ def served(start_module_node, tmp_path_factory):
              "the router to see every expert")
     loaded = a.result("tenzro_moeLoadDense", {"model_id": MODEL, "checkpoint": str(folder)}, token=TOKEN)
     assert loaded["text"] and loaded["chat_template"] and loaded["context_length"] == 256
+    # The same checkpoint under a model id nobody holds experts of: its layers cannot be served.
+    a.result("tenzro_moeLoadDense", {"model_id": UNHELD, "checkpoint": str(folder)}, token=TOKEN)
     key = a.result("tenzro_keysCreate", {"name": "tests"}, token=TOKEN)["key"]
     reference = transformers.AutoTokenizer.from_pretrained(str(folder))
     return a, key, reference
@@ -165,6 +168,30 @@ def test_bad_requests_get_openai_errors_and_leave_nothing_running(served, body, 
     if status == 404:
         assert error["code"] == "model_not_found"
     assert not [g for g in a.result("tenzro_moeGenerations")["generations"] if g["state"] == "running"]
+
+
+def test_a_busy_router_answers_429_with_retry_after_and_a_network_that_cannot_serve_503(served) -> None:
+    a, key, _ = served
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 200, "temperature": 0, "stream": True}
+    with httpx.Client(timeout=60) as http:
+        streams = [http.stream("POST", f"{a.url}/v1/chat/completions", json=body, headers=headers) for _ in range(2)]
+        try:
+            for stream in streams:  # TENZRO_GENERATE_MAX_CONCURRENT (2) generations running, each read
+                assert stream.__enter__().status_code == 200
+            busy = http.post(f"{a.url}/v1/chat/completions", json={**body, "stream": False}, headers=headers)
+            assert busy.status_code == 429 and int(busy.headers["Retry-After"]) >= 1
+            assert busy.json()["error"]["code"] == "server_busy"
+        finally:
+            for stream in streams:
+                stream.__exit__(None, None, None)  # the clients leave: their generations are cancelled
+    wait_for(lambda: not [g for g in a.result("tenzro_moeGenerations")["generations"] if g["state"] == "running"],
+             30, "the cancelled generations to end")
+    unheld = httpx.post(f"{a.url}/v1/chat/completions", json={"model": UNHELD, "messages": MESSAGES, "max_tokens": 2},
+                        headers=headers, timeout=60)
+    assert unheld.status_code == 503, unheld.text
+    error = unheld.json()["error"]
+    assert error["type"] == "server_error" and error["code"] == "forward_incomplete" and "expert" in error["message"]
 
 
 def test_keys_malformed_json_and_the_rate_limit(served) -> None:
