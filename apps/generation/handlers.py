@@ -41,6 +41,7 @@ from apps.generation.requests import (
     prompt_ids_of,
     sampling_of,
     stop_of,
+    token_ids_checked,
 )
 from apps.generation.runs import GenerationRun
 from apps.generation.spec import spec_from_config
@@ -205,8 +206,11 @@ class WholeModelHandlers:
 
     @staticmethod
     def _token_ids(params: dict[str, Any], name: str, vocab: int) -> list[int]:
-        return prompt_ids_of({"prompt_ids": params.get(name)}, None, vocab=vocab,
-                             limit=settings.TENZRO_GENERATE_MAX_PROMPT_TOKENS, no_text_reason="")
+        ids = params.get(name)
+        limit = settings.TENZRO_GENERATE_MAX_PROMPT_TOKENS
+        if not isinstance(ids, list) or not ids or len(ids) > limit:
+            raise InvalidInput(f"param {name!r} must be a list of 1 to {limit} token ids", param=name)
+        return token_ids_checked(ids, name, vocab=vocab)
 
     async def model_forward(self, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Result:
         """One whole-model forward of token_ids from position 0 (no cache kept): logits f32 [t, vocab]."""

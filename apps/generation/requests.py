@@ -55,13 +55,7 @@ def prompt_ids_of(params: Mapping[str, Any], codec: TextCodec | None, *, vocab: 
     elif name == "messages":
         ids = _chat_ids(params["messages"], codec)  # type: ignore[arg-type]
     else:
-        ids = params["prompt_ids"]
-        if not isinstance(ids, list):
-            raise _invalid("prompt_ids", "prompt_ids must be a list of token ids")
-        for i, t in enumerate(ids):
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                raise _invalid("prompt_ids", f"prompt_ids[{i}] = {t!r} is not a token id of this model "
-                                             f"(0 … {vocab - 1})", reason="token_out_of_range")
+        ids = token_ids_checked(params["prompt_ids"], "prompt_ids", vocab=vocab)
     if not ids:
         raise _invalid(name, "the prompt is empty: it has no tokens")
     if len(ids) > limit:
@@ -70,6 +64,17 @@ def prompt_ids_of(params: Mapping[str, Any], codec: TextCodec | None, *, vocab: 
     if context is not None and len(ids) >= context:
         raise _invalid(name, f"the prompt has {len(ids)} tokens: it fills the model's context of {context} tokens "
                              "(max_position_embeddings)", reason="context_length_exceeded")
+    return ids
+
+
+def token_ids_checked(ids: Any, name: str, *, vocab: int) -> list[int]:
+    """`ids` when it is a list of this model's token ids; InvalidInput naming the first that is not."""
+    if not isinstance(ids, list):
+        raise _invalid(name, f"param {name!r} must be a list of token ids")
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+            raise _invalid(name, f"{name}[{i}] = {t!r} is not a token id of this model (0 … {vocab - 1})",
+                           reason="token_out_of_range")
     return ids
 
 
