@@ -26,6 +26,7 @@ penalties and filters), as OpenAI's `logprobs` report them.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -81,7 +82,7 @@ class SamplingParams:
         """These params with a seed: the given one, or a fresh one to report."""
         if self.seed is not None:
             return self
-        return SamplingParams(**{**self.__dict__, "seed": secrets.randbits(63)})
+        return dataclasses.replace(self, seed=secrets.randbits(63))
 
 
 def _check(value: object, name: str, low: float, high: float, *, low_open: bool = False) -> None:

@@ -67,22 +67,32 @@ _GENERATED = {"responses": {200: {"description": "The completion (JSON), or its 
                                               "text/event-stream": {"schema": {"type": "string"}}}}}}
 
 
+def _error_body(status: int, message: str, code: str | None, param: str | None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
+
+
 def openai_error(status: int, message: str, *, code: str | None = None, param: str | None = None,
                  headers: dict[str, str] | None = None) -> JsonResponse:
-    body = {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
-    response = JsonResponse(body, status=status)
+    response = JsonResponse(_error_body(status, message, code, param), status=status)
     for name, value in (headers or {}).items():
         response[name] = value
     return response
 
 
-def _from_tenzro(exc: TenzroError) -> JsonResponse:
+def _openai_view(exc: TenzroError) -> tuple[int, dict[str, Any]]:
+    """A node error as OpenAI states it: its status and body."""
     status = _STATUS.get(exc.reason, 503 if exc.http_status >= 500 else exc.http_status)
-    headers = {"Retry-After": str(int(exc.details.get("retry_after_s", settings.TENZRO_API_RETRY_AFTER_S)))} \
-        if status == 429 else None
     param = exc.details.get("param")
     param = _PARAMS.get(param, param) if isinstance(param, str) else None
-    return openai_error(status, exc.message, code=_CODES.get(exc.reason, exc.reason), param=param, headers=headers)
+    return status, _error_body(status, exc.message, _CODES.get(exc.reason, exc.reason), param)
+
+
+def _from_tenzro(exc: TenzroError) -> JsonResponse:
+    status, body = _openai_view(exc)
+    response = JsonResponse(body, status=status)
+    if status == 429:
+        response["Retry-After"] = str(int(exc.details.get("retry_after_s", settings.TENZRO_API_RETRY_AFTER_S)))
+    return response
 
 
 class ClientKeyAuth(HttpBearer):
@@ -257,10 +267,10 @@ async def _sse(events: _Events, builder: CompletionBuilder) -> AsyncIterator[byt
                     yield _data(chunk)
             elif event["error"]:
                 failed = error_for_reason(event["error"]["reason"], event["error"]["message"])
-                yield _data(json.loads(_from_tenzro(failed).content))
+                yield _data(_openai_view(failed)[1])
             else:
                 for chunk in builder.last_chunks(event):
                     yield _data(chunk)
     except TenzroError as exc:
-        yield _data(json.loads(_from_tenzro(exc).content))
+        yield _data(_openai_view(exc)[1])
     yield b"data: [DONE]\n\n"
