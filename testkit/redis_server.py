@@ -1,7 +1,7 @@
 """A Redis server of one's own, for runs that must not share databases with anyone.
 
 The e2e tests give their nodes Redis databases 1-14 of the shared server in turn, and a
-node's Channels layer lives in its database: two nodes on the same database (say a
+node's worker mailboxes live in its database: two nodes on the same database (say a
 benchmark's and a test's, run at the same time on one machine) take each other's worker
 calls — an expert load answered by the other node's worker, a status read from the wrong
 runtime. `private_redis()` starts Debian's `redis-server` on a free port, in memory only,

@@ -3,7 +3,7 @@
 `make test` runs the suite on two xdist workers. The e2e fixtures give their nodes Redis
 databases 1-14 of `TENZRO_TEST_REDIS_HOST` in turn and the in-process tests use database 15;
 two workers sharing one server would hand the same database to two live nodes, whose
-Channels layers would then take each other's worker calls. So worker gw0 keeps the
+worker mailboxes would then take each other's worker calls. So worker gw0 keeps the
 shared server (the one `.ci/run` makes sure is running) and every other worker starts
 Debian's `redis-server` on a free port, in memory only, for its whole session.
 

@@ -246,6 +246,7 @@ class WholeModelHandlers:
                                stop=stop_of(params.get("stop")), stream=stream, options=options_of(params))
 
     async def generate(self, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Result:
+        received_at = time.monotonic()
         model_id, loaded = self._loaded(params)
         request = await ctx.run_blocking(self.executor, self._request, params, loaded)
         if len(self._running) >= settings.TENZRO_GENERATE_MAX_CONCURRENT:
@@ -254,7 +255,7 @@ class WholeModelHandlers:
         generation_id = uuid.uuid4().hex
         run = GenerationRun(generation_id=generation_id, model_id=model_id, model=loaded.model, codec=loaded.codec,
                             eos_ids=loaded.eos_ids, request=request, step=self._step, write=self._write,
-                            record_work=self.forward.record_work)
+                            record_work=self.forward.record_work, received_at=received_at)
         options = {**request.options, "sampling": {**run.sampler.params.__dict__}, "stop": request.stop}
         written = self._write(services.generation_start, generation_id=generation_id, model_id=model_id,
                               prompt_ids=request.prompt_ids, max_new_tokens=request.max_new_tokens, options=options,
@@ -263,11 +264,14 @@ class WholeModelHandlers:
         task = asyncio.create_task(run.run())
         self._running[generation_id] = task
         task.add_done_callback(lambda _: self._running.pop(generation_id, None))
-        try:
-            await written  # the answer names a record that exists
-        except Exception:
-            task.cancel()
-            raise
+        if request.stream is not None:  # its reader has the tokens from the stream: it need not wait for the record
+            written.add_done_callback(lambda w: task.cancel() if w.cancelled() or w.exception() else None)
+        else:
+            try:
+                await written  # the answer names a record that exists
+            except Exception:
+                task.cancel()
+                raise
         return {"generation_id": generation_id, "state": "running", "model_id": model_id,
                 "prompt_tokens": len(request.prompt_ids), "max_new_tokens": request.max_new_tokens,
                 "seed": run.sampler.seed}, b""

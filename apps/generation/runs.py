@@ -35,7 +35,10 @@ Write = Callable[..., asyncio.Future]
 class GenerationRun:
     def __init__(self, *, generation_id: str, model_id: str, model: Any, codec: TextCodec | None,
                  eos_ids: frozenset[int], request: GenerateRequest, step: Step, write: Write,
-                 record_work: Callable[..., None]) -> None:
+                 record_work: Callable[..., None], received_at: float | None = None) -> None:
+        """received_at: time.monotonic() when the router got the request: time to first token counts from
+        there (its prompt tokenized and checked, then the prefill), as a client sees it."""
+        self.received_at = time.monotonic() if received_at is None else received_at
         self.generation_id, self.model_id, self.model = generation_id, model_id, model
         self.codec, self.eos_ids, self.request = codec, eos_ids, request
         self._step, self._write, self._record_work = step, write, record_work
@@ -67,7 +70,6 @@ class GenerationRun:
     async def run(self) -> None:
         ctx = CallContext(door=Door.OPERATOR)
         request, cache = self.request, self.model.new_cache()
-        started = time.monotonic()
         decode_started, decoded = 0.0, 0
         ids = np.asarray(request.prompt_ids, dtype=np.int64)
         work = ForwardWork()  # the whole generation's: one settlement per holder, written at the end
@@ -82,7 +84,7 @@ class GenerationRun:
                 self.tokens.append(token)
                 ended_by_eos = request.options["stop_at_eos"] and token in self.eos_ids
                 delta = self.text.add(token) if self.text is not None and not ended_by_eos else ""
-                self.stream.put(self._token_event(index, token, delta, choice))
+                await self.stream.put(self._token_event(index, token, delta, choice))
                 now = time.monotonic()
                 self._pending.append({"index": index, "phase": "prefill" if index == 0 else "decode",
                                       "tokens_in": len(ids), "token": token, "text": delta,
@@ -90,7 +92,7 @@ class GenerationRun:
                                       "dense_ms": round(dense_s * 1000.0, 3), "layers": layers})
                 if index == 0:
                     decode_started = now
-                    self._flush(ttft_ms=round((now - started) * 1000.0, 3))
+                    self._flush(ttft_ms=round((now - self.received_at) * 1000.0, 3))
                 else:
                     decoded += 1
                     if now - self._written_at >= settings.TENZRO_GENERATION_RECORD_INTERVAL_S:
@@ -115,7 +117,7 @@ class GenerationRun:
         tail = self.text.flush() if self.text is not None else ""
         self._flush()
         usage = {"prompt_tokens": len(self.request.prompt_ids), "completion_tokens": len(self.tokens)}
-        self.stream.put({"type": "end", "finish_reason": finish, "text": tail, "usage": usage, "error": error})
+        await self.stream.put({"type": "end", "finish_reason": finish, "text": tail, "usage": usage, "error": error})
         try:
             await asyncio.shield(self._write(
                 services.generation_finish, generation_id=self.generation_id, decode_tokens_per_s=rate,

@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from apps.serving import services
 from apps.serving.models import ClientKey
 
 
@@ -17,3 +18,15 @@ class ClientKeyAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:  # a key made here could never be shown: use the CLI or RPC
         return False
+
+    def save_model(self, request, obj, form, change) -> None:
+        super().save_model(request, obj, form, change)
+        services.keys_changed()  # a revocation or a new limit holds at the key's next request
+
+    def delete_model(self, request, obj) -> None:
+        super().delete_model(request, obj)
+        services.keys_changed()
+
+    def delete_queryset(self, request, queryset) -> None:
+        super().delete_queryset(request, queryset)
+        services.keys_changed()

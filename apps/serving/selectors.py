@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from apps.serving.models import ClientKey
-from apps.serving.services import key_hash
 
 
-def key_for_secret(secret: str) -> ClientKey | None:
-    """The live (not revoked) key with this secret, or None."""
-    return ClientKey.objects.filter(key_hash=key_hash(secret), revoked_at__isnull=True).first()
+def key_for_hash(digest: str) -> ClientKey | None:
+    """The live (not revoked) key whose secret hashes to `digest` (services.key_hash), or None."""
+    return ClientKey.objects.filter(key_hash=digest, revoked_at__isnull=True).first()
 
 
 def key_to_dict(row: ClientKey) -> dict[str, Any]:

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 
+import redis
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from apps.node.selectors import redis_client
 from apps.serving.models import ClientKey
 from core.errors import InvalidInput, NotFound
 
+logger = logging.getLogger("tenzro.serving")
 KEY_PREFIX = "sk-tz-"
 PREFIX_CHARS = 12  # of the key, shown in lists: "sk-tz-" and 6 random characters
+KEYS_EPOCH = "tenzro:v1:keys_epoch"  # bumped whenever a key changes: web processes read their cached keys again
 
 
 def key_hash(secret: str) -> str:
@@ -37,7 +43,20 @@ def key_revoke(*, prefix: str) -> ClientKey:
     if row.revoked_at is None:
         row.revoked_at = timezone.now()
         row.save(update_fields=["revoked_at"])
+        keys_changed()
     return row
+
+
+def keys_changed() -> None:
+    """Tell every web process that a key changed (revoked, its limit edited, deleted), once it is committed:
+    each reads its cached keys again at their next request (apps/serving/auth.py)."""
+    def bump() -> None:
+        try:
+            redis_client().incr(KEYS_EPOCH)
+        except redis.RedisError as exc:  # the cached keys then live out their KEY_CACHE_S
+            logger.warning("could not tell the web processes that a client key changed: %s", exc)
+
+    transaction.on_commit(bump)
 
 
 def key_used(*, key_id: int, prompt_tokens: int = 0, completion_tokens: int = 0, request: bool = False) -> None:

@@ -17,23 +17,21 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from ninja import NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
-from ninja.security import HttpBearer
-from redis.exceptions import RedisError
 
 from apps.api.json_body import JsonBodyError
 from apps.api.rest import JsonBodyParser
-from apps.serving import selectors, services
+from apps.serving import services
+from apps.serving.auth import ClientKeyAuth
 from apps.serving.responses import CompletionBuilder, Kind
 from apps.serving.schemas import ChatRequest, CompletionRequest
 from apps.worker.client import worker_call
 from apps.worker.streams import new_stream, stream_events
-from core.errors import RateLimited, TenzroError, Unauthorized, error_for_reason
+from core.errors import TenzroError, error_for_reason
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
@@ -95,52 +93,6 @@ def _from_tenzro(exc: TenzroError) -> JsonResponse:
     return response
 
 
-class ClientKeyAuth(HttpBearer):
-    """A live client key, within its requests per minute (counted in Redis, across web processes)."""
-
-    is_async = True  # ninja awaits what __call__ returns: authenticate's coroutine, or None (no header)
-
-    def __call__(self, request: HttpRequest) -> Any:
-        if not settings.TENZRO_API_KEYS_REQUIRED:
-            return self._anyone(request)
-        return super().__call__(request)
-
-    async def _anyone(self, request: HttpRequest) -> str:
-        request.client_key = None  # type: ignore[attr-defined]
-        return "anonymous"
-
-    async def authenticate(self, request: HttpRequest, token: str) -> Any:
-        key = await sync_to_async(selectors.key_for_secret)(token)
-        if key is None:
-            raise Unauthorized("this client key is not valid (unknown or revoked)", reason="invalid_api_key")
-        limit = key.requests_per_minute or settings.TENZRO_API_KEY_REQUESTS_PER_MINUTE
-        name = f"tenzro:v1:requests:{key.id}:{int(time.time() // 60)}"
-        try:
-            async with _redis().pipeline(transaction=False) as pipe:  # one round trip
-                count, _ = await pipe.incr(name).expire(name, 120).execute()
-        except (RedisError, OSError) as exc:
-            raise error_for_reason("redis_unavailable", f"cannot count this key's requests: Redis does not answer "
-                                                        f"({type(exc).__name__})") from exc
-        if limit and count > limit:
-            raise RateLimited(f"this key made more than {limit} requests this minute", reason="rate_limited",
-                              retry_after_s=60 - int(time.time()) % 60)
-        _later(sync_to_async(services.key_used)(key_id=key.id, request=True))  # a counter: off the request's path
-        request.client_key = key  # type: ignore[attr-defined]
-        return key
-
-
-_clients: dict[int, aioredis.Redis] = {}
-
-
-def _redis() -> aioredis.Redis:
-    """This event loop's Redis client (a pool kept across requests: a connection per request cost ~5 ms)."""
-    loop = asyncio.get_running_loop()
-    client = _clients.get(id(loop))
-    if client is None:
-        client = _clients[id(loop)] = aioredis.from_url(settings.REDIS_URL, socket_timeout=2)
-    return client
-
-
 def _later(work: Any) -> None:
     """Run a coroutine nobody waits for (a cancel, a counter), kept referenced until it ends."""
     task = asyncio.get_running_loop().create_task(work)
@@ -148,9 +100,13 @@ def _later(work: Any) -> None:
     task.add_done_callback(_background.discard)
 
 
+def _count_request(key_id: int) -> None:
+    _later(sync_to_async(services.key_used)(key_id=key_id, request=True))  # a counter: off the request's path
+
+
 def build_v1() -> NinjaAPI:
     api = NinjaAPI(title="Tenzro MoE node: OpenAI-compatible API", version="1", urls_namespace="v1",
-                   docs_url="/docs", parser=JsonBodyParser(), auth=ClientKeyAuth())
+                   docs_url="/docs", parser=JsonBodyParser(), auth=ClientKeyAuth(on_admitted=_count_request))
 
     @api.exception_handler(TenzroError)
     def tenzro_error(request: HttpRequest, exc: TenzroError) -> HttpResponse:
@@ -197,7 +153,7 @@ def build_v1() -> NinjaAPI:
 
 async def _generate(request: HttpRequest, body: CompletionRequest | ChatRequest, kind: Kind,
                     params: dict[str, Any], *, logprobs: bool) -> HttpResponse:
-    channel = await new_stream()
+    channel = new_stream()
     started, _ = await worker_call("moe/generate", {"model_id": body.model, **params, "stream": channel})
     generation_id = started["generation_id"]
     key = getattr(request, "client_key", None)

@@ -155,7 +155,7 @@ class ExpertStatusOut(Out):
     published_at: str | None
     heartbeat_age_s: float | None
     worker_pid: int | None
-    degraded: list[str] = Field(description="What the node lacks now: `redis` (its broker and Channels layer do "
+    degraded: list[str] = Field(description="What the node lacks now: `redis` (its broker and mailboxes do "
                                             "not answer), `worker` (the published state is stale).")
 
 
@@ -190,7 +190,7 @@ class WorkerStatusOut(Out):
     pid: int
     calls: dict[str, int] = Field(description="Worker calls per door: calls, forbidden, errors, dropped_past_deadline.")
     degraded: list[str] = Field(description="What the worker cannot reach now: `redis` while its operator door "
-                                            "cannot read the Channels layer.")
+                                            "cannot read its Redis mailbox.")
 
 
 class RedisCheck(Out):

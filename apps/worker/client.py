@@ -1,7 +1,7 @@
 """The web process's side of the operator door: calls to this node's expert worker.
 
-Calls travel over the Channels layer to WORKER_CHANNEL, each with a fresh reply channel (so
-concurrent calls never see each other's answers) and a deadline: the worker drops a call
+Calls are posted to the worker's mailbox WORKER_CALLS (apps/worker/mailbox.py), each naming a fresh
+reply mailbox (so concurrent calls never see each other's answers) and a deadline: the worker drops a call
 whose deadline passed before it started computing, and stops waiting on one that runs past
 it, so a timed-out call here does not keep a compute thread busy there. Hidden rows and
 payloads travel as raw bytes; the worker validates them (shape, NaN), once.
@@ -9,17 +9,18 @@ payloads travel as raw bytes; the worker validates them (shape, NaN), once.
 
 from __future__ import annotations
 
-import asyncio
 import time
+import uuid
 from typing import Any
 
-from channels.layers import get_channel_layer
 from django.conf import settings
 from redis.exceptions import RedisError
 
+from apps.worker import mailbox
 from core.errors import Unavailable, error_for_reason
 
-WORKER_CHANNEL = "tenzro.worker"
+WORKER_CALLS = "tenzro:worker:calls"
+REPLY_PREFIX = "tenzro:worker:reply:"
 
 
 async def worker_call(
@@ -29,21 +30,19 @@ async def worker_call(
 
     `door` "peer" relays a call that reached this web process through the HTTP fallback of the
     peer door (apps/worker/views.py): the worker serves it exactly as if it came over QUIC."""
-    layer = get_channel_layer()
     timeout = settings.TENZRO_WORKER_TIMEOUT_S if timeout_s is None else timeout_s
+    reply = REPLY_PREFIX + uuid.uuid4().hex
     try:
-        reply_channel = await layer.new_channel()
-        message = {"type": "worker.call", "method": method, "params": params, "body": body, "reply": reply_channel,
-                   "deadline": time.time() + timeout, "door": door}
-        await layer.send(WORKER_CHANNEL, message)
-        answer = await asyncio.wait_for(layer.receive(reply_channel), timeout)
-    except TimeoutError as exc:
-        raise Unavailable(f"the expert worker did not answer {method} within {timeout} s",
-                          reason="worker_unavailable") from exc
+        await mailbox.post(WORKER_CALLS, {"method": method, "params": params, "body": body, "reply": reply,
+                                          "deadline": time.time() + timeout, "door": door})
+        answer = await mailbox.take(reply, timeout)
     except (RedisError, OSError) as exc:
-        # The Channels layer is this node's Redis: down or restarting, no call reaches the worker.
-        raise Unavailable(f"{method} cannot reach the expert worker: Redis (the Channels layer) does not answer "
+        # The mailboxes are this node's Redis: down or restarting, no call reaches the worker.
+        raise Unavailable(f"{method} cannot reach the expert worker: Redis does not answer "
                           f"({type(exc).__name__}: {exc})", reason="redis_unavailable") from exc
+    if answer is None:
+        raise Unavailable(f"the expert worker did not answer {method} within {timeout} s",
+                          reason="worker_unavailable")
     if not answer.get("ok"):
         details = answer.get("details") if isinstance(answer.get("details"), dict) else {}
         raise error_for_reason(answer.get("reason", "internal_error"), answer.get("message", "worker error"), **details)

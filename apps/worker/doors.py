@@ -2,7 +2,7 @@
 
 * The **peer door** is the QUIC endpoint: anyone on the network may call it, so it serves
   only what any peer may ask — status, execute, blob reads (and, later, gossip and receipts).
-* The **operator door** is the Channels layer from this node's own web process, which has
+* The **operator door** is a Redis mailbox from this node's own web process, which has
   already checked the operator token where the method needs it. It serves every method.
 
 METHOD_DOORS below is the only place a method is given a door. The worker refuses to start
@@ -36,7 +36,7 @@ T = TypeVar("T")
 
 class Door(enum.Enum):
     PEER = "peer"  # QUIC, ALPN tenzro/moe: any peer on the network
-    OPERATOR = "operator"  # Channels layer from this node's web process
+    OPERATOR = "operator"  # a Redis mailbox from this node's web process (apps/worker/mailbox.py)
 
 
 PEER_AND_OPERATOR = frozenset({Door.PEER, Door.OPERATOR})

@@ -97,7 +97,7 @@ def held_blob_hashes() -> set[str]:
 
 
 def degraded(*, published: dict[str, Any], redis: dict[str, Any]) -> list[str]:
-    """What this node lacks now: `redis` (no broker, no Channels layer: the web cannot reach the
+    """What this node lacks now: `redis` (no broker, no mailboxes: the web cannot reach the
     worker, jobs cannot be queued) and `worker` (its published state is stale)."""
     return [name for name, bad in (("redis", not redis["ok"]), ("worker", published["stale"])) if bad]
 

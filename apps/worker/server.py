@@ -3,8 +3,8 @@
 `WorkerServer` has the lifecycle every long-lived service here has: `start()` builds the
 runtime and opens both doors, `ready` is set once they serve, `shutdown()` closes them and
 records the stop. The peer door is the QUIC endpoint (core/transport/quic.py); the operator
-door is the Channels channel WORKER_CHANNEL that this node's web process calls
-(apps/worker/client.py). Both dispatch through one MethodTable, which checks the door of each
+door is the Redis mailbox WORKER_CALLS that this node's web process posts calls to
+(apps/worker/client.py, apps/worker/mailbox.py). Both dispatch through one MethodTable, which checks the door of each
 method (apps/worker/doors.py).
 """
 
@@ -18,7 +18,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
@@ -32,8 +31,8 @@ from apps.blobs.store import parse_blob_uri
 from apps.node.selectors import node_identity
 from apps.receipts.commitment import ReceiptSigner
 from apps.receipts.sampling import sampling_key
-from apps.worker import services
-from apps.worker.client import WORKER_CHANNEL
+from apps.worker import mailbox, services
+from apps.worker.client import WORKER_CALLS
 from apps.worker.control_plane import ControlPlaneView
 from apps.worker.doors import CallContext, Door, MethodTable, WorkerParts, contributed_handlers
 from apps.worker.expert_methods import ExpertHandlers, Payload
@@ -101,7 +100,7 @@ class WorkerServer:
         self._tasks: set[asyncio.Task] = set()
         self._quic: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start(): QUIC blob fetches run on it
-        # What this worker cannot reach right now ("redis": the Channels layer); moe/status shows it.
+        # What this worker cannot reach right now ("redis": the operator door's mailboxes); moe/status shows it.
         self.degraded: set[str] = set()
         self.executor = ThreadPoolExecutor(max_workers=settings.TENZRO_COMPUTE_THREADS, thread_name_prefix="expert")
         self.publisher = StatePublisher(
@@ -207,7 +206,7 @@ class WorkerServer:
         return await self.methods.call(request.method, request.params, request.body,
                                        CallContext(Door.PEER, peer=request.peer))
 
-    async def _operator_call(self, layer: Any, message: dict[str, Any]) -> None:
+    async def _operator_call(self, message: dict[str, Any]) -> None:
         reply_to = message.get("reply")
         if not isinstance(reply_to, str):
             return
@@ -229,31 +228,30 @@ class WorkerServer:
             return
         header = reply.header
         if header["ok"]:
-            answer = {"type": "worker.reply", "ok": True, "result": header["result"], "body": bytes(reply.body)}
+            answer = {"ok": True, "result": header["result"], "body": bytes(reply.body)}
         else:
-            answer = {"type": "worker.reply", "ok": False, **header["error"]}
+            answer = {"ok": False, **header["error"]}
         try:
-            await layer.send(reply_to, answer)
+            await mailbox.post(reply_to, answer)
         except Exception as exc:  # Redis went away mid-call: the caller times out with worker_unavailable
             self.methods.counts["operator.reply_lost"] += 1
             logger.warning("could not send the answer to %s: %s: %s", message.get("method"), type(exc).__name__, exc)
 
     async def _operator_door(self) -> None:
-        """Serve WORKER_CHANNEL for as long as the worker runs, Redis outages included.
+        """Serve the WORKER_CALLS mailbox for as long as the worker runs, Redis outages included.
 
-        The Channels layer lives in Redis: while Redis is down or restarting, receive raises.
+        The mailbox lives in Redis: while Redis is down or restarting, taking raises.
         The door then reports `redis` degraded (moe/status, over QUIC too) and retries with a
         capped backoff instead of ending, so the node recovers by itself once Redis is back."""
-        layer = get_channel_layer()
         backoff_s = OPERATOR_DOOR_RETRY_S[0]
         while True:
             try:
-                message = await layer.receive(WORKER_CHANNEL)
+                message = await mailbox.take(WORKER_CALLS, mailbox.TAKE_POLL_S)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # redis-py and channels_redis raise several kinds; all mean "not now"
+            except Exception as exc:  # redis-py raises several kinds; all mean "not now"
                 if "redis" not in self.degraded:
-                    logger.warning("the operator door cannot read the Channels layer (%s: %s); retrying until "
+                    logger.warning("the operator door cannot read its Redis mailbox (%s: %s); retrying until "
                                    "Redis answers", type(exc).__name__, exc)
                     self.methods.counts["operator_door.redis_outages"] += 1
                 self.degraded.add("redis")
@@ -262,9 +260,10 @@ class WorkerServer:
                 continue
             if "redis" in self.degraded:
                 self.degraded.discard("redis")
-                logger.info("the operator door reads the Channels layer again")
+                logger.info("the operator door reads its Redis mailbox again")
             backoff_s = OPERATOR_DOOR_RETRY_S[0]
-            self._spawn(self._operator_call(layer, message))
+            if message is not None:
+                self._spawn(self._operator_call(message))
 
     def _spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.create_task(coro)
