@@ -15,11 +15,13 @@ from django.conf import settings  # noqa: E402
 
 from apps.api.body_limit import BodyLimit  # noqa: E402
 from apps.dashboard.routing import websocket_urlpatterns  # noqa: E402
+from tenzro_site.lean_http import ByPath, LeanASGIHandler  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # Bodies over TENZRO_RPC_MAX_BYTES are refused (413) before Django reads them.
-        "http": BodyLimit(django_http, limit=settings.TENZRO_RPC_MAX_BYTES),
+        # /v1's programs skip the browser's middleware (tenzro_site/lean_http.py).
+        "http": BodyLimit(ByPath(django_http, LeanASGIHandler()), limit=settings.TENZRO_RPC_MAX_BYTES),
         "websocket": AllowedHostsOriginValidator(URLRouter(websocket_urlpatterns)),
     }
 )

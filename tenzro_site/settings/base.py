@@ -201,7 +201,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "apps.api.metrics_middleware.RequestMetricsMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "apps.api.static_files.StaticFilesMiddleware",  # WhiteNoise, async capable
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
