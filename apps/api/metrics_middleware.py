@@ -26,6 +26,14 @@ def _count(path: str, status: int) -> None:
     metrics.HTTP_REQUESTS.labels(route_kind(path), f"{status // 100}xx").inc()
 
 
+def serve_both_kinds(middleware: Any, get_response: Callable[[Any], Any]) -> None:
+    """Make `middleware` (sync_capable and async_capable) take the kind of its chain: a coroutine
+    function when get_response is one, so Django puts no thread hop on either side of it."""
+    middleware.is_async = iscoroutinefunction(get_response)
+    if middleware.is_async:
+        markcoroutinefunction(middleware)
+
+
 class RequestMetricsMiddleware:
     """Sync and async capable, so it never forces the other kind of view through a thread hop."""
 
@@ -34,9 +42,7 @@ class RequestMetricsMiddleware:
 
     def __init__(self, get_response: Callable[[Any], Any]) -> None:
         self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
+        serve_both_kinds(self, get_response)
 
     def __call__(self, request: Any) -> Any:
         if self.is_async:

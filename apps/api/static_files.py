@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from whitenoise.middleware import WhiteNoiseMiddleware
+
+from apps.api.metrics_middleware import serve_both_kinds
 
 
 class StaticFilesMiddleware(WhiteNoiseMiddleware):
@@ -18,9 +19,7 @@ class StaticFilesMiddleware(WhiteNoiseMiddleware):
 
     def __init__(self, get_response: Any = None) -> None:
         super().__init__(get_response)
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
+        serve_both_kinds(self, get_response)
 
     def __call__(self, request: Any) -> Any:
         if self.is_async:

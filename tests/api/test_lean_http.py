@@ -7,7 +7,7 @@ from asgiref.testing import ApplicationCommunicator
 
 from tenzro_site.asgi import application
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
 
 def _get(path: str) -> tuple[int, dict[bytes, bytes]]:

@@ -14,7 +14,7 @@ from apps.serving import auth, services
 from apps.serving.models import ClientKey
 from core.errors import RateLimited, Unauthorized
 
-pytestmark = pytest.mark.django_db(transaction=True)  # the keys' epoch is bumped on commit
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)  # the epoch is bumped on commit
 
 
 @pytest.fixture(autouse=True)
