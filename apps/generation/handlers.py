@@ -134,6 +134,7 @@ class WholeModelHandlers:
         self.forward = forward
         self.models: dict[str, LoadedModel] = {}
         self._running: dict[str, asyncio.Task] = {}
+        self._runs: dict[str, GenerationRun] = {}  # of the running tasks, by generation id
         self._db = ThreadPoolExecutor(1, thread_name_prefix="generation-db")
 
     def table(self) -> dict[str, Callable[..., Awaitable[Result]]]:
@@ -262,15 +263,20 @@ class WholeModelHandlers:
                               running=set(self._running))
         # The prefill starts while the record is written: the one database thread writes the steps after it.
         task = asyncio.create_task(run.run())
-        self._running[generation_id] = task
-        task.add_done_callback(lambda _: self._running.pop(generation_id, None))
+        self._running[generation_id], self._runs[generation_id] = task, run
+
+        def ended(_: asyncio.Task) -> None:
+            self._running.pop(generation_id, None)
+            self._runs.pop(generation_id, None)
+
+        task.add_done_callback(ended)
         if request.stream is not None:  # its reader has the tokens from the stream: it need not wait for the record
-            written.add_done_callback(lambda w: task.cancel() if w.cancelled() or w.exception() else None)
+            written.add_done_callback(lambda w: run.cancel(task) if w.cancelled() or w.exception() else None)
         else:
             try:
                 await written  # the answer names a record that exists
             except Exception:
-                task.cancel()
+                run.cancel(task)
                 raise
         return {"generation_id": generation_id, "state": "running", "model_id": model_id,
                 "prompt_tokens": len(request.prompt_ids), "max_new_tokens": request.max_new_tokens,
@@ -288,9 +294,9 @@ class WholeModelHandlers:
         """Stop a running generation (its client left, or the operator asked): it ends within one step,
         its record `cancelled` with the tokens so far."""
         generation_id = str_param(params, "generation_id")
-        task = self._running.get(generation_id)
-        if task is not None:
-            task.cancel()
+        task, run = self._running.get(generation_id), self._runs.get(generation_id)
+        if task is not None and run is not None:
+            run.cancel(task)
         return {"generation_id": generation_id, "cancelled": task is not None}, b""
 
     async def _step(self, model_id: str, model: WholeModel, ids: np.ndarray, cache: Any, options: dict[str, Any],

@@ -29,7 +29,7 @@ class GenerateRequest:
     max_new_tokens: int
     sampling: SamplingParams
     stop: list[str] = field(default_factory=list)
-    stream: str | None = None  # a Channels channel the web process reads this generation's events from
+    stream: str | None = None  # the stream mailbox the web process reads this generation's events from
     options: dict[str, Any] = field(default_factory=dict)  # allow_partial, wire, stop_at_eos
 
 

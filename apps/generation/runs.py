@@ -46,6 +46,7 @@ class GenerationRun:
         self.text = CompletionText(codec, request.stop) if codec is not None else None
         self.stream = EventStream(request.stream)
         self.tokens: list[int] = []
+        self.cancel_requested = False  # checked before each step: a CancelledError some await swallowed still ends it
         self._pending: list[dict[str, Any]] = []  # steps not yet written to the record
         self._written_at = 0.0
 
@@ -63,6 +64,11 @@ class GenerationRun:
             event["piece"] = self._piece(token)
         return event
 
+    def cancel(self, task: asyncio.Task) -> None:
+        """Stop this run (the task running it): it ends within one step, its record `cancelled`."""
+        self.cancel_requested = True
+        task.cancel()
+
     def _piece(self, token: int) -> str:
         """One token's own text, as logprobs show it."""
         return self.codec.tokenizer.decode([token], skip_special_tokens=False) if self.codec is not None else ""
@@ -76,6 +82,8 @@ class GenerationRun:
         finish, error = "length", None
         try:
             for index in range(request.max_new_tokens):
+                if self.cancel_requested:
+                    raise asyncio.CancelledError
                 step_started = time.monotonic()
                 logits, layers, dense_s = await self._step(self.model_id, self.model, ids, cache, request.options,
                                                            ctx, work)
