@@ -19,6 +19,7 @@ without this module knowing about I/O; `forward` drives it with a plain callable
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -199,13 +200,18 @@ class WholeModel:
     def forward(self, token_ids: np.ndarray, cache: KVCache, moe: Callable[[int, np.ndarray], np.ndarray],
                 *, last_only: bool = False) -> np.ndarray:
         """run() driven synchronously: moe(layer, x f32 [t, d_model]) -> y f32 [t, d_model]."""
-        steps = self.run(token_ids, cache, last_only=last_only)
-        try:
-            layer, x = next(steps)
-            while True:
-                layer, x = steps.send(moe(layer, x))
-        except StopIteration as done:
-            return done.value
+        return drive(self.run(token_ids, cache, last_only=last_only), moe)
+
+
+def drive(steps: Generator[tuple[int, np.ndarray], np.ndarray, Any], moe: Callable[[int, np.ndarray], np.ndarray]
+          ) -> Any:
+    """A sans-I/O run (WholeModel.run, or a lockstep of runs) to its end, each MoE layer by moe(layer, x)."""
+    try:
+        layer, x = next(steps)
+        while True:
+            layer, x = steps.send(moe(layer, x))
+    except StopIteration as done:
+        return done.value
 
 
 def greedy_generate(model: WholeModel, prompt_ids: Sequence[int], max_new_tokens: int,
@@ -226,4 +232,4 @@ def greedy_generate(model: WholeModel, prompt_ids: Sequence[int], max_new_tokens
     return out
 
 
-__all__ = ["KVCache", "WholeModel", "greedy_generate"]
+__all__ = ["KVCache", "WholeModel", "drive", "greedy_generate"]
