@@ -52,6 +52,18 @@ class ForwardWork:
                               "blob_uri": blob_of.get((pid, v.layer, v.expert))}
                              for v in stats.receipts if v.kept)
 
+    def absorb(self, other: ForwardWork) -> None:
+        """Take `other`'s forwards as this ledger's own (a batched step's work, settled with one of its
+        generations)."""
+        self.failures.extend(other.failures)
+        for pid, values in other.latencies_ms.items():
+            self.latencies_ms.setdefault(pid, []).extend(values)
+        self.kept.extend(other.kept)
+        for pid, theirs in other.holders.items():
+            held = self.holders.setdefault(pid, {**theirs, "tokens": 0, "commitments": []})
+            held["tokens"] += theirs["tokens"]
+            held["commitments"].extend(theirs["commitments"])
+
     def latency_medians(self) -> dict[str, float]:
         """Each holder's median over the forwards it served (ms)."""
         return {pid: statistics.median(values) for pid, values in self.latencies_ms.items()}

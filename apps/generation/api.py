@@ -97,6 +97,8 @@ class GenerateParams(Params):
 
 class LayerStep(Out):
     layer: int
+    batch: int = Field(1, description="Generations whose rows this layer's forward carried (continuous batching: "
+                                      "they shared the iteration).")
     ms: float
     dispatch_ms: float | None = Field(None, description="Of ms, the dispatch to the holders and the combine; the "
                                                         "rest is gating, readahead and planning.")

@@ -33,6 +33,7 @@ from apps.catalog.slicing import gate_payload_for_layer
 from apps.forward.handlers import distributed_forward
 from apps.forward.ledger import ForwardWork
 from apps.generation import services
+from apps.generation.batcher import StepBatcher
 from apps.generation.model import WholeModel
 from apps.generation.requests import (
     GenerateRequest,
@@ -135,6 +136,9 @@ class WholeModelHandlers:
         self.models: dict[str, LoadedModel] = {}
         self._running: dict[str, asyncio.Task] = {}
         self._runs: dict[str, GenerationRun] = {}  # of the running tasks, by generation id
+        # Concurrent generations of one model share each step's MoE round trips (apps/generation/batcher.py).
+        self.batcher = StepBatcher(self._drive, self.forward.record_work,
+                                   wait_s=settings.TENZRO_GENERATE_BATCH_WAIT_MS / 1000.0)
         self._db = ThreadPoolExecutor(1, thread_name_prefix="generation-db")
 
     def table(self) -> dict[str, Callable[..., Awaitable[Result]]]:
@@ -254,9 +258,15 @@ class WholeModelHandlers:
             raise RateLimited(f"{len(self._running)} generations are running on this router "
                               f"(TENZRO_GENERATE_MAX_CONCURRENT); try again when one ends", reason="busy")
         generation_id = uuid.uuid4().hex
-        run = GenerationRun(generation_id=generation_id, model_id=model_id, model=loaded.model, codec=loaded.codec,
-                            eos_ids=loaded.eos_ids, request=request, step=self._step, write=self._write,
-                            record_work=self.forward.record_work, received_at=received_at)
+        seat = self.batcher.seat(model_id, loaded.model, request.options)  # left when its task ends
+        try:
+            run = GenerationRun(generation_id=generation_id, model_id=model_id, model=loaded.model,
+                                codec=loaded.codec, eos_ids=loaded.eos_ids, request=request, step=seat.step,
+                                write=self._write, record_work=self.forward.record_work, received_at=received_at,
+                                steps_done=seat.leave)
+        except BaseException:
+            seat.leave()  # a seat nobody steps from would make its batch wait at every iteration
+            raise
         options = {**request.options, "sampling": {**run.sampler.params.__dict__}, "stop": request.stop}
         written = self._write(services.generation_start, generation_id=generation_id, model_id=model_id,
                               prompt_ids=request.prompt_ids, max_new_tokens=request.max_new_tokens, options=options,
@@ -268,6 +278,7 @@ class WholeModelHandlers:
         def ended(_: asyncio.Task) -> None:
             self._running.pop(generation_id, None)
             self._runs.pop(generation_id, None)
+            seat.leave()
 
         task.add_done_callback(ended)
         if request.stream is not None:  # its reader has the tokens from the stream: it need not wait for the record
@@ -305,7 +316,14 @@ class WholeModelHandlers:
         """One whole-model forward of `ids` (by default the last position's logits only), every MoE
         layer over the network, its penalties, latencies, kept batches and paid work into `work`;
         the layers' stats in order, and the seconds the dense part computed (on the compute thread)."""
-        gen = model.run(ids, cache, last_only=last_only)
+        return await self._drive(model_id, model.run(ids, cache, last_only=last_only), options, ctx, work)
+
+    async def _drive(self, model_id: str, gen: Generator[tuple[int, np.ndarray], np.ndarray, Any],
+                     options: dict[str, Any], ctx: CallContext, work: ForwardWork
+                     ) -> tuple[Any, list[dict[str, Any]], float]:
+        """A sans-I/O run (WholeModel.run, or a lockstep of runs) to its end: its dense steps on the
+        compute executor, each MoE layer over the network. Its return value, the layers' stats, the
+        seconds the dense part computed."""
         layers: list[dict[str, Any]] = []
         done, value, dense_s = await ctx.run_blocking(self.executor, _advance, gen, None)
         while not done:

@@ -35,13 +35,15 @@ Write = Callable[..., asyncio.Future]
 class GenerationRun:
     def __init__(self, *, generation_id: str, model_id: str, model: Any, codec: TextCodec | None,
                  eos_ids: frozenset[int], request: GenerateRequest, step: Step, write: Write,
-                 record_work: Callable[..., None], received_at: float | None = None) -> None:
+                 record_work: Callable[..., None], received_at: float | None = None,
+                 steps_done: Callable[[], None] = lambda: None) -> None:
         """received_at: time.monotonic() when the router got the request: time to first token counts from
-        there (its prompt tokenized and checked, then the prefill), as a client sees it."""
+        there (its prompt tokenized and checked, then the prefill), as a client sees it. steps_done: called
+        once it asks for no more steps (before its record is closed): its batch stops waiting for it."""
         self.received_at = time.monotonic() if received_at is None else received_at
         self.generation_id, self.model_id, self.model = generation_id, model_id, model
         self.codec, self.eos_ids, self.request = codec, eos_ids, request
-        self._step, self._write, self._record_work = step, write, record_work
+        self._step, self._write, self._record_work, self._steps_done = step, write, record_work, steps_done
         self.sampler = Sampler(request.sampling, request.prompt_ids)
         self.text = CompletionText(codec, request.stop) if codec is not None else None
         self.stream = EventStream(request.stream)
@@ -122,6 +124,7 @@ class GenerationRun:
         await self._end(finish, error, None if rate is None else round(rate, 3))
 
     async def _end(self, finish: str, error: dict[str, str] | None, rate: float | None) -> None:
+        self._steps_done()
         tail = self.text.flush() if self.text is not None else ""
         self._flush()
         usage = {"prompt_tokens": len(self.request.prompt_ids), "completion_tokens": len(self.tokens)}

@@ -79,7 +79,11 @@ TENZRO_FORWARD_RECORDS_KEPT = env_int("TENZRO_FORWARD_RECORDS_KEPT", 500)
 # most recent generations' records are kept.
 TENZRO_GENERATE_MAX_PROMPT_TOKENS = env_int("TENZRO_GENERATE_MAX_PROMPT_TOKENS", 4096)
 TENZRO_GENERATE_MAX_NEW_TOKENS = env_int("TENZRO_GENERATE_MAX_NEW_TOKENS", 1024)
-TENZRO_GENERATE_MAX_CONCURRENT = env_int("TENZRO_GENERATE_MAX_CONCURRENT", 2)
+# Generations running at once; those of one model step together (continuous batching, apps/generation/batcher.py).
+TENZRO_GENERATE_MAX_CONCURRENT = env_int("TENZRO_GENERATE_MAX_CONCURRENT", 16)
+# How long an iteration waits for every running generation of its model to ask for its step (they
+# sample between steps, well under a millisecond); a slower one joins the next iteration.
+TENZRO_GENERATE_BATCH_WAIT_MS = env_float("TENZRO_GENERATE_BATCH_WAIT_MS", 5.0)
 TENZRO_GENERATIONS_KEPT = env_int("TENZRO_GENERATIONS_KEPT", 200)
 # A generation's steps are written to its record in batches, at most this often (the first step, the
 # time to first token, at once; the rest with the end): no database write or dashboard push per token.

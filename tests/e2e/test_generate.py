@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -159,10 +160,44 @@ def test_outsiders_cannot_generate_and_can_read(network) -> None:
     assert one.status_code == 200 and one.json()["generation_id"] == listed[0]["generation_id"]
 
 
+def _finished(a: NodeProcess, generation_ids: list[str], timeout_s: float = 120) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = [a.result("tenzro_moeGeneration", {"generation_id": gid}) for gid in generation_ids]
+        if all(r["state"] != "running" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_eight_generations_at_once_share_iterations_and_each_gets_its_tokens_alone(network, name) -> None:
+    """Continuous batching (docs/architecture.md): generations of one model started together step
+    together, one MoE round per iteration for all of them; none of their tokens depends on the others."""
+    a = network[0]
+    meta, _ = expected(name)
+    rng = np.random.default_rng(11)
+    prompts = [meta["prompt_ids"]] + [rng.integers(3, 200, size=int(rng.integers(2, 12))).tolist() for _ in range(7)]
+    params = [{"model_id": MODELS[name], "prompt_ids": p, "max_new_tokens": 12 + i % 3, "wire": "f32",
+               "stop_at_eos": False} for i, p in enumerate(prompts)]
+    alone = [a.result("tenzro_moeGenerate", p, token=TOKEN)["tokens"] for p in params]
+    with ThreadPoolExecutor(len(params)) as pool:  # started together, as eight clients would
+        started = list(pool.map(lambda p: a.result("tenzro_moeGenerate", {**p, "wait": False},
+                                                   token=TOKEN)["generation_id"], params))
+    records = _finished(a, started)
+    assert [r["state"] for r in records] == ["done"] * 8, [r.get("error") for r in records]
+    assert [r["tokens"] for r in records] == alone
+    batches = [layer["batch"] for r in records for step in r["steps"] for layer in step["layers"]]
+    assert max(batches) >= 4, batches  # they really shared iterations
+
+
 def test_killing_a_holder_mid_generation_changes_no_token(network) -> None:
+    """Four generations decoding together when a holder dies: each step fails over once for the batch."""
     a, c = network[0], network[2]
     meta, _ = expected("qwen3_moe")
     n = len(meta["greedy_ids"])
+    others = [a.result("tenzro_moeGenerate", {"model_id": MODELS["qwen3_moe"], "prompt_ids": meta["prompt_ids"],
+                                              "max_new_tokens": n, "wire": "f32", "wait": False},
+                       token=TOKEN)["generation_id"] for _ in range(3)]
     started = a.result("tenzro_moeGenerate", {"model_id": MODELS["qwen3_moe"], "prompt_ids": meta["prompt_ids"],
                                               "max_new_tokens": n, "wire": "f32", "wait": False}, token=TOKEN)
     gid = started["generation_id"]
@@ -182,6 +217,7 @@ def test_killing_a_holder_mid_generation_changes_no_token(network) -> None:
         generation = a.result("tenzro_moeGeneration", {"generation_id": gid, "steps": False})
     assert generation["state"] == "done", generation.get("error")
     assert generation["tokens"] == meta["greedy_ids"]
+    assert [r["tokens"] for r in _finished(a, others)] == [meta["greedy_ids"]] * 3
 
 
 def test_dense_weights_that_do_not_fit_the_memory_budget_are_refused(start_node) -> None:
