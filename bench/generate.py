@@ -1,6 +1,7 @@
 """Whole-model generation benchmark: greedy decode over real nodes on loopback against one process.
 
     .venv/bin/python -m bench.generate [--quick] [--shapes 2x128,24x16] [--vocab N] [--profile]
+                                       [--concurrency 1,4,16]
 
 What is measured, and how. Qwen3-MoE checkpoints at Qwen3-30B-A3B's widths (bench/_generate_model.py):
 `2x128`, two MoE layers of the real 128 experts, and `24x16`, 24 MoE layers of 16 experts, so a deep
@@ -52,7 +53,7 @@ import testkit.nodes
 from testkit.nodes import TOKEN, NodeProcess
 from testkit.redis_server import RedisNode, private_redis
 
-from . import _pyspy
+from . import _concurrency, _pyspy
 from ._generate_model import D_FF, D_MODEL, N_HOLDERS, REAL_VOCAB, TOP_K, Local, Shape, holder_of, write_model
 from .forward import NODE_ENV, _stop
 from .report import RESULTS_DIR, headline, print_table, write_results
@@ -166,9 +167,14 @@ def run_shape(shape: Shape, args: argparse.Namespace, work: Path, nodes: list[No
     if args.profile and _pyspy.available():
         profile = profiled(nodes, shape, prompt, max_new)
     local.close()
+    batched = None
+    if args.concurrency:
+        levels = [int(n) for n in args.concurrency.split(",")]
+        batched = _concurrency.concurrency(router, nodes[1:], shape.model_id, levels, shape.vocab_size, max_new,
+                                           shape.layers, rng)
     return {"shape": shape.name, "model_id": shape.model_id, "vocab_size": shape.vocab_size,
             "dense_bytes": dense["dense_bytes"], **tables(shape, runs, router.result("tenzro_nodeInfo")["provider_id"]),
-            "profile": profile}
+            "profile": profile, "concurrency": batched}
 
 
 def profiled(nodes: list[NodeProcess], shape: Shape, prompt: list[int], max_new: int) -> dict[str, Any]:
@@ -248,6 +254,8 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=None, help="vocab_size instead of the real share "
                         f"({REAL_VOCAB:,} is Qwen3-30B-A3B's: 2.5 GB f32 of embedding and LM head)")
     parser.add_argument("--profile", action="store_true", help="py-spy the router and a holder during a decode")
+    parser.add_argument("--concurrency", default="", help="e.g. 1,4,16: that many generations at once on the "
+                        "first shape, through continuous batching (bench/_concurrency.py)")
     args = parser.parse_args()
     plan = [Shape.parse(s, args.vocab) for s in ("2x128" if args.quick else args.shapes).split(",")]
     started = time.monotonic()

@@ -1,0 +1,84 @@
+"""bench/generate.py --concurrency: N generations at once through the router's continuous batching.
+
+For each level N, N generations of distinct 32-token prompts are started together (`tenzro_moeGenerate`
+with wait false) and followed to their ends. Measured: aggregate tokens/s (every generated token over
+the wall time from the first start to the last end, prefills included), the decode steps' p50 and p99
+(each sequence's inter-token latency, as its record timed it), the iterations the router ran (Σ 1/batch
+over the steps: each iteration of b sequences gives each of them one step of batch b), and each holder's
+`moe/execute` requests (its /metrics, before and after) per MoE layer per iteration: 1 is one request per
+holder per layer per iteration, whatever N. The reference is N = 1 in the same run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+
+from testkit.nodes import TOKEN, NodeProcess
+
+from .report import print_table
+
+
+def execute_requests(node: NodeProcess) -> float:
+    """The node's expert worker's `moe/execute` calls through the peer door, so far."""
+    total = 0.0
+    for line in httpx.get(f"{node.url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("tenzro_worker_requests_total{") and 'door="peer"' in line \
+                and 'method="moe/execute"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def one_level(router: NodeProcess, holders: list[NodeProcess], model_id: str, n: int, vocab: int, max_new: int,
+              n_moe_layers: int, rng: np.random.Generator) -> dict[str, Any]:
+    prompts = [[int(t) for t in rng.integers(0, vocab, 32)] for _ in range(n)]
+    before = [execute_requests(h) for h in holders]
+    started = time.perf_counter()
+    ids = [router.result("tenzro_moeGenerate", {"model_id": model_id, "prompt_ids": p, "max_new_tokens": max_new,
+                                                "stop_at_eos": False, "wire": "q8_0", "wait": False},
+                         token=TOKEN)["generation_id"] for p in prompts]
+    pending, records = set(ids), {}
+    while pending:
+        for gid in list(pending):
+            record = router.result("tenzro_moeGeneration", {"generation_id": gid})
+            if record["state"] != "running":
+                assert record["state"] == "done", record.get("error")
+                records[gid] = record
+                pending.discard(gid)
+        time.sleep(0.05)
+    wall = time.perf_counter() - started
+    requests = [after - b for after, b in zip((execute_requests(h) for h in holders), before, strict=True)]
+    steps = [s for r in records.values() for s in r["steps"]]
+    decode_ms = sorted(s["ms"] for s in steps if s["phase"] == "decode")
+    iterations = sum(1.0 / max(1, s["layers"][0]["batch"]) for s in steps if s["layers"])
+    return {"concurrency": n, "tokens": sum(len(r["tokens"]) for r in records.values()), "wall_s": wall,
+            "tokens_per_s": sum(len(r["tokens"]) for r in records.values()) / wall,
+            "inter_token_p50_ms": statistics.median(decode_ms),
+            "inter_token_p99_ms": decode_ms[min(len(decode_ms) - 1, int(0.99 * len(decode_ms)))],
+            "iterations": iterations, "largest_batch": max(s["layers"][0]["batch"] for s in steps if s["layers"]),
+            "holder_requests_per_layer_iteration": max(requests) / (iterations * n_moe_layers)}
+
+
+def concurrency(router: NodeProcess, holders: list[NodeProcess], model_id: str, levels: list[int], vocab: int,
+                max_new: int, n_moe_layers: int, rng: np.random.Generator) -> list[dict[str, Any]]:
+    one_level(router, holders, model_id, 2, vocab, 4, n_moe_layers, rng)  # warm
+    rows = [one_level(router, holders, model_id, n, vocab, max_new, n_moe_layers, rng) for n in levels]
+    base = rows[0]
+    for row in rows:
+        row["tokens_per_s_ratio"] = row["tokens_per_s"] / base["tokens_per_s"]
+        row["inter_token_ratio"] = row["inter_token_p50_ms"] / base["inter_token_p50_ms"]
+    print_table(f"Concurrent generations through continuous batching ({model_id}, q8_0 wire, {max_new} new tokens "
+                f"each; reference: concurrency {base['concurrency']} in this run)",
+                ["concurrency", "aggregate tokens/s", "x ref", "inter-token p50 ms", "x ref", "p99 ms",
+                 "iterations", "largest batch", "holder requests / layer / iteration"],
+                [[r["concurrency"], round(r["tokens_per_s"], 1), f"{r['tokens_per_s_ratio']:.2f}x",
+                  round(r["inter_token_p50_ms"], 1), f"{r['inter_token_ratio']:.2f}x",
+                  round(r["inter_token_p99_ms"], 1), round(r["iterations"], 1), r["largest_batch"],
+                  round(r["holder_requests_per_layer_iteration"], 2)]
+                 for r in rows])
+    print("targets: aggregate tokens/s at 16 >= 6x one sequence; inter-token p50 <= 2.5x; holder requests <= 1")
+    return rows
