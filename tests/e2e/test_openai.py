@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -36,6 +37,7 @@ MODEL = "test/chat-qwen3-moe"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
 MESSAGES = [{"role": "system", "content": "ba be"}, {"role": "user", "content": "bi bo bu da"}]
 UNHELD = "test/chat-unheld"
+CLIENTS = 16  # the router's TENZRO_GENERATE_MAX_CONCURRENT here: all step together
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,7 @@ def served(start_module_node, tmp_path_factory):
     for name in ("config.json", "model.safetensors"):
         shutil.copy(FIXTURE / name, folder / name)
     write_text_files(folder, vocab_size=256)
-    a = start_module_node(env={**ENV, "TENZRO_GENERATE_MAX_CONCURRENT": "2"})
+    a = start_module_node(env={**ENV, "TENZRO_GENERATE_MAX_CONCURRENT": str(CLIENTS)})
     b = start_module_node(env=ENV, peers=[a.url])
     with CheckpointReader.open(folder) as reader:
         shape = shape_from_config(MODEL, reader.config)
@@ -94,6 +96,29 @@ def test_a_completion_at_temperature_zero_is_transformers_text(served) -> None:
     assert "".join(texts) == want and sum(bool(t) for t in texts) >= 8  # token by token, not at the end
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].usage.completion_tokens == 16
+
+
+def test_sixteen_streaming_clients_at_once_share_iterations_and_each_gets_its_text(served) -> None:
+    """Continuous batching through /v1: the clients' generations step together (one MoE round per layer
+    per iteration for all of them), and each streams the text it gets alone."""
+    a, key, reference = served
+    prompt = reference.decode(EXPECTED["prompt_ids"])
+    lengths = [8 + i % 5 for i in range(CLIENTS)]
+    alone = {n: client(a, key).completions.create(model=MODEL, prompt=prompt, max_tokens=n, temperature=0)
+             .choices[0].text for n in set(lengths)}
+
+    def stream(n: int) -> tuple[str, str]:
+        chunks = list(client(a, key).completions.create(model=MODEL, prompt=prompt, max_tokens=n, temperature=0,
+                                                        stream=True))
+        return chunks[0].id, "".join(c.choices[0].text for c in chunks if c.choices)
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        streamed = list(pool.map(stream, lengths))
+    assert [text for _, text in streamed] == [alone[n] for n in lengths]
+    batches = [layer["batch"] for response_id, _ in streamed
+               for step in a.result("tenzro_moeGeneration", {"generation_id": response_id.split("-", 1)[1]})["steps"]
+               for layer in step["layers"]]
+    assert max(batches) >= 8, batches
 
 
 def test_a_chat_renders_the_template_and_streams(served) -> None:
@@ -175,9 +200,10 @@ def test_a_busy_router_answers_429_with_retry_after_and_a_network_that_cannot_se
     headers = {"Authorization": f"Bearer {key}"}
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 200, "temperature": 0, "stream": True}
     with httpx.Client(timeout=60) as http:
-        streams = [http.stream("POST", f"{a.url}/v1/chat/completions", json=body, headers=headers) for _ in range(2)]
+        streams = [http.stream("POST", f"{a.url}/v1/chat/completions", json=body, headers=headers)
+                   for _ in range(CLIENTS)]
         try:
-            for stream in streams:  # TENZRO_GENERATE_MAX_CONCURRENT (2) generations running, each read
+            for stream in streams:  # TENZRO_GENERATE_MAX_CONCURRENT (CLIENTS) generations running, each read
                 assert stream.__enter__().status_code == 200
             busy = http.post(f"{a.url}/v1/chat/completions", json={**body, "stream": False}, headers=headers)
             assert busy.status_code == 429 and int(busy.headers["Retry-After"]) >= 1
