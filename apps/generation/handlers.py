@@ -9,8 +9,9 @@ receipts, penalties and settlement apply to generation unchanged.
 The model itself is the sans-I/O `apps.generation.model.WholeModel.run` generator: it yields
 (layer, x) at each MoE layer and takes the layer's output back. Its numpy steps run on the
 compute executor; the loop only awaits the network. A generation runs as a task of its own:
-`moe/generate` answers with its id once its record exists, and each step is written to the
-record (and pushed to the dashboard) as it ends.
+`moe/generate` answers with its id once its record exists (a streamed one as soon as it starts),
+and each step is written to the record (and pushed to the dashboard) as it ends. Concurrent
+generations of a model step together (apps/generation/batcher.py).
 """
 
 from __future__ import annotations
