@@ -24,7 +24,7 @@ def redis_client() -> redis.Redis:
 
 
 def redis_check() -> dict[str, Any]:
-    """Does this node's Redis (broker and Channels layer) answer a PING now? {ok, error}."""
+    """Does this node's Redis (broker, Channels layer, web↔worker mailboxes) answer a PING now? {ok, error}."""
     try:
         redis_client().ping()
     except redis.RedisError as exc:

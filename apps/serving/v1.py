@@ -2,7 +2,7 @@
 
 A thin edge over the expert worker's `moe/generate` (apps/generation): the request is checked here
 (apps/serving/schemas.py), the prompt is tokenized or rendered there, and the generation's events
-come back over a stream channel (apps/worker/streams.py) as each step ends; a streaming client gets
+come back in a stream mailbox (apps/worker/streams.py) as each step ends; a streaming client gets
 each token's text as server-sent events at once, and a client that leaves cancels its generation.
 Requests carry a client key (`Authorization: Bearer sk-tz-…`, apps/serving/models.py) unless
 TENZRO_API_KEYS_REQUIRED is off; every error answers in OpenAI's shape (docs/openai.md).
