@@ -41,16 +41,16 @@ def one_level(router: NodeProcess, holders: list[NodeProcess], model_id: str, n:
     ids = [router.result("tenzro_moeGenerate", {"model_id": model_id, "prompt_ids": p, "max_new_tokens": max_new,
                                                 "stop_at_eos": False, "wire": "q8_0", "wait": False},
                          token=TOKEN)["generation_id"] for p in prompts]
-    pending, records = set(ids), {}
-    while pending:
+    pending = set(ids)
+    while pending:  # polled without steps; each record is read whole once, after the wall clock stops
         for gid in list(pending):
-            record = router.result("tenzro_moeGeneration", {"generation_id": gid})
+            record = router.result("tenzro_moeGeneration", {"generation_id": gid, "steps": False})
             if record["state"] != "running":
                 assert record["state"] == "done", record.get("error")
-                records[gid] = record
                 pending.discard(gid)
         time.sleep(0.05)
     wall = time.perf_counter() - started
+    records = {gid: router.result("tenzro_moeGeneration", {"generation_id": gid}) for gid in ids}
     requests = [after - b for after, b in zip((execute_requests(h) for h in holders), before, strict=True)]
     steps = [s for r in records.values() for s in r["steps"]]
     decode_ms = sorted(s["ms"] for s in steps if s["phase"] == "decode")

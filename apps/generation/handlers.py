@@ -135,8 +135,7 @@ class WholeModelHandlers:
         self.runtime, self.executor = parts.runtime, parts.executor
         self.forward = forward
         self.models: dict[str, LoadedModel] = {}
-        self._running: dict[str, asyncio.Task] = {}
-        self._runs: dict[str, GenerationRun] = {}  # of the running tasks, by generation id
+        self._running: dict[str, tuple[asyncio.Task, GenerationRun]] = {}  # by generation id
         # Concurrent generations of one model share each step's MoE round trips (apps/generation/batcher.py).
         self.batcher = StepBatcher(self._drive, self.forward.record_work,
                                    wait_s=settings.TENZRO_GENERATE_BATCH_WAIT_MS / 1000.0)
@@ -274,11 +273,10 @@ class WholeModelHandlers:
                               running=set(self._running))
         # The prefill starts while the record is written: the one database thread writes the steps after it.
         task = asyncio.create_task(run.run())
-        self._running[generation_id], self._runs[generation_id] = task, run
+        self._running[generation_id] = task, run
 
         def ended(_: asyncio.Task) -> None:
             self._running.pop(generation_id, None)
-            self._runs.pop(generation_id, None)
             seat.leave()
 
         task.add_done_callback(ended)
@@ -306,10 +304,11 @@ class WholeModelHandlers:
         """Stop a running generation (its client left, or the operator asked): it ends within one step,
         its record `cancelled` with the tokens so far."""
         generation_id = str_param(params, "generation_id")
-        task, run = self._running.get(generation_id), self._runs.get(generation_id)
-        if task is not None and run is not None:
+        running = self._running.get(generation_id)
+        if running is not None:
+            task, run = running
             run.cancel(task)
-        return {"generation_id": generation_id, "cancelled": task is not None}, b""
+        return {"generation_id": generation_id, "cancelled": running is not None}, b""
 
     async def _step(self, model_id: str, model: WholeModel, ids: np.ndarray, cache: Any, options: dict[str, Any],
                     ctx: CallContext, work: ForwardWork, *, last_only: bool = True

@@ -38,11 +38,6 @@ class AdmittedKey:
 _keys: dict[str, AdmittedKey] = {}  # by the secret's hash: this process's keys, read since the epoch
 
 
-def _redis_down(exc: Exception) -> Exception:
-    return error_for_reason("redis_unavailable", f"cannot count this key's requests: Redis does not answer "
-                                                 f"({type(exc).__name__})")
-
-
 async def _counted(key: AdmittedKey | None) -> tuple[bytes | None, int]:
     """The keys' epoch, and this minute's request count of `key` after this request (0 without a key);
     one round trip."""
@@ -54,7 +49,8 @@ async def _counted(key: AdmittedKey | None) -> tuple[bytes | None, int]:
                 pipe.incr(name).expire(name, _COUNTER_TTL_S)
             answers = await pipe.execute()
     except (RedisError, OSError) as exc:
-        raise _redis_down(exc) from exc
+        raise error_for_reason("redis_unavailable", f"cannot count this key's requests: Redis does not answer "
+                                                    f"({type(exc).__name__})") from exc
     return answers[0], answers[1] if key is not None else 0
 
 
@@ -63,8 +59,8 @@ async def _read_key(digest: str, epoch: bytes | None) -> AdmittedKey:
     if row is None:
         _keys.pop(digest, None)
         raise Unauthorized("this client key is not valid (unknown or revoked)", reason="invalid_api_key")
-    key = _keys[digest] = AdmittedKey(row.id, row.requests_per_minute, epoch, time.monotonic())
-    return key
+    _keys[digest] = AdmittedKey(row.id, row.requests_per_minute, epoch, time.monotonic())
+    return _keys[digest]
 
 
 async def admit(secret: str) -> AdmittedKey:
