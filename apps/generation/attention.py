@@ -1,9 +1,11 @@
 """Causal self-attention of one layer over a KV cache: GQA with q/k norm (Qwen3) and MLA (DeepSeek-V3).
 
-Pure module (numpy, f32). Each function takes the layer's prepared weights, the normed hidden rows
-x f32 [t, d_model] at positions start .. start+t-1, the cached entries of positions 0 .. start-1,
-and returns the attention output [t, d_model] plus the new rows to append to the cache. The caller
-appends them (apps/generation/model.py), so a failed step leaves the cache as it was.
+Pure module (numpy, f32). `self_attention` takes the layer's prepared weights and the normed hidden
+rows of one or more sequences stacked (x f32 [n, d_model]), each sequence's rows at positions
+start .. start+t-1 over its own cached entries of positions 0 .. start-1, and returns the attention
+output [n, d_model] plus the new rows to append to the caches. The caller appends them
+(apps/generation/model.py), so a failed step leaves every cache as it was. Several sequences in one
+call share the projections (one matrix product for all rows: continuous batching's dense half).
 
 Cache entries:
   GQA  k, v            f32 [T, n_kv_heads, head_dim] each, k after q/k-norm and RoPE
@@ -20,7 +22,7 @@ are never materialized. Mathematically the transformers computation; f32 roundin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,56 +116,82 @@ def mla_weights(spec: TransformerSpec, tensors: Mapping[str, np.ndarray], layer:
     )
 
 
-def gqa_attention(spec: TransformerSpec, w: GqaWeights, rope: RopeTables, x: np.ndarray, start: int,
-                  past_k: np.ndarray, past_v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x f32 [t, d_model] -> (out [t, d_model], k [t, kvh, hd], v [t, kvh, hd]) (new cache rows).
+Segment = tuple[int, int, np.ndarray, np.ndarray]
+"""One sequence's rows in a batch: (start, rows, past_a, past_b): its rows sit at positions start ..
+start+rows-1 and attend to its own cached entries past_a, past_b of positions 0 .. start-1."""
 
-    past_k, past_v f32 [start, kvh, hd]."""
-    t, h, kvh, hd = x.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
-    q = (x @ w.q.T).reshape(t, h, hd)
-    k = (x @ w.k.T).reshape(t, kvh, hd)
-    v = (x @ w.v.T).reshape(t, kvh, hd)
+
+def self_attention(spec: TransformerSpec, w: GqaWeights | MlaWeights, rope: RopeTables, x: np.ndarray,
+                   segments: Sequence[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x f32 [n, d_model], the rows of `segments` stacked in order (n = Σ rows), ->
+    (out [n, d_model], new_a [n, ...], new_b [n, ...]): the new cache rows of every segment, stacked alike.
+
+    The projections, the norms, RoPE and the output projection are row-wise, so they run once over all
+    rows; only the scores and the softmax are per sequence, over its own past. A sequence's rows come
+    out as they would alone, up to the float rounding of a matrix product with more rows."""
+    if sum(rows for _, rows, _, _ in segments) != x.shape[0]:
+        raise ValueError(f"segments cover {sum(rows for _, rows, _, _ in segments)} rows, x has {x.shape[0]}")
+    positions = np.concatenate([np.arange(start, start + rows) for start, rows, _, _ in segments])
+    if isinstance(w, GqaWeights):
+        return _gqa(spec, w, rope, x, positions, segments)
+    return _mla(spec, w, rope, x, positions, segments)
+
+
+def _gqa(spec: TransformerSpec, w: GqaWeights, rope: RopeTables, x: np.ndarray, positions: np.ndarray,
+         segments: Sequence[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """k and v new rows f32 [n, n_kv_heads, head_dim]; past_k, past_v of each segment [start, kvh, hd]."""
+    n, h, kvh, hd = x.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
+    q = (x @ w.q.T).reshape(n, h, hd)
+    k = (x @ w.k.T).reshape(n, kvh, hd)
+    v = (x @ w.v.T).reshape(n, kvh, hd)
     if w.q_norm is not None:  # Qwen3: RMSNorm over each head's dims, before RoPE
         q = rms_norm(q, w.q_norm, spec.rms_norm_eps)
         k = rms_norm(k, w.k_norm, spec.rms_norm_eps)
-    cos, sin = rope.cos_sin(np.arange(start, start + t))
+    cos, sin = rope.cos_sin(positions)
     q, k = rope.apply(q, cos, sin), rope.apply(k, cos, sin)
-    keys = np.concatenate([past_k, k]) if start else k  # (T, kvh, hd)
-    values = np.concatenate([past_v, v]) if start else v
-    rep = h // kvh
-    # query head g·rep + r reads kv head g (transformers repeat_kv)
-    qg = q.reshape(t, kvh, rep, hd).transpose(1, 2, 0, 3).reshape(kvh, rep * t, hd)  # (kvh, rep·t, hd)
-    scores = (qg @ keys.transpose(1, 2, 0)) * np.float32(spec.attn_scale)  # (kvh, rep·t, T)
-    probs = softmax_causal(scores.reshape(kvh, rep, t, -1), start)  # (kvh, rep, t, T)
-    ctx = probs.reshape(kvh, rep * t, -1) @ values.transpose(1, 0, 2)  # (kvh, rep·t, hd)
-    ctx = ctx.reshape(kvh, rep, t, hd).transpose(2, 0, 1, 3).reshape(t, h * hd)
+    ctx = np.empty((n, h * hd), dtype=np.float32)
+    rep, offset = h // kvh, 0
+    for start, t, past_k, past_v in segments:
+        rows = slice(offset, offset + t)
+        offset += t
+        keys = np.concatenate([past_k, k[rows]]) if start else k[rows]  # (T, kvh, hd)
+        values = np.concatenate([past_v, v[rows]]) if start else v[rows]
+        # query head g·rep + r reads kv head g (transformers repeat_kv)
+        qg = q[rows].reshape(t, kvh, rep, hd).transpose(1, 2, 0, 3).reshape(kvh, rep * t, hd)  # (kvh, rep·t, hd)
+        scores = (qg @ keys.transpose(1, 2, 0)) * np.float32(spec.attn_scale)  # (kvh, rep·t, T)
+        probs = softmax_causal(scores.reshape(kvh, rep, t, -1), start)  # (kvh, rep, t, T)
+        c = probs.reshape(kvh, rep * t, -1) @ values.transpose(1, 0, 2)  # (kvh, rep·t, hd)
+        ctx[rows] = c.reshape(kvh, rep, t, hd).transpose(2, 0, 1, 3).reshape(t, h * hd)
     return ctx @ w.o.T, k, v
 
 
-def mla_attention(spec: TransformerSpec, w: MlaWeights, rope: RopeTables, x: np.ndarray, start: int,
-                  past_latent: np.ndarray, past_k_rot: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x f32 [t, d_model] -> (out [t, d_model], latent [t, rank], k_rot [t, rope]) (new cache rows).
-
-    past_latent f32 [start, rank], past_k_rot f32 [start, rope]."""
-    t, h, nope, rank = x.shape[0], spec.n_heads, spec.qk_nope_head_dim, spec.kv_lora_rank
+def _mla(spec: TransformerSpec, w: MlaWeights, rope: RopeTables, x: np.ndarray, positions: np.ndarray,
+         segments: Sequence[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """latent f32 [n, rank] and k_rot [n, rope] new rows; past_latent, past_k_rot of each segment
+    [start, rank], [start, rope]."""
+    n, h, nope, rank = x.shape[0], spec.n_heads, spec.qk_nope_head_dim, spec.kv_lora_rank
     # q_lora_rank set (V3, K2): a low-rank bottleneck with its own RMSNorm; None (V2-Lite): one projection
     q = x @ w.q.T if w.q is not None else rms_norm(x @ w.q_a.T, w.q_a_norm, spec.rms_norm_eps) @ w.q_b.T
-    q = q.reshape(t, h, spec.head_dim)
+    q = q.reshape(n, h, spec.head_dim)
     q_nope, q_rot = q[..., :nope], q[..., nope:]
-    compressed = x @ w.kv_a.T  # (t, rank + rope)
-    latent = rms_norm(compressed[:, :rank], w.kv_a_norm, spec.rms_norm_eps)  # (t, rank)
-    cos, sin = rope.cos_sin(np.arange(start, start + t))
-    q_rot = rope.apply(q_rot, cos, sin)  # (t, h, rope)
+    compressed = x @ w.kv_a.T  # (n, rank + rope)
+    latent = rms_norm(compressed[:, :rank], w.kv_a_norm, spec.rms_norm_eps)  # (n, rank)
+    cos, sin = rope.cos_sin(positions)
+    q_rot = rope.apply(q_rot, cos, sin).transpose(1, 0, 2)  # (h, n, rope)
     k_rot = rope.apply(compressed[:, None, rank:], cos, sin)[:, 0, :]  # one rope key shared by all heads
-    lat = np.concatenate([past_latent, latent]) if start else latent  # (T, rank)
-    kr = np.concatenate([past_k_rot, k_rot]) if start else k_rot  # (T, rope)
-    q_lat = q_nope.transpose(1, 0, 2) @ w.w_uk  # (h, t, rank)
-    scores = q_lat @ lat.T + q_rot.transpose(1, 0, 2) @ kr.T  # (h, t, T)
-    probs = softmax_causal(scores * np.float32(spec.attn_scale), start)
-    ctx = (probs @ lat) @ w.w_uv_t  # (h, t, v)
-    ctx = ctx.transpose(1, 0, 2).reshape(t, h * spec.v_head_dim)
+    q_lat = q_nope.transpose(1, 0, 2) @ w.w_uk  # (h, n, rank)
+    ctx_lat = np.empty((h, n, rank), dtype=np.float32)
+    offset = 0
+    for start, t, past_latent, past_k_rot in segments:
+        rows = slice(offset, offset + t)
+        offset += t
+        lat = np.concatenate([past_latent, latent[rows]]) if start else latent[rows]  # (T, rank)
+        kr = np.concatenate([past_k_rot, k_rot[rows]]) if start else k_rot[rows]  # (T, rope)
+        scores = q_lat[:, rows] @ lat.T + q_rot[:, rows] @ kr.T  # (h, t, T)
+        ctx_lat[:, rows] = softmax_causal(scores * np.float32(spec.attn_scale), start) @ lat
+    ctx = (ctx_lat @ w.w_uv_t).transpose(1, 0, 2).reshape(n, h * spec.v_head_dim)  # (h, n, v) -> (n, h·v)
     return ctx @ w.o.T, latent, k_rot
 
 
-__all__ = ["GqaWeights", "MlaWeights", "attention_tensor_shapes", "gqa_attention", "gqa_weights", "mla_attention",
-           "mla_weights", "rms_norm", "softmax_causal"]
+__all__ = ["GqaWeights", "MlaWeights", "Segment", "attention_tensor_shapes", "gqa_weights", "mla_weights", "rms_norm",
+           "self_attention", "softmax_causal"]

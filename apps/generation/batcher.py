@@ -1,5 +1,6 @@
 """Continuous batching on the router: the steps a model's running generations ask for at the same time
-run as one lockstep step (apps/generation/lockstep.py), so each MoE layer is one plan and one dispatch
+run as one step of all their sequences (WholeModel.run_batch: the dense part's matrix products over all
+their rows, attention per sequence over its own cache), so each MoE layer is one plan and one dispatch
 for all of their rows: one request per holder per layer per iteration, whatever the number of clients.
 
 Each generation takes a seat in its model's batch (`StepBatcher.seat`) and asks for its steps with
@@ -27,7 +28,6 @@ from typing import Any
 import numpy as np
 
 from apps.forward.ledger import ForwardWork
-from apps.generation.lockstep import lockstep
 
 StepResult = tuple[np.ndarray, list[dict[str, Any]], float]  # logits, the layers' stats, dense seconds
 Drive = Callable[[str, Generator, dict[str, Any], Any, ForwardWork], Awaitable[tuple[Any, list[dict[str, Any]], float]]]
@@ -79,10 +79,10 @@ class _ModelBatch:
     async def _iteration(self, asks: list[_Ask]) -> None:
         model_id = self.key[0]
         work = ForwardWork()
-        runs = [self.model.run(a.ids, a.cache, last_only=True) for a in asks]
         self.batcher.iterations.append(len(asks))
         try:
-            results, layers, dense_s = await self.batcher.drive(model_id, lockstep(runs), self.options,
+            step = self.model.run_batch([(a.ids, a.cache) for a in asks], last_only=True)
+            results, layers, dense_s = await self.batcher.drive(model_id, step, self.options,
                                                                 asks[0].ctx, work)
         except asyncio.CancelledError:
             for a in asks:

@@ -321,7 +321,7 @@ class WholeModelHandlers:
     async def _drive(self, model_id: str, gen: Generator[tuple[int, np.ndarray], np.ndarray, Any],
                      options: dict[str, Any], ctx: CallContext, work: ForwardWork
                      ) -> tuple[Any, list[dict[str, Any]], float]:
-        """A sans-I/O run (WholeModel.run, or a lockstep of runs) to its end: its dense steps on the
+        """A sans-I/O run (WholeModel.run or run_batch) to its end: its dense steps on the
         compute executor, each MoE layer over the network. Its return value, the layers' stats, the
         seconds the dense part computed."""
         layers: list[dict[str, Any]] = []

@@ -13,7 +13,9 @@ Final: logits = lm_head(norm(h)) (embed_tokens when tie_word_embeddings). Every 
 transformers' Qwen3MoeForCausalLM / DeepseekV3ForCausalLM (apps/generation/attention.py for attention).
 
 The generator form (`WholeModel.run`) lets an asyncio caller await the network between layers
-without this module knowing about I/O; `forward` drives it with a plain callable.
+without this module knowing about I/O; `forward` drives it with a plain callable. `run_batch` steps
+several sequences at once (continuous batching): their rows share every matrix product and each MoE
+call, each attends over its own KV cache.
 """
 
 from __future__ import annotations
@@ -26,11 +28,10 @@ import numpy as np
 from apps.generation.attention import (
     GqaWeights,
     MlaWeights,
-    gqa_attention,
     gqa_weights,
-    mla_attention,
     mla_weights,
     rms_norm,
+    self_attention,
 )
 from apps.generation.rope import RopeTables
 from apps.generation.spec import TransformerSpec
@@ -165,26 +166,41 @@ class WholeModel:
         positions only when the generator returns. ValueError for bad ids, a cache of another model,
         or a y of the wrong shape or with NaN/inf.
         """
-        if not isinstance(cache, KVCache) or cache.spec != self.spec:
-            raise ValueError("cache was not made by this model's new_cache()")
-        ids = self._check_ids(token_ids)
-        spec, start = self.spec, cache.length
-        h = self._embed[ids]  # (t, d_model)
+        return (yield from self.run_batch([(token_ids, cache)], last_only=last_only))[0]
+
+    def run_batch(self, items: Sequence[tuple[np.ndarray | Sequence[int], KVCache]], *, last_only: bool = False
+                  ) -> Generator[tuple[int, np.ndarray], np.ndarray, list[np.ndarray]]:
+        """`run` of several sequences at once, each (token_ids int [t_i], its own cache): continuous batching.
+
+        Their rows go through every row-wise part together (embedding, norms, projections, dense FFN,
+        LM head: one matrix product for all) and each attends over its own cache only. Yields
+        (layer, x f32 [Σ t_i, d_model]) at each MoE layer, the sequences' rows stacked in order ([1, d]
+        each at the last layer when `last_only`), and expects y of x's shape back. Returns each
+        sequence's logits, as `run` would. No cache grows unless the whole step completes.
+        """
+        if not items:
+            return []
+        if len({id(cache) for _, cache in items}) != len(items):
+            raise ValueError("a batch holds each sequence once: the same cache was given twice")
+        for _, cache in items:
+            if not isinstance(cache, KVCache) or cache.spec != self.spec:
+                raise ValueError("cache was not made by this model's new_cache()")
+        ids = [self._check_ids(token_ids) for token_ids, _ in items]
+        spec, sizes = self.spec, [len(i) for i in ids]
+        bounds = np.cumsum([0, *sizes])  # sequence i's rows are bounds[i] .. bounds[i+1]-1
+        h = self._embed[np.concatenate(ids)]  # (n, d_model)
         new_rows: list[tuple[np.ndarray, np.ndarray]] = []
         for layer in range(spec.n_layers):
             ln_in, ln_post = self._ln[layer]
             x = rms_norm(h, ln_in, spec.rms_norm_eps)
-            w = self._attn[layer]
-            if isinstance(w, GqaWeights):
-                a, ra, rb = gqa_attention(spec, w, self._rope, x, start, *cache.past(layer))
-            else:
-                a, ra, rb = mla_attention(spec, w, self._rope, x, start, *cache.past(layer))
+            segments = [(cache.length, t, *cache.past(layer)) for (_, cache), t in zip(items, sizes, strict=True)]
+            a, ra, rb = self_attention(spec, self._attn[layer], self._rope, x, segments)
             new_rows.append((ra, rb))
             h = h + a
             if last_only and layer == spec.n_layers - 1:
-                # Every position's keys and values are in the cache now; only the last row goes on to
-                # the logits, so the last FFN (a whole network round for an MoE layer) sees that row alone.
-                h = h[-1:]
+                # Every position's keys and values are in the cache now; only each sequence's last row goes
+                # on to the logits, so the last FFN (a whole network round for an MoE layer) sees those alone.
+                h = h[bounds[1:] - 1]
             x = rms_norm(h, ln_post, spec.rms_norm_eps)
             if layer in self._mlp:
                 gate, up, down = self._mlp[layer]
@@ -192,10 +208,10 @@ class WholeModel:
             else:
                 y = self._check_moe_output(layer, (yield layer, np.ascontiguousarray(x)), len(x))
             h = h + y
-        cache._commit(new_rows)
-        if last_only:
-            h = h[-1:]
-        return rms_norm(h, self._norm, spec.rms_norm_eps) @ self._lm_head.T
+        for i, (_, cache) in enumerate(items):
+            cache._commit([(ra[bounds[i]:bounds[i + 1]], rb[bounds[i]:bounds[i + 1]]) for ra, rb in new_rows])
+        logits = rms_norm(h, self._norm, spec.rms_norm_eps) @ self._lm_head.T
+        return list(logits[:, None, :]) if last_only else np.split(logits, bounds[1:-1])
 
     def forward(self, token_ids: np.ndarray, cache: KVCache, moe: Callable[[int, np.ndarray], np.ndarray],
                 *, last_only: bool = False) -> np.ndarray:
@@ -205,7 +221,7 @@ class WholeModel:
 
 def drive(steps: Generator[tuple[int, np.ndarray], np.ndarray, Any], moe: Callable[[int, np.ndarray], np.ndarray]
           ) -> Any:
-    """A sans-I/O run (WholeModel.run, or a lockstep of runs) to its end, each MoE layer by moe(layer, x)."""
+    """A sans-I/O run (WholeModel.run or run_batch) to its end, each MoE layer by moe(layer, x)."""
     try:
         layer, x = next(steps)
         while True:

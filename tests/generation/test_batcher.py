@@ -80,9 +80,9 @@ def test_a_generation_alone_is_not_kept_waiting() -> None:
         return [np.zeros((1, 4), dtype=np.float32)], [], 0.0
 
     class _Model:
-        def run(self, ids, cache, last_only):
+        def run_batch(self, items, last_only):
             yield from ()
-            return np.zeros((1, 4), dtype=np.float32)
+            return [np.zeros((1, 4), dtype=np.float32) for _ in items]
 
     batcher = StepBatcher(drive, lambda **kwargs: None, wait_s=10.0)
 
