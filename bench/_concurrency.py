@@ -55,12 +55,19 @@ def one_level(router: NodeProcess, holders: list[NodeProcess], model_id: str, n:
     steps = [s for r in records.values() for s in r["steps"]]
     decode_ms = sorted(s["ms"] for s in steps if s["phase"] == "decode")
     iterations = sum(1.0 / max(1, s["layers"][0]["batch"]) for s in steps if s["layers"])
+    decodes = [s for s in steps if s["phase"] == "decode" and s["layers"]]
+    # where a decode iteration goes: the router's dense part, the MoE layers' round trips, and of those
+    # the slowest holder's compute per layer (summed over the layers)
+    where = {"dense_ms": statistics.median(s["dense_ms"] or 0.0 for s in decodes),
+             "moe_ms": statistics.median(sum(layer["ms"] for layer in s["layers"]) for s in decodes),
+             "holder_ms": statistics.median(sum(max((h["compute_ms"] or 0.0 for h in layer["holders"]), default=0.0)
+                                                for layer in s["layers"]) for s in decodes)}
     return {"concurrency": n, "tokens": sum(len(r["tokens"]) for r in records.values()), "wall_s": wall,
             "tokens_per_s": sum(len(r["tokens"]) for r in records.values()) / wall,
             "inter_token_p50_ms": statistics.median(decode_ms),
             "inter_token_p99_ms": decode_ms[min(len(decode_ms) - 1, int(0.99 * len(decode_ms)))],
             "iterations": iterations, "largest_batch": max(s["layers"][0]["batch"] for s in steps if s["layers"]),
-            "holder_requests_per_layer_iteration": max(requests) / (iterations * n_moe_layers)}
+            "holder_requests_per_layer_iteration": max(requests) / (iterations * n_moe_layers), **where}
 
 
 def concurrency(router: NodeProcess, holders: list[NodeProcess], model_id: str, levels: list[int], vocab: int,
@@ -74,11 +81,13 @@ def concurrency(router: NodeProcess, holders: list[NodeProcess], model_id: str, 
     print_table(f"Concurrent generations through continuous batching ({model_id}, q8_0 wire, {max_new} new tokens "
                 f"each; reference: concurrency {base['concurrency']} in this run)",
                 ["concurrency", "aggregate tokens/s", "x ref", "inter-token p50 ms", "x ref", "p99 ms",
-                 "iterations", "largest batch", "holder requests / layer / iteration"],
+                 "iterations", "largest batch", "holder requests / layer / iteration", "decode: dense ms",
+                 "MoE layers ms", "of which holder compute ms"],
                 [[r["concurrency"], round(r["tokens_per_s"], 1), f"{r['tokens_per_s_ratio']:.2f}x",
                   round(r["inter_token_p50_ms"], 1), f"{r['inter_token_ratio']:.2f}x",
                   round(r["inter_token_p99_ms"], 1), round(r["iterations"], 1), r["largest_batch"],
-                  round(r["holder_requests_per_layer_iteration"], 2)]
+                  round(r["holder_requests_per_layer_iteration"], 2), round(r["dense_ms"], 1), round(r["moe_ms"], 1),
+                  round(r["holder_ms"], 1)]
                  for r in rows])
     print("targets: aggregate tokens/s at 16 >= 6x one sequence; inter-token p50 <= 2.5x; holder requests <= 1")
     return rows

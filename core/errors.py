@@ -154,7 +154,7 @@ REASONS: dict[str, type[TenzroError]] = {
              "job_not_found", "receipt_not_found", "policy_not_found", "no_active_policy", "unknown_model",
              "file_not_found", "dense_not_loaded", "unknown_generation"),
     **_kinds(Conflict, "conflict", "policy_not_proposed", "state_not_published"),
-    **_kinds(PayloadTooLarge, "payload_too_large", "too_large", "over_budget", "batch_too_large"),
+    **_kinds(PayloadTooLarge, "payload_too_large", "too_large", "over_budget", "batch_too_large", "kv_budget_exceeded"),
     **_kinds(RateLimited, "rate_limited", "too_many_streams", "busy"),
     **_kinds(InternalError, "internal_error"),
 }

@@ -10,6 +10,7 @@ class DashboardConfig(AppConfig):
         from apps.dashboard.services import (
             push_dispute_decided,
             push_forward_done,
+            push_generation_batching,
             push_generation_progress,
             push_holdings_changed,
             push_node_processes,
@@ -21,7 +22,7 @@ class DashboardConfig(AppConfig):
             push_runtime_status,
         )
         from apps.forward.signals import forward_recorded
-        from apps.generation.signals import generation_progressed
+        from apps.generation.signals import generation_batching, generation_progressed
         from apps.governance.signals import policy_activated
         from apps.node.signals import node_processes_read
         from apps.providers.signals import holdings_changed, providers_changed
@@ -40,3 +41,4 @@ class DashboardConfig(AppConfig):
         worker_state_published.connect(push_runtime_status, dispatch_uid="dashboard-runtime-status")
         providers_changed.connect(push_providers_changed, dispatch_uid="dashboard-providers-changed")
         generation_progressed.connect(push_generation_progress, dispatch_uid="dashboard-generation-progress")
+        generation_batching.connect(push_generation_batching, dispatch_uid="dashboard-generation-batching")

@@ -6,7 +6,9 @@ generation needs a logged-in staff user (`operator_required`) and a CSRF token. 
 go through the API's own schema (GenerateParams) and the same call as tenzro_moeGenerate
 (`generation_begin`), so the limits and error messages are the RPC's. Steps arrive over the
 dashboard websocket as `generation.progress`; /generate/data.json gives the page the whole record
-when it selects a generation or its socket (re)connects, so no step is missed in between.
+when it selects a generation or its socket (re)connects, so no step is missed in between. The live
+view of the router's continuous batching comes as `generation.batching`, and whole from
+/generate/batching.json when the page opens or its socket (re)connects.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pydantic import ValidationError
 from apps.dashboard.access import dashboard_page
 from apps.dashboard.pages_work import _wants_json, operator_required
 from apps.generation import selectors
-from apps.generation.api import GenerateParams, generation_begin
+from apps.generation.api import GenerateParams, batching, generation_begin
 from apps.providers.selectors import held_models
 from apps.serving.selectors import keys_list
 from core.errors import TenzroError
@@ -130,6 +132,15 @@ def generate_data(request: HttpRequest) -> JsonResponse:
     if generation is None:
         return JsonResponse({"reason": "unknown_generation", "message": missing or "id is required"}, status=404)
     return JsonResponse(generation)
+
+
+@dashboard_page
+def generate_batching(request: HttpRequest) -> JsonResponse:
+    """The router's continuous batching now (tenzro_moeBatching), as the page's live view draws it."""
+    try:
+        return JsonResponse(async_to_sync(batching)())
+    except TenzroError as exc:  # the worker is down: the view says so instead of showing stale figures
+        return JsonResponse({"reason": exc.reason, "message": exc.message}, status=exc.http_status)
 
 
 @require_POST

@@ -99,3 +99,9 @@ def push_generation_progress(*, generation: dict[str, Any], **_: Any) -> None:
     """Receiver of generation's generation_progressed (sent from the expert worker after each batch of
     steps commits): the generate page appends their tokens and fan-out live."""
     dashboard_push(event="generation.progress", payload={"generation": generation})
+
+
+def push_generation_batching(*, batching: dict[str, Any], **_: Any) -> None:
+    """Receiver of generation's generation_batching: the generate page's live view of the router's
+    continuous batching (running and waiting generations, batch size per iteration, tokens/s)."""
+    dashboard_push(event="generation.batching", payload={"batching": batching})

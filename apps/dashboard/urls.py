@@ -18,6 +18,7 @@ urlpatterns = [
     path("forwards/", pages_work.forwards, name="dashboard-forwards"),
     path("generate/", pages_generate.generate, name="dashboard-generate"),
     path("generate/data.json", pages_generate.generate_data, name="dashboard-generate-data"),
+    path("generate/batching.json", pages_generate.generate_batching, name="dashboard-generate-batching"),
     path("generate/start/", pages_generate.generate_start, name="dashboard-generate-start"),
     path("repair/", pages_work.repair, name="dashboard-repair"),
 ]

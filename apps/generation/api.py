@@ -91,6 +91,9 @@ class GenerateParams(Params):
     wire: Literal["q8_0", "f32"] | None = Field(None, description="Activation codec on the wire; default: "
                                                                   "TENZRO_ACTIVATION_CODECS, Q8_0 first.")
     stop_at_eos: bool = Field(True, description="End at the config's eos_token_id, as transformers' generate does.")
+    deadline_s: float | None = Field(None, gt=0, le=settings.TENZRO_GENERATE_DEADLINE_S, description=(
+        "Seconds from the request until the generation must have ended, waiting for admission included (default "
+        "and at most TENZRO_GENERATE_DEADLINE_S); past it, it fails with deadline_exceeded, its tokens kept."))
     wait: bool = Field(True, description="Answer when the generation ends (or after TENZRO_GENERATE_WAIT_S, "
                                          "still running); false answers at once with its id.")
 
@@ -232,3 +235,32 @@ class GenerationsOut(Out):
 def generations(params: GenerationsParams) -> dict[str, Any]:
     """The most recent generations on this router (without their steps)."""
     return {"generations": selectors.generations_recent(limit=params.limit)}
+
+
+class IterationOut(Out):
+    model_id: str
+    batch: int = Field(description="Generations that stepped together in this iteration.")
+    rows: int = Field(description="Their rows (tokens): 1 per decoding generation, a prefill chunk's tokens.")
+    ms: float
+    ago_s: float = Field(description="Seconds since it ended.")
+
+
+class BatchingOut(Out):
+    running: int = Field(description="Generations admitted and stepping.")
+    queued: int = Field(description="Generations waiting for a slot or KV cache bytes (TENZRO_GENERATE_QUEUE).")
+    max_concurrent: int
+    kv_bytes: int = Field(description="KV cache bytes the running generations hold (reserved in the memory budget).")
+    kv_budget_bytes: int
+    tokens_per_s: float = Field(description="Generated tokens per second over the last window_s seconds, all "
+                                            "generations together.")
+    window_s: float
+    iterations: list[IterationOut] = Field(description="The newest iterations, oldest first.")
+
+
+@rpc_method("tenzro_moeBatching", rest="/moe/batching", http_method="GET", tag="moe", response=BatchingOut,
+            errors=(503,))
+async def batching() -> dict[str, Any]:
+    """This router's continuous batching now: running and waiting generations, KV cache bytes, each recent
+    iteration's batch size and the aggregate tokens per second (the dashboard's live view)."""
+    result, _ = await worker_call("moe/batching", {})
+    return result

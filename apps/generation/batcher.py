@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
@@ -31,6 +32,16 @@ from apps.forward.ledger import ForwardWork
 
 StepResult = tuple[np.ndarray, list[dict[str, Any]], float]  # logits, the layers' stats, dense seconds
 Drive = Callable[[str, Generator, dict[str, Any], Any, ForwardWork], Awaitable[tuple[Any, list[dict[str, Any]], float]]]
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """One step of a model's batch: when it ended (time.monotonic()), its sequences, their rows, its ms."""
+    model_id: str
+    ended_at: float
+    batch: int
+    rows: int
+    ms: float
 
 
 @dataclass
@@ -70,16 +81,27 @@ class _ModelBatch:
         try:
             while self.asks:
                 await self._gathered()
-                asks, self.asks = [a for a in self.asks if not a.future.done()], []
-                if asks:
-                    await self._iteration(asks)
+                asks = [a for a in self.asks if not a.future.done()]
+                taken = self._within_rows(asks)
+                self.asks = asks[len(taken):]  # past the row limit: the next iteration, first in line
+                if taken:
+                    await self._iteration(taken)
         finally:
             self.task = None  # the next ask starts another (no await between the loop's end and here)
+
+    def _within_rows(self, asks: list[_Ask]) -> list[_Ask]:
+        """The first asks, in order, whose rows fit the iteration's limit (always the first, whatever its size)."""
+        rows = 0
+        for n, a in enumerate(asks):
+            rows += len(a.ids)
+            if n and rows > self.batcher.max_rows:
+                return asks[:n]
+        return asks
 
     async def _iteration(self, asks: list[_Ask]) -> None:
         model_id = self.key[0]
         work = ForwardWork()
-        self.batcher.iterations.append(len(asks))
+        started = time.monotonic()
         try:
             step = self.model.run_batch([(a.ids, a.cache) for a in asks], last_only=True)
             results, layers, dense_s = await self.batcher.drive(model_id, step, self.options,
@@ -95,6 +117,10 @@ class _ModelBatch:
             return
         finally:
             self._settle(model_id, work, asks)
+            self.batcher.iterations.append(Iteration(model_id=model_id, ended_at=time.monotonic(), batch=len(asks),
+                                                     rows=sum(len(a.ids) for a in asks),
+                                                     ms=round((time.monotonic() - started) * 1000.0, 3)))
+            self.batcher.on_iteration()
         stats = [{**layer, "batch": len(asks)} for layer in layers]
         for a, logits in zip(asks, results, strict=True):
             if not a.future.done():
@@ -139,10 +165,14 @@ class Seat:
 class StepBatcher:
     """The batches of a router's running generations, one per (model, forward options)."""
 
-    def __init__(self, drive: Drive, record_work: Callable[..., None], *, wait_s: float) -> None:
-        self.drive, self.record_work, self.wait_s = drive, record_work, wait_s
+    def __init__(self, drive: Drive, record_work: Callable[..., None], *, wait_s: float, max_rows: int = 512,
+                 on_iteration: Callable[[], None] = lambda: None) -> None:
+        """max_rows: the most rows (tokens) one iteration carries; the asks past it wait for the next.
+        on_iteration: called after each iteration (the live view's cue)."""
+        self.drive, self.record_work, self.wait_s, self.max_rows = drive, record_work, wait_s, max_rows
+        self.on_iteration = on_iteration
         self._batches: dict[tuple[Any, ...], _ModelBatch] = {}
-        self.iterations: collections.deque[int] = collections.deque(maxlen=4096)  # recent batch sizes, newest last
+        self.iterations: collections.deque[Iteration] = collections.deque(maxlen=4096)  # the recent, newest last
 
     def seat(self, model_id: str, model: Any, options: dict[str, Any]) -> Seat:
         key = (model_id, id(model), options.get("wire"), options.get("allow_partial"))
@@ -150,6 +180,16 @@ class StepBatcher:
         if batch is None:
             batch = self._batches[key] = _ModelBatch(self, key, model, options)
         return Seat(batch)
+
+    def view(self, *, window_s: float, shown: int) -> dict[str, Any]:
+        """The live view's half: the newest `shown` iterations (oldest first) and the tokens per second
+        of the last `window_s` seconds (each sequence of an iteration steps once: its batch size)."""
+        now = time.monotonic()
+        recent = list(self.iterations)[-shown:]
+        in_window = [it.batch for it in self.iterations if now - it.ended_at <= window_s]
+        return {"tokens_per_s": round(sum(in_window) / window_s, 3), "window_s": window_s,
+                "iterations": [{"model_id": it.model_id, "batch": it.batch, "rows": it.rows, "ms": it.ms,
+                                "ago_s": round(now - it.ended_at, 3)} for it in recent]}
 
     def forget(self, batch: _ModelBatch) -> None:
         if self._batches.get(batch.key) is batch:

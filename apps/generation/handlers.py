@@ -34,10 +34,12 @@ from apps.catalog.slicing import gate_payload_for_layer
 from apps.forward.handlers import distributed_forward
 from apps.forward.ledger import ForwardWork
 from apps.generation import services
+from apps.generation.admission import Admission, Place
 from apps.generation.batcher import StepBatcher
-from apps.generation.model import WholeModel
+from apps.generation.model import KVCache, WholeModel
 from apps.generation.requests import (
     GenerateRequest,
+    deadline_of,
     max_new_of,
     options_of,
     prompt_ids_of,
@@ -51,10 +53,12 @@ from apps.generation.text import TextCodec, TextError
 from apps.generation.weights import load_dense_weights
 from apps.worker.doors import CallContext, WorkerParts
 from apps.worker.params import str_param
-from core.errors import InvalidInput, NotFound, RateLimited
+from core.errors import InvalidInput, NotFound, TenzroError
 
 logger = logging.getLogger("tenzro.generation")
 Result = tuple[dict[str, Any], bytes]
+BATCHING_WINDOW_S = 10.0  # the live view's tokens per second: over this many seconds
+BATCHING_PUSH_S = 0.5  # at most this often to the dashboards while generations run
 
 
 class LayerForward(Protocol):
@@ -138,13 +142,20 @@ class WholeModelHandlers:
         self._running: dict[str, tuple[asyncio.Task, GenerationRun]] = {}  # by generation id
         # Concurrent generations of one model share each step's MoE round trips (apps/generation/batcher.py).
         self.batcher = StepBatcher(self._drive, self.forward.record_work,
-                                   wait_s=settings.TENZRO_GENERATE_BATCH_WAIT_MS / 1000.0)
+                                   wait_s=settings.TENZRO_GENERATE_BATCH_WAIT_MS / 1000.0,
+                                   max_rows=settings.TENZRO_GENERATE_MAX_BATCH_ROWS,
+                                   on_iteration=self._batching_changed)
+        # Who runs now: slots, and KV cache bytes under the memory budget (apps/generation/admission.py).
+        self.admission = Admission(max_running=settings.TENZRO_GENERATE_MAX_CONCURRENT,
+                                   max_queued=settings.TENZRO_GENERATE_QUEUE, kv_budget=self._kv_budget,
+                                   on_change=self._running_changed)
+        self._batching_pushed_at = 0.0
         self._db = ThreadPoolExecutor(1, thread_name_prefix="generation-db")
 
     def table(self) -> dict[str, Callable[..., Awaitable[Result]]]:
         return {"moe/load_dense": self.load_dense, "moe/generate": self.generate,
                 "moe/generation_cancel": self.generation_cancel, "moe/model_forward": self.model_forward,
-                "moe/models": self.loaded_models}
+                "moe/models": self.loaded_models, "moe/batching": self.batching}
 
     def _write(self, func: Callable[..., Any], /, **kwargs: Any) -> asyncio.Future:
         """Run a service on the one database thread: writes land in the order they were asked for,
@@ -165,6 +176,38 @@ class WholeModelHandlers:
         tier, LRU first, when the reservation is made), so they do not count against it."""
         others = sum(m.dense_bytes for mid, m in self.models.items() if mid != model_id)
         return max(0, self.runtime.memory_budget_bytes - others)
+
+    def _kv_budget(self) -> int:
+        """Bytes the running generations' KV caches may hold: the memory budget less every model's dense
+        weights (experts in the memory tier make room), at most TENZRO_GENERATE_KV_BUDGET_BYTES when set."""
+        free = max(0, self.runtime.memory_budget_bytes - sum(m.dense_bytes for m in self.models.values()))
+        configured = settings.TENZRO_GENERATE_KV_BUDGET_BYTES
+        return min(free, configured) if configured else free
+
+    def _running_changed(self, kv_bytes: int) -> None:
+        try:  # held in the memory budget as the dense weights are: experts move to the disk tier to make room
+            self.runtime.reserve_memory("KV caches of running generations", kv_bytes)
+        except TenzroError as exc:  # admission kept it under the budget; a reservation made since may not
+            logger.warning("could not reserve %d bytes of KV cache in the memory budget: %s", kv_bytes, exc)
+        self._batching_changed()
+
+    def batching_view(self) -> dict[str, Any]:
+        """What the dashboard's live view shows: who runs and waits, the KV bytes, the recent iterations."""
+        return {"running": len(self.admission.running), "queued": len(self.admission.queue),
+                "max_concurrent": self.admission.max_running, "kv_bytes": self.admission.kv_bytes_running,
+                "kv_budget_bytes": self._kv_budget(), **self.batcher.view(window_s=BATCHING_WINDOW_S, shown=60)}
+
+    def _batching_changed(self) -> None:
+        """Push the live view to the dashboards, at most every BATCHING_PUSH_S while generations run (and
+        always once none does, so the page's last view is the idle one)."""
+        now = time.monotonic()
+        if self.admission.running and now - self._batching_pushed_at < BATCHING_PUSH_S:
+            return
+        self._batching_pushed_at = now
+        self._write(services.generation_batching_publish, batching=self.batching_view())
+
+    async def batching(self, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Result:
+        return self.batching_view(), b""
 
     async def load_dense(self, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Result:
         model_id, checkpoint = str_param(params, "model_id"), str_param(params, "checkpoint")
@@ -248,24 +291,25 @@ class WholeModelHandlers:
         defaults = loaded.codec.generation_defaults if loaded.codec is not None else {}
         return GenerateRequest(prompt_ids=ids, max_new_tokens=max_new, sampling=sampling_of(params.get("sampling"),
                                                                                               defaults),
-                               stop=stop_of(params.get("stop")), stream=stream, options=options_of(params))
+                               stop=stop_of(params.get("stop")), stream=stream, options=options_of(params),
+                               deadline_s=deadline_of(params, limit=settings.TENZRO_GENERATE_DEADLINE_S))
 
     async def generate(self, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Result:
         received_at = time.monotonic()
         model_id, loaded = self._loaded(params)
         request = await ctx.run_blocking(self.executor, self._request, params, loaded)
-        if len(self._running) >= settings.TENZRO_GENERATE_MAX_CONCURRENT:
-            raise RateLimited(f"{len(self._running)} generations are running on this router "
-                              f"(TENZRO_GENERATE_MAX_CONCURRENT); try again when one ends", reason="busy")
+        positions = len(request.prompt_ids) + request.max_new_tokens
+        # refused here (over the KV budget, or busy) before anything of it exists: no record, no seat
+        place = Place(self.batcher, self.admission.ticket(KVCache.bytes_for(loaded.model.spec, positions)),
+                       model_id, loaded.model, request.options)
         generation_id = uuid.uuid4().hex
-        seat = self.batcher.seat(model_id, loaded.model, request.options)  # left when its task ends
         try:
             run = GenerationRun(generation_id=generation_id, model_id=model_id, model=loaded.model,
-                                codec=loaded.codec, eos_ids=loaded.eos_ids, request=request, step=seat.step,
+                                codec=loaded.codec, eos_ids=loaded.eos_ids, request=request, step=place.step,
                                 write=self._write, record_work=self.forward.record_work, received_at=received_at,
-                                steps_done=seat.leave)
+                                steps_done=place.leave, prefill_chunk=settings.TENZRO_GENERATE_PREFILL_CHUNK)
         except BaseException:
-            seat.leave()  # a seat nobody steps from would make its batch wait at every iteration
+            place.leave()
             raise
         options = {**request.options, "sampling": {**run.sampler.params.__dict__}, "stop": request.stop}
         written = self._write(services.generation_start, generation_id=generation_id, model_id=model_id,
@@ -277,7 +321,7 @@ class WholeModelHandlers:
 
         def ended(_: asyncio.Task) -> None:
             self._running.pop(generation_id, None)
-            seat.leave()
+            place.leave()
 
         task.add_done_callback(ended)
         if request.stream is not None:  # its reader has the tokens from the stream: it need not wait for the record

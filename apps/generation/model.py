@@ -43,8 +43,8 @@ MoeStep = Generator[tuple[int, np.ndarray], np.ndarray, np.ndarray]
 class _Rows:
     """A growable f32 array [n, *row_shape]; capacity doubles so appending T rows one by one copies O(T)."""
 
-    def __init__(self, row_shape: tuple[int, ...]) -> None:
-        self._data = np.empty((0, *row_shape), dtype=np.float32)
+    def __init__(self, row_shape: tuple[int, ...], capacity: int = 0) -> None:
+        self._data = np.empty((capacity, *row_shape), dtype=np.float32)
         self.n = 0
 
     def view(self) -> np.ndarray:
@@ -67,16 +67,27 @@ class _Rows:
 class KVCache:
     """Per-layer cached attention entries of positions [0, length) (see apps/generation/attention.py):
     GQA keeps k and v [T, n_kv_heads, head_dim]; MLA keeps the kv latent [T, kv_lora_rank] and the
-    roped shared key [T, qk_rope_head_dim]. Grows only through WholeModel.run, all layers at once."""
+    roped shared key [T, qk_rope_head_dim]. Grows only through WholeModel.run, all layers at once.
+    `capacity` positions are allocated at once (a generation's prompt and max_new_tokens: the bytes it
+    was admitted for, never copied as it grows); past them it doubles."""
 
-    def __init__(self, spec: TransformerSpec) -> None:
+    def __init__(self, spec: TransformerSpec, capacity: int = 0) -> None:
         self.spec = spec
-        if spec.attention == "gqa":
-            shapes = ((spec.n_kv_heads, spec.head_dim), (spec.n_kv_heads, spec.v_head_dim))
-        else:
-            shapes = ((spec.kv_lora_rank,), (spec.qk_rope_head_dim,))
-        self._layers = [(_Rows(shapes[0]), _Rows(shapes[1])) for _ in range(spec.n_layers)]
+        shapes = self.row_shapes(spec)
+        self._layers = [(_Rows(shapes[0], capacity), _Rows(shapes[1], capacity)) for _ in range(spec.n_layers)]
         self._length = 0
+
+    @staticmethod
+    def row_shapes(spec: TransformerSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        if spec.attention == "gqa":
+            return (spec.n_kv_heads, spec.head_dim), (spec.n_kv_heads, spec.v_head_dim)
+        return (spec.kv_lora_rank,), (spec.qk_rope_head_dim,)
+
+    @classmethod
+    def bytes_for(cls, spec: TransformerSpec, positions: int) -> int:
+        """Bytes a cache of `positions` positions holds (f32, every layer)."""
+        a, b = cls.row_shapes(spec)
+        return 4 * positions * spec.n_layers * (int(np.prod(a)) + int(np.prod(b)))
 
     @property
     def length(self) -> int:
@@ -129,8 +140,8 @@ class WholeModel:
         self._mlp = {i: tuple(t[f"model.layers.{i}.mlp.{p}_proj.weight"] for p in ("gate", "up", "down"))
                      for i in range(spec.n_layers) if not spec.is_moe(i)}
 
-    def new_cache(self) -> KVCache:
-        return KVCache(self.spec)
+    def new_cache(self, capacity: int = 0) -> KVCache:
+        return KVCache(self.spec, capacity)
 
     def _check_ids(self, token_ids: np.ndarray | Sequence[int]) -> np.ndarray:
         ids = np.asarray(token_ids)

@@ -31,6 +31,7 @@ class GenerateRequest:
     stop: list[str] = field(default_factory=list)
     stream: str | None = None  # the stream mailbox the web process reads this generation's events from
     options: dict[str, Any] = field(default_factory=dict)  # allow_partial, wire, stop_at_eos
+    deadline_s: float = 600.0  # the longest it may take from the router's receipt, waiting for admission included
 
 
 def _invalid(param: str, message: str, reason: str = "invalid_input") -> InvalidInput:
@@ -149,3 +150,13 @@ def max_new_of(params: Mapping[str, Any], *, prompt_tokens: int, limit: int, con
                                          f"model's context of {context} tokens (max_position_embeddings)",
                        reason="context_length_exceeded")
     return max_new
+
+
+def deadline_of(params: Mapping[str, Any], *, limit: float) -> float:
+    """deadline_s (default and at most the router's TENZRO_GENERATE_DEADLINE_S): seconds from the request
+    until the generation must have ended; past it, it ends with deadline_exceeded and the tokens so far."""
+    deadline = params.get("deadline_s", limit)
+    if isinstance(deadline, bool) or not isinstance(deadline, int | float) or not 0 < deadline <= limit:
+        raise _invalid("deadline_s", f"param 'deadline_s' must be a number of seconds above 0 and at most {limit:g} "
+                                     f"(TENZRO_GENERATE_DEADLINE_S), got {deadline!r}")
+    return float(deadline)

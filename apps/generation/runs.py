@@ -25,7 +25,7 @@ from apps.generation.sampling import Sampler
 from apps.generation.text import CompletionText, TextCodec
 from apps.worker.doors import CallContext, Door
 from apps.worker.streams import EventStream
-from core.errors import TenzroError
+from core.errors import TenzroError, Unavailable
 
 logger = logging.getLogger("tenzro.generation")
 Step = Callable[..., Awaitable[tuple[np.ndarray, list[dict[str, Any]], float]]]
@@ -36,14 +36,17 @@ class GenerationRun:
     def __init__(self, *, generation_id: str, model_id: str, model: Any, codec: TextCodec | None,
                  eos_ids: frozenset[int], request: GenerateRequest, step: Step, write: Write,
                  record_work: Callable[..., None], received_at: float | None = None,
-                 steps_done: Callable[[], None] = lambda: None) -> None:
+                 steps_done: Callable[[], None] = lambda: None, prefill_chunk: int = 0) -> None:
         """received_at: time.monotonic() when the router got the request: time to first token counts from
-        there (its prompt tokenized and checked, then the prefill), as a client sees it. steps_done: called
-        once it asks for no more steps (before its record is closed): its batch stops waiting for it."""
+        there (its prompt tokenized and checked, any wait for admission, then the prefill), as a client sees
+        it, and so does its deadline (request.deadline_s). steps_done: called once it asks for no more steps
+        (before its record is closed): its batch stops waiting for it. prefill_chunk: the prompt goes through
+        in steps of at most this many tokens (0: one step), so the others' decoding goes on beside it."""
         self.received_at = time.monotonic() if received_at is None else received_at
         self.generation_id, self.model_id, self.model = generation_id, model_id, model
         self.codec, self.eos_ids, self.request = codec, eos_ids, request
         self._step, self._write, self._record_work, self._steps_done = step, write, record_work, steps_done
+        self._prefill_chunk = prefill_chunk
         self.sampler = Sampler(request.sampling, request.prompt_ids)
         self.text = CompletionText(codec, request.stop) if codec is not None else None
         self.stream = EventStream(request.stream)
@@ -75,20 +78,42 @@ class GenerationRun:
         """One token's own text, as logprobs show it."""
         return self.codec.tokenizer.decode([token], skip_special_tokens=False) if self.codec is not None else ""
 
+    async def _forward(self, ids: np.ndarray, cache: Any, ctx: CallContext, work: ForwardWork
+                       ) -> tuple[np.ndarray, list[dict[str, Any]], float]:
+        """One token's step: the last position's logits of `ids` (a prompt in chunks of prefill_chunk)."""
+        chunk = self._prefill_chunk or len(ids)
+        layers: list[dict[str, Any]] = []
+        dense_s = 0.0
+        for at in range(0, len(ids), chunk):
+            logits, part, seconds = await self._step(self.model_id, self.model, ids[at: at + chunk], cache,
+                                                     self.request.options, ctx, work)
+            layers += part
+            dense_s += seconds
+        return logits, layers, dense_s
+
     async def run(self) -> None:
         ctx = CallContext(door=Door.OPERATOR)
-        request, cache = self.request, self.model.new_cache()
+        request = self.request
+        # its whole length at once: the bytes admission counted, and no copy as it grows
+        cache = self.model.new_cache(len(request.prompt_ids) + request.max_new_tokens)
         decode_started, decoded = 0.0, 0
         ids = np.asarray(request.prompt_ids, dtype=np.int64)
         work = ForwardWork()  # the whole generation's: one settlement per holder, written at the end
         finish, error = "length", None
+        # on the loop's clock, from when the router got the request (the queue's wait counts)
+        deadline = asyncio.get_running_loop().time() + request.deadline_s - (time.monotonic() - self.received_at)
         try:
             for index in range(request.max_new_tokens):
                 if self.cancel_requested:
                     raise asyncio.CancelledError
                 step_started = time.monotonic()
-                logits, layers, dense_s = await self._step(self.model_id, self.model, ids, cache, request.options,
-                                                           ctx, work)
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        logits, layers, dense_s = await self._forward(ids, cache, ctx, work)
+                except TimeoutError:
+                    raise Unavailable(f"the generation ran past its deadline of {request.deadline_s:g} s "
+                                      f"(deadline_s, TENZRO_GENERATE_DEADLINE_S) after {len(self.tokens)} token(s)",
+                                      reason="deadline_exceeded") from None
                 choice = self.sampler.choose(logits[-1])
                 token = choice.token
                 self.tokens.append(token)

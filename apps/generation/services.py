@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from apps.generation.models import Generation, GenerationState, GenerationStep
 from apps.generation.selectors import generation_to_dict
-from apps.generation.signals import generation_progressed
+from apps.generation.signals import generation_batching, generation_progressed
 
 
 def _sent(row: Generation, steps: list[dict[str, Any]]) -> None:
@@ -79,3 +79,9 @@ def generation_finish(*, generation_id: str, decode_tokens_per_s: float | None =
         row.save(update_fields=["state", "decode_tokens_per_s", "error_reason", "error_message", "finish_reason",
                                 "text", "finished_at"])
         _sent(row, [])
+
+
+def generation_batching_publish(*, batching: dict[str, Any]) -> None:
+    """The router's continuous batching as it is now (WholeModelHandlers.batching_view) to whoever listens
+    (the dashboards' live view). Nothing is written: it is a snapshot of the worker's memory."""
+    generation_batching.send(sender=Generation, batching=batching)

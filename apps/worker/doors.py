@@ -66,6 +66,7 @@ METHOD_DOORS: dict[str, frozenset[Door]] = {
     "moe/model_forward": OPERATOR_ONLY,  # the same, one forward's logits
     "moe/generation_cancel": OPERATOR_ONLY,  # stops a generation this node runs
     "moe/models": OPERATOR_ONLY,  # the models whose dense part this router holds (what /v1/models lists)
+    "moe/batching": OPERATOR_ONLY,  # its running and waiting generations and iterations (the live view)
 }
 
 

@@ -81,6 +81,15 @@ TENZRO_GENERATE_MAX_PROMPT_TOKENS = env_int("TENZRO_GENERATE_MAX_PROMPT_TOKENS",
 TENZRO_GENERATE_MAX_NEW_TOKENS = env_int("TENZRO_GENERATE_MAX_NEW_TOKENS", 1024)
 # Generations running at once; those of one model step together (continuous batching, apps/generation/batcher.py).
 TENZRO_GENERATE_MAX_CONCURRENT = env_int("TENZRO_GENERATE_MAX_CONCURRENT", 16)
+# Admission (apps/generation/admission.py): how many more wait for a slot or for KV cache bytes (past
+# them: 429 busy); the KV caches' budget in bytes (0: the node's memory budget less the dense weights it
+# holds); the most rows one iteration carries; a prompt's prefill in chunks of this many tokens, so a
+# long prompt does not stall the others' decoding; and the longest a generation may take, queue included.
+TENZRO_GENERATE_QUEUE = env_int("TENZRO_GENERATE_QUEUE", 64)
+TENZRO_GENERATE_KV_BUDGET_BYTES = env_int("TENZRO_GENERATE_KV_BUDGET_BYTES", 0)
+TENZRO_GENERATE_MAX_BATCH_ROWS = env_int("TENZRO_GENERATE_MAX_BATCH_ROWS", 512)
+TENZRO_GENERATE_PREFILL_CHUNK = env_int("TENZRO_GENERATE_PREFILL_CHUNK", 256)
+TENZRO_GENERATE_DEADLINE_S = env_float("TENZRO_GENERATE_DEADLINE_S", 600.0)
 # How long an iteration waits for every running generation of its model to ask for its step (they
 # sample between steps, well under a millisecond); a slower one joins the next iteration.
 TENZRO_GENERATE_BATCH_WAIT_MS = env_float("TENZRO_GENERATE_BATCH_WAIT_MS", 5.0)

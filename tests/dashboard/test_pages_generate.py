@@ -288,6 +288,11 @@ def test_generate_page_live_in_a_browser(start_node, page, tmp_path) -> None:  #
     expect(page.locator("#gen-count")).to_have_text(f"{n} / {n}")
     expect(page.locator("#gen-text")).to_have_text(tokenizer.decode(meta["greedy_ids"], skip_special_tokens=True))
     expect(page.locator("#gen-finish")).to_have_text("length")
+    # The live view of continuous batching: pushed once no generation runs, a bar per iteration (one a step)
+    expect(page.locator("#batch-running")).to_have_text("0 of 16")
+    expect(page.locator("#batch-bars span")).to_have_count(n)
+    assert set(page.locator("#batch-bars span").evaluate_all("bars => bars.map(b => b.dataset.batch)")) == {"1"}
+    expect(page.locator("#batch-rate")).to_contain_text("(last 10 s)")
     # Each step's fan-out: at least one holder row per MoE layer, this node's short id among them.
     layers = page.evaluate("""() => Array.from(document.querySelectorAll('#gen-steps details.step')).map(
         d => Array.from(new Set(Array.from(d.querySelectorAll('tr.holder')).map(tr => Number(tr.dataset.layer)))))""")

@@ -228,3 +228,46 @@ def test_dense_weights_that_do_not_fit_the_memory_budget_are_refused(start_node)
                          headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
     assert refused.status_code == 413 and refused.json()["reason"] == "over_budget", refused.text
     assert node.result("tenzro_moeExpertStatus", {"live": True})["memory_used_bytes"] == 0
+
+
+def test_admission_refuses_past_the_kv_budget_and_queues_past_it_until_the_queue_is_full(start_node) -> None:
+    """Admission (docs/operations.md, "Generation"): a generation whose KV cache cannot fit even alone is
+    refused, nothing of it started; one that fits alone but not beside the running ones waits its turn
+    and then generates its tokens; past the queue, busy."""
+    meta, _ = expected("qwen3_moe")
+    model_id, folder = MODELS["qwen3_moe"], FIXTURES / "qwen3_moe"
+    per_position = 3 * (2 * 16 + 2 * 16) * 4  # the fixture's layers x (k + v floats) x 4 bytes
+    node = start_node(env={**ENV, "TENZRO_GENERATE_KV_BUDGET_BYTES": str(100 * per_position),
+                           "TENZRO_GENERATE_QUEUE": "1"})
+    with CheckpointReader.open(folder) as reader:
+        shape = shape_from_config(model_id, reader.config)
+        for layer in shape.moe_layers:
+            prepared = prepare_layer(reader, shape, model_id=model_id, layer=layer,
+                                     experts=range(shape.n_experts_total), quant=None)
+            for payload in prepared.experts.values():
+                node.result("tenzro_moeExpertLoad", {"payload": base64.b64encode(payload).decode()}, token=TOKEN)
+    node.result("tenzro_moeLoadDense", {"model_id": model_id, "checkpoint": str(folder)}, token=TOKEN)
+    wait_for(lambda: len(node.result("tenzro_moeShardMap", {"model_id": model_id})["holders"])
+             == shape.n_experts_total * len(shape.moe_layers), 60, "the node to see its own experts")
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    def generate(prompt: list[int], new: int) -> httpx.Response:
+        return httpx.post(f"{node.url}/api/moe/generate", json={
+            "model_id": model_id, "prompt_ids": prompt, "max_new_tokens": new, "stop_at_eos": False, "wire": "f32",
+            "wait": False}, headers=headers, timeout=60)
+
+    too_big = generate(meta["prompt_ids"], 101 - len(meta["prompt_ids"]))  # 101 positions > the budget's 100
+    assert too_big.status_code == 413 and too_big.json()["reason"] == "kv_budget_exceeded", too_big.text
+    assert "KV budget" in too_big.json()["message"]
+    assert node.result("tenzro_moeGenerations")["generations"] == []  # no record, nothing half-started
+    long = generate([5, 6], 98)  # 100 positions: the whole budget
+    assert long.status_code == 200, long.text
+    n = len(meta["greedy_ids"])
+    queued = generate(meta["prompt_ids"], n)  # fits alone, not beside it: it waits
+    busy = generate([5], 1)  # the queue (1) is full
+    assert busy.status_code == 429 and busy.json()["reason"] == "busy", busy.text
+    first, second = _finished(node, [long.json()["generation_id"], queued.json()["generation_id"]])
+    assert first["state"] == second["state"] == "done", [first.get("error"), second.get("error")]
+    assert second["tokens"] == meta["greedy_ids"] and len(first["tokens"]) == 98
+    # it ran only once the first had ended: it never shared an iteration with it
+    assert {layer["batch"] for step in second["steps"] for layer in step["layers"]} == {1}

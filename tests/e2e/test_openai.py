@@ -46,7 +46,7 @@ def served(start_module_node, tmp_path_factory):
     for name in ("config.json", "model.safetensors"):
         shutil.copy(FIXTURE / name, folder / name)
     write_text_files(folder, vocab_size=256)
-    a = start_module_node(env={**ENV, "TENZRO_GENERATE_MAX_CONCURRENT": str(CLIENTS)})
+    a = start_module_node(env={**ENV, "TENZRO_GENERATE_MAX_CONCURRENT": str(CLIENTS), "TENZRO_GENERATE_QUEUE": "0"})
     b = start_module_node(env=ENV, peers=[a.url])
     with CheckpointReader.open(folder) as reader:
         shape = shape_from_config(MODEL, reader.config)

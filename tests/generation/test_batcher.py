@@ -67,7 +67,7 @@ def test_concurrent_generations_share_each_iteration_and_get_their_own_tokens(fi
     assert [tokens for tokens, _ in results] == alone
     assert all(layers[0]["batch"] >= 1 for _, layers in results)
     n_moe = len(model.spec.moe_layers)
-    iterations = list(batcher.iterations)
+    iterations = [it.batch for it in batcher.iterations]
     assert len(network.calls) == len(iterations) * n_moe  # one call per MoE layer per iteration
     assert max(iterations) >= 7 and len(iterations) < 8 * NEW_TOKENS / 3  # they really shared
 
@@ -95,4 +95,22 @@ def test_a_generation_alone_is_not_kept_waiting() -> None:
         return asyncio.get_running_loop().time() - started
 
     assert asyncio.run(scenario()) < 1.0  # never the 10 s wait: everyone seated had asked
-    assert list(batcher.iterations) == [1, 1, 1]
+    assert [it.batch for it in batcher.iterations] == [1, 1, 1]
+
+
+def test_an_iteration_carries_at_most_max_rows_and_the_rest_go_first_in_the_next(fixture) -> None:
+    model = fixture.model
+    network = _Network(fixture)
+    batcher = StepBatcher(network.drive, lambda **kwargs: None, wait_s=0.05, max_rows=5)
+    prompts = [[3, 4, 5], [6, 7, 8], [9]]
+
+    async def scenario():
+        return await asyncio.gather(*(_generate(batcher, model, p, 2) for p in prompts))
+
+    results = asyncio.run(scenario())
+    assert [tokens for tokens, _ in results] == [greedy_generate(model, p, 2, fixture.moe) for p in prompts]
+    rows = [it.rows for it in batcher.iterations]
+    assert max(rows) <= 5 and rows[0] == 3  # the first prefill alone: the second's 3 rows would pass 5
+    view = batcher.view(window_s=10.0, shown=2)
+    assert [it["rows"] for it in view["iterations"]] == rows[-2:]
+    assert view["tokens_per_s"] == sum(it.batch for it in batcher.iterations) / 10.0
