@@ -158,6 +158,11 @@ def test_outsiders_cannot_generate_and_can_read(network) -> None:
     assert listed and all(g["state"] in ("done", "failed", "running") for g in listed)
     one = httpx.get(f"{a.url}/api/moe/generation", params={"generation_id": listed[0]["generation_id"]}, timeout=30)
     assert one.status_code == 200 and one.json()["generation_id"] == listed[0]["generation_id"]
+    live = httpx.get(f"{a.url}/api/moe/batching", timeout=30)  # the live view of continuous batching
+    assert live.status_code == 200, live.text
+    view = live.json()
+    assert view["running"] == 0 and view["max_concurrent"] >= 1 and view["kv_budget_bytes"] > 0
+    assert view["iterations"] and all(it["batch"] >= 1 and it["rows"] >= it["batch"] for it in view["iterations"])
 
 
 def _finished(a: NodeProcess, generation_ids: list[str], timeout_s: float = 120) -> list[dict]:
