@@ -37,6 +37,18 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return weight * (x / np.sqrt(variance + np.float32(eps)))
 
 
+def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x f32 [n, k] times w [m, k] transposed -> [n, m]: a layer's projection of n rows.
+
+    A decode batch's few rows are memory-bound: each reads the whole weight. Up to 3 rows go as one
+    GEMV each (OpenBLAS's GEMM packs a whole operand first: 3–4x a GEMV at 2 rows); more go as w @ xᵀ,
+    1.4–1.6x faster than x @ wᵀ at 4–64 rows, as GEMM then packs the small x (docs/performance.md,
+    "Concurrent generations")."""
+    if x.shape[0] <= 3:
+        return np.stack([w @ row for row in x])
+    return (w @ x.T).T
+
+
 def softmax_causal(scores: np.ndarray, start: int) -> np.ndarray:
     """scores f32 [..., t, T] of queries at start .. start+t-1 over keys 0 .. T-1 -> causal softmax."""
     t, total = scores.shape[-2:]
@@ -50,9 +62,7 @@ def softmax_causal(scores: np.ndarray, start: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class GqaWeights:
-    q: np.ndarray  # (n_heads·head_dim, d_model)
-    k: np.ndarray  # (n_kv_heads·head_dim, d_model)
-    v: np.ndarray  # (n_kv_heads·head_dim, d_model)
+    qkv: np.ndarray  # (n_heads·head_dim + 2·n_kv_heads·head_dim, d_model): q_proj, k_proj, v_proj stacked
     o: np.ndarray  # (d_model, n_heads·head_dim)
     q_norm: np.ndarray | None  # (head_dim,)
     k_norm: np.ndarray | None  # (head_dim,)
@@ -95,8 +105,9 @@ def attention_tensor_shapes(spec: TransformerSpec, layer: int) -> dict[str, tupl
 
 def gqa_weights(spec: TransformerSpec, tensors: Mapping[str, np.ndarray], layer: int) -> GqaWeights:
     p = f"model.layers.{layer}.self_attn."
-    return GqaWeights(q=tensors[p + "q_proj.weight"], k=tensors[p + "k_proj.weight"], v=tensors[p + "v_proj.weight"],
-                      o=tensors[p + "o_proj.weight"], q_norm=tensors.get(p + "q_norm.weight") if spec.qk_norm else None,
+    qkv = np.concatenate([tensors[p + f"{name}_proj.weight"] for name in ("q", "k", "v")])
+    return GqaWeights(qkv=qkv, o=tensors[p + "o_proj.weight"],
+                      q_norm=tensors.get(p + "q_norm.weight") if spec.qk_norm else None,
                       k_norm=tensors.get(p + "k_norm.weight") if spec.qk_norm else None)
 
 
@@ -141,9 +152,10 @@ def _gqa(spec: TransformerSpec, w: GqaWeights, rope: RopeTables, x: np.ndarray, 
          segments: Sequence[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """k and v new rows f32 [n, n_kv_heads, head_dim]; past_k, past_v of each segment [start, kvh, hd]."""
     n, h, kvh, hd = x.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
-    q = (x @ w.q.T).reshape(n, h, hd)
-    k = (x @ w.k.T).reshape(n, kvh, hd)
-    v = (x @ w.v.T).reshape(n, kvh, hd)
+    qkv = linear(x, w.qkv)  # one product for the three: (n, (h + 2·kvh)·hd)
+    q = qkv[:, : h * hd].reshape(n, h, hd)
+    k = qkv[:, h * hd: (h + kvh) * hd].reshape(n, kvh, hd)
+    v = qkv[:, (h + kvh) * hd:].reshape(n, kvh, hd)
     if w.q_norm is not None:  # Qwen3: RMSNorm over each head's dims, before RoPE
         q = rms_norm(q, w.q_norm, spec.rms_norm_eps)
         k = rms_norm(k, w.k_norm, spec.rms_norm_eps)
@@ -162,7 +174,7 @@ def _gqa(spec: TransformerSpec, w: GqaWeights, rope: RopeTables, x: np.ndarray, 
         probs = softmax_causal(scores.reshape(kvh, rep, t, -1), start)  # (kvh, rep, t, T)
         c = probs.reshape(kvh, rep * t, -1) @ values.transpose(1, 0, 2)  # (kvh, rep·t, hd)
         ctx[rows] = c.reshape(kvh, rep, t, hd).transpose(2, 0, 1, 3).reshape(t, h * hd)
-    return ctx @ w.o.T, k, v
+    return linear(ctx, w.o), k, v
 
 
 def _mla(spec: TransformerSpec, w: MlaWeights, rope: RopeTables, x: np.ndarray, positions: np.ndarray,
@@ -171,10 +183,10 @@ def _mla(spec: TransformerSpec, w: MlaWeights, rope: RopeTables, x: np.ndarray, 
     [start, rank], [start, rope]."""
     n, h, nope, rank = x.shape[0], spec.n_heads, spec.qk_nope_head_dim, spec.kv_lora_rank
     # q_lora_rank set (V3, K2): a low-rank bottleneck with its own RMSNorm; None (V2-Lite): one projection
-    q = x @ w.q.T if w.q is not None else rms_norm(x @ w.q_a.T, w.q_a_norm, spec.rms_norm_eps) @ w.q_b.T
+    q = linear(x, w.q) if w.q is not None else linear(rms_norm(linear(x, w.q_a), w.q_a_norm, spec.rms_norm_eps), w.q_b)
     q = q.reshape(n, h, spec.head_dim)
     q_nope, q_rot = q[..., :nope], q[..., nope:]
-    compressed = x @ w.kv_a.T  # (n, rank + rope)
+    compressed = linear(x, w.kv_a)  # (n, rank + rope)
     latent = rms_norm(compressed[:, :rank], w.kv_a_norm, spec.rms_norm_eps)  # (n, rank)
     cos, sin = rope.cos_sin(positions)
     q_rot = rope.apply(q_rot, cos, sin).transpose(1, 0, 2)  # (h, n, rope)
@@ -190,7 +202,7 @@ def _mla(spec: TransformerSpec, w: MlaWeights, rope: RopeTables, x: np.ndarray, 
         scores = q_lat[:, rows] @ lat.T + q_rot[:, rows] @ kr.T  # (h, t, T)
         ctx_lat[:, rows] = softmax_causal(scores * np.float32(spec.attn_scale), start) @ lat
     ctx = (ctx_lat @ w.w_uv_t).transpose(1, 0, 2).reshape(n, h * spec.v_head_dim)  # (h, n, v) -> (n, h·v)
-    return ctx @ w.o.T, latent, k_rot
+    return linear(ctx, w.o), latent, k_rot
 
 
 __all__ = ["GqaWeights", "MlaWeights", "Segment", "attention_tensor_shapes", "gqa_weights", "mla_weights", "rms_norm",

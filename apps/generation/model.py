@@ -29,6 +29,7 @@ from apps.generation.attention import (
     GqaWeights,
     MlaWeights,
     gqa_weights,
+    linear,
     mla_weights,
     rms_norm,
     self_attention,
@@ -215,13 +216,13 @@ class WholeModel:
             x = rms_norm(h, ln_post, spec.rms_norm_eps)
             if layer in self._mlp:
                 gate, up, down = self._mlp[layer]
-                y = (_silu(x @ gate.T) * (x @ up.T)) @ down.T
+                y = linear(_silu(linear(x, gate)) * linear(x, up), down)
             else:
                 y = self._check_moe_output(layer, (yield layer, np.ascontiguousarray(x)), len(x))
             h = h + y
         for i, (_, cache) in enumerate(items):
             cache._commit([(ra[bounds[i]:bounds[i + 1]], rb[bounds[i]:bounds[i + 1]]) for ra, rb in new_rows])
-        logits = rms_norm(h, self._norm, spec.rms_norm_eps) @ self._lm_head.T
+        logits = linear(rms_norm(h, self._norm, spec.rms_norm_eps), self._lm_head)
         return list(logits[:, None, :]) if last_only else np.split(logits, bounds[1:-1])
 
     def forward(self, token_ids: np.ndarray, cache: KVCache, moe: Callable[[int, np.ndarray], np.ndarray],

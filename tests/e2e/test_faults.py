@@ -331,10 +331,14 @@ def test_the_celery_worker_killed_during_a_settlement(net, faults) -> None:
     # forward's settlement arrives, leaving it in the queue (the test then waited in vain).
     beat = psutil.Process(processes["celery-beat"])
     beat.suspend()
-    for child in pool:
-        child.suspend()  # the message is delivered to the worker, never run
     broker = redis.Redis.from_url(a.redis_url)
     try:
+        # What beat sent before it stopped must run first: reserved while the pool is stopped, those
+        # messages would take the worker's 4 slots too.
+        wait_for(lambda: broker.llen("celery") == 0, 30, "the worker to take what beat sent before it stopped")
+        time.sleep(1.0)  # and run them (a periodic task here takes milliseconds)
+        for child in pool:
+            child.suspend()  # the message is delivered to the worker, never run
         hidden = hidden_rows(9)
         assert net.outcome(net.forward(hidden), hidden) == "correct"
         forward_id = FORWARD_IDS[-1]
