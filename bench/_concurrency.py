@@ -20,7 +20,8 @@ import numpy as np
 
 from testkit.nodes import TOKEN, NodeProcess
 
-from .report import print_table
+from . import _pyspy
+from .report import RESULTS_DIR, print_table
 
 
 def execute_requests(node: NodeProcess) -> float:
@@ -42,12 +43,14 @@ def one_level(router: NodeProcess, holders: list[NodeProcess], model_id: str, n:
                                                 "stop_at_eos": False, "wire": "q8_0", "wait": False},
                          token=TOKEN)["generation_id"] for p in prompts]
     pending = set(ids)
-    while pending:  # polled without steps; each record is read whole once, after the wall clock stops
-        for gid in list(pending):
-            record = router.result("tenzro_moeGeneration", {"generation_id": gid, "steps": False})
-            if record["state"] != "running":
+    # One list call (records without steps) every 50 ms: a call per generation would put hundreds of
+    # requests a second on the router's cores that the iterations it measures need. Each record is
+    # read whole once, after the wall clock stops.
+    while pending:
+        for record in router.result("tenzro_moeGenerations", {"limit": n + 8})["generations"]:
+            if record["generation_id"] in pending and record["state"] != "running":
                 assert record["state"] == "done", record.get("error")
-                pending.discard(gid)
+                pending.discard(record["generation_id"])
         time.sleep(0.05)
     wall = time.perf_counter() - started
     records = {gid: router.result("tenzro_moeGeneration", {"generation_id": gid}) for gid in ids}
@@ -70,10 +73,28 @@ def one_level(router: NodeProcess, holders: list[NodeProcess], model_id: str, n:
             "holder_requests_per_layer_iteration": max(requests) / (iterations * n_moe_layers), **where}
 
 
+def profiled_level(router: NodeProcess, holders: list[NodeProcess], model_id: str, n: int, vocab: int, max_new: int,
+                   n_moe_layers: int, rng: np.random.Generator) -> dict[str, Any]:
+    """one_level while py-spy samples the router's expert worker (--profile): where an iteration goes."""
+    spy = _pyspy.Profile(router.result("tenzro_workerStatus")["pid"], RESULTS_DIR / f"profile-router-{n}-at-once.txt",
+                         seconds=6.0)
+    row = one_level(router, holders, model_id, n, vocab, max_new, n_moe_layers, rng)
+    summary = spy.finish(steps=max(1, round(row["iterations"])))
+    print_table(f"Profile of the router's expert worker, {n} generations at once: CPU ms per iteration by thread "
+                f"(/proc, the first 6 s), then the event loop's busy samples (py-spy, raw: {summary['raw']})",
+                ["thread / frame", "ms per iteration / share"],
+                [*([k, v] for k, v in summary["cpu_ms_per_step"].items()),
+                 *([f, f"{share:.1%}"] for f, share in summary["event_loop_busy"])])
+    return {**row, "profile": summary}
+
+
 def concurrency(router: NodeProcess, holders: list[NodeProcess], model_id: str, levels: list[int], vocab: int,
-                max_new: int, n_moe_layers: int, rng: np.random.Generator) -> list[dict[str, Any]]:
+                max_new: int, n_moe_layers: int, rng: np.random.Generator, *, profile: bool = False
+                ) -> list[dict[str, Any]]:
     one_level(router, holders, model_id, 2, vocab, 4, n_moe_layers, rng)  # warm
     rows = [one_level(router, holders, model_id, n, vocab, max_new, n_moe_layers, rng) for n in levels]
+    if profile and _pyspy.available():  # the largest level again, profiled: the table's row is unprofiled
+        profiled_level(router, holders, model_id, levels[-1], vocab, max_new, n_moe_layers, rng)
     base = rows[0]
     for row in rows:
         row["tokens_per_s_ratio"] = row["tokens_per_s"] / base["tokens_per_s"]

@@ -21,12 +21,10 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Generator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
 from django.conf import settings
-from django.db import close_old_connections
 
 from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.shapes import shape_from_config
@@ -37,6 +35,7 @@ from apps.generation import services
 from apps.generation.admission import Admission, Place
 from apps.generation.batcher import StepBatcher
 from apps.generation.model import KVCache, WholeModel
+from apps.generation.records import RecordWriter
 from apps.generation.requests import (
     GenerateRequest,
     deadline_of,
@@ -129,11 +128,6 @@ def _layer_stats(layer: int, result: dict[str, Any]) -> dict[str, Any]:
                          "compute_ms": h.get("compute_ms")} for h in stats["holders"] if h["rows"]]}
 
 
-def _log_failed_write(future: asyncio.Future) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        logger.error("could not record a generation step: %s", future.exception())
-
-
 class WholeModelHandlers:
     def __init__(self, parts: WorkerParts, forward: LayerForward) -> None:
         self.runtime, self.executor = parts.runtime, parts.executor
@@ -150,23 +144,13 @@ class WholeModelHandlers:
                                    max_queued=settings.TENZRO_GENERATE_QUEUE, kv_budget=self._kv_budget,
                                    on_change=self._running_changed)
         self._batching_pushed_at = 0.0
-        self._db = ThreadPoolExecutor(1, thread_name_prefix="generation-db")
+        self.records = RecordWriter()  # the one database thread: writes in the order asked for
+        self._write = self.records.write
 
     def table(self) -> dict[str, Callable[..., Awaitable[Result]]]:
         return {"moe/load_dense": self.load_dense, "moe/generate": self.generate,
                 "moe/generation_cancel": self.generation_cancel, "moe/model_forward": self.model_forward,
                 "moe/models": self.loaded_models, "moe/batching": self.batching}
-
-    def _write(self, func: Callable[..., Any], /, **kwargs: Any) -> asyncio.Future:
-        """Run a service on the one database thread: writes land in the order they were asked for,
-        so a step's write need not be awaited before the next step computes."""
-        def run() -> Any:
-            close_old_connections()
-            return func(**kwargs)
-
-        future = asyncio.get_running_loop().run_in_executor(self._db, run)
-        future.add_done_callback(_log_failed_write)
-        return future
 
     # -- moe/load_dense ------------------------------------------------------------------------
 
@@ -306,7 +290,8 @@ class WholeModelHandlers:
         try:
             run = GenerationRun(generation_id=generation_id, model_id=model_id, model=loaded.model,
                                 codec=loaded.codec, eos_ids=loaded.eos_ids, request=request, step=place.step,
-                                write=self._write, record_work=self.forward.record_work, received_at=received_at,
+                                write=self._write, write_steps=self.records.steps,
+                                record_work=self.forward.record_work, received_at=received_at,
                                 steps_done=place.leave, prefill_chunk=settings.TENZRO_GENERATE_PREFILL_CHUNK)
         except BaseException:
             place.leave()

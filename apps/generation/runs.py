@@ -36,17 +36,21 @@ class GenerationRun:
     def __init__(self, *, generation_id: str, model_id: str, model: Any, codec: TextCodec | None,
                  eos_ids: frozenset[int], request: GenerateRequest, step: Step, write: Write,
                  record_work: Callable[..., None], received_at: float | None = None,
-                 steps_done: Callable[[], None] = lambda: None, prefill_chunk: int = 0) -> None:
+                 steps_done: Callable[[], None] = lambda: None, prefill_chunk: int = 0,
+                 write_steps: Callable[..., None] | None = None) -> None:
         """received_at: time.monotonic() when the router got the request: time to first token counts from
         there (its prompt tokenized and checked, any wait for admission, then the prefill), as a client sees
         it, and so does its deadline (request.deadline_s). steps_done: called once it asks for no more steps
         (before its record is closed): its batch stops waiting for it. prefill_chunk: the prompt goes through
-        in steps of at most this many tokens (0: one step), so the others' decoding goes on beside it."""
+        in steps of at most this many tokens (0: one step), so the others' decoding goes on beside it.
+        write_steps(generation_id=, steps=, ttft_ms=): hands a batch of steps to the record writer
+        (apps/generation/records.py); by default a write of services.generation_steps."""
         self.received_at = time.monotonic() if received_at is None else received_at
         self.generation_id, self.model_id, self.model = generation_id, model_id, model
         self.codec, self.eos_ids, self.request = codec, eos_ids, request
         self._step, self._write, self._record_work, self._steps_done = step, write, record_work, steps_done
         self._prefill_chunk = prefill_chunk
+        self._write_steps = write_steps or (lambda **kwargs: write(services.generation_steps, **kwargs))
         self.sampler = Sampler(request.sampling, request.prompt_ids)
         self.text = CompletionText(codec, request.stop) if codec is not None else None
         self.stream = EventStream(request.stream)
@@ -57,8 +61,7 @@ class GenerationRun:
 
     def _flush(self, ttft_ms: float | None = None) -> None:
         if self._pending:  # a new list each time: the database thread owns the one it was handed
-            self._write(services.generation_steps, generation_id=self.generation_id, steps=self._pending,
-                        ttft_ms=ttft_ms)
+            self._write_steps(generation_id=self.generation_id, steps=self._pending, ttft_ms=ttft_ms)
         self._pending, self._written_at = [], time.monotonic()
 
     def _token_event(self, index: int, token: int, delta: str, choice: Any) -> dict[str, Any]:

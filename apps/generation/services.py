@@ -50,17 +50,33 @@ def generation_step(*, generation_id: str, step: dict[str, Any], ttft_ms: float 
 def generation_steps(*, generation_id: str, steps: list[dict[str, Any]], ttft_ms: float | None = None) -> None:
     """Append steps in order, in one transaction and one update of the record (the worker writes a
     generation's steps in batches, off its decode path); `ttft_ms` when the first step is among them."""
-    if not steps:
+    if steps:
+        generation_steps_many(batches=[(generation_id, steps, ttft_ms)])
+
+
+def generation_steps_many(*, batches: list[tuple[str, list[dict[str, Any]], float | None]]) -> None:
+    """generation_steps of several generations, (generation_id, steps, ttft_ms) each in the order given,
+    in one transaction: concurrent generations' steps cost one commit per flush, not one each."""
+    if not batches:
         return
     with transaction.atomic():
-        row = Generation.objects.select_for_update().get(generation_id=generation_id)
-        GenerationStep.objects.bulk_create([GenerationStep(generation=row, index=s["index"], data=s) for s in steps])
-        row.tokens = [*row.tokens, *(s["token"] for s in steps)]
-        row.text += "".join(s.get("text", "") for s in steps)  # what could be shown so far (the end adds the rest)
-        if ttft_ms is not None:
-            row.ttft_ms = ttft_ms
-        row.save(update_fields=["tokens", "text", "ttft_ms"])
-        _sent(row, steps)
+        rows = Generation.objects.select_for_update().in_bulk([gid for gid, _, _ in batches],
+                                                              field_name="generation_id")
+        GenerationStep.objects.bulk_create([GenerationStep(generation=rows[gid], index=s["index"], data=s)
+                                            for gid, steps, _ in batches if gid in rows for s in steps])
+        changed: dict[str, list[dict[str, Any]]] = {}
+        for gid, steps, ttft_ms in batches:
+            row = rows.get(gid)
+            if row is None:  # deleted past TENZRO_GENERATIONS_KEPT while it ran: nothing to append to
+                continue
+            row.tokens = [*row.tokens, *(s["token"] for s in steps)]
+            row.text += "".join(s.get("text", "") for s in steps)  # what could be shown so far (the end adds the rest)
+            if ttft_ms is not None:
+                row.ttft_ms = ttft_ms
+            changed.setdefault(gid, []).extend(steps)
+        Generation.objects.bulk_update([rows[gid] for gid in changed], ["tokens", "text", "ttft_ms"])
+        for gid, steps in changed.items():
+            _sent(rows[gid], steps)
 
 
 def generation_finish(*, generation_id: str, decode_tokens_per_s: float | None = None, error_reason: str = "",

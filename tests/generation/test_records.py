@@ -37,6 +37,21 @@ def test_steps_written_in_a_batch_keep_their_order_in_one_query_set(django_asser
     assert record["ttft_ms"] == 3.0
 
 
+def test_many_generations_steps_go_in_one_transaction_of_the_same_few_queries(django_assert_max_num_queries) -> None:
+    for gid in ("g1", "g2", "g3", "g4"):
+        _start(gid)
+    services.generation_steps_many(batches=[("g1", [{"index": 0, "token": 7}], 2.0)])
+    with django_assert_max_num_queries(8):  # 4 generations' steps: the queries of one, not four times them
+        services.generation_steps_many(batches=[
+            ("g1", [{"index": 1, "token": 8}], None), ("g2", [{"index": 0, "token": 5}, {"index": 1, "token": 6}], 4.0),
+            ("g3", [{"index": 0, "token": 1, "text": "a"}], 1.0), ("g4", [{"index": 0, "token": 2}], 1.5),
+            ("gone", [{"index": 0, "token": 3}], 1.0)])  # deleted while it ran: skipped, the others written
+    records = {gid: selectors.generation_get(generation_id=gid) for gid in ("g1", "g2", "g3", "g4")}
+    assert [records[g]["tokens"] for g in ("g1", "g2", "g3", "g4")] == [[7, 8], [5, 6], [1], [2]]
+    assert records["g1"]["ttft_ms"] == 2.0 and records["g2"]["ttft_ms"] == 4.0 and records["g3"]["text"] == "a"
+    assert [s["index"] for s in records["g2"]["steps"]] == [0, 1]
+
+
 def test_a_failure_keeps_the_tokens_so_far_and_names_the_reason() -> None:
     _start("g1")
     services.generation_step(generation_id="g1", step={"index": 0, "token": 7}, ttft_ms=1.0)
