@@ -244,6 +244,8 @@ def test_admission_refuses_past_the_kv_budget_and_queues_past_it_until_the_queue
     per_position = 3 * (2 * 16 + 2 * 16) * 4  # the fixture's layers x (k + v floats) x 4 bytes
     node = start_node(env={**ENV, "TENZRO_GENERATE_KV_BUDGET_BYTES": str(100 * per_position),
                            "TENZRO_GENERATE_QUEUE": "1"})
+    # a lone node announces no holdings until a peer has dialed it back: one that holds nothing
+    start_node(env=ENV, peers=[node.url])
     with CheckpointReader.open(folder) as reader:
         shape = shape_from_config(model_id, reader.config)
         for layer in shape.moe_layers:
@@ -263,7 +265,7 @@ def test_admission_refuses_past_the_kv_budget_and_queues_past_it_until_the_queue
 
     too_big = generate(meta["prompt_ids"], 101 - len(meta["prompt_ids"]))  # 101 positions > the budget's 100
     assert too_big.status_code == 413 and too_big.json()["reason"] == "kv_budget_exceeded", too_big.text
-    assert "KV budget" in too_big.json()["message"]
+    assert "KV budget" in too_big.json()["detail"], too_big.text
     assert node.result("tenzro_moeGenerations")["generations"] == []  # no record, nothing half-started
     long = generate([5, 6], 98)  # 100 positions: the whole budget
     assert long.status_code == 200, long.text
