@@ -4,7 +4,6 @@ real node holding the whole tiny Qwen3-MoE fixture: the tokens arrive live and e
 
 from __future__ import annotations
 
-import base64
 import html as html_text
 import json
 import shutil
@@ -16,13 +15,11 @@ from django.contrib.auth.models import User
 from django.test import Client
 from playwright.sync_api import expect
 
-from apps.catalog.checkpoint import CheckpointReader
-from apps.catalog.shapes import shape_from_config
-from apps.catalog.slicing import prepare_layer
 from apps.generation import services as generation_services
 from apps.generation.models import Generation
 from apps.serving.services import key_create, key_used
 from core.errors import NotFound, RateLimited
+from testkit.holdings import load_every_expert
 from testkit.nodes import TOKEN
 from testkit.text_files import write_text_files
 from tests.dashboard.test_browser import page  # noqa: F401  (the fixture: a real chromium)
@@ -193,13 +190,7 @@ def test_a_generation_is_rendered_with_its_fan_out(client, django_assert_max_num
 def _load_everything(node, checkpoint: Path = FIXTURE) -> list[int]:
     """Every expert of every MoE layer (f32) on the node, then the dense part (from `checkpoint`: the
     fixture, or a copy with the text files of a hub checkpoint); the MoE layers."""
-    with CheckpointReader.open(FIXTURE) as reader:
-        shape = shape_from_config(MODEL, reader.config)
-        for layer in shape.moe_layers:
-            prepared = prepare_layer(reader, shape, model_id=MODEL, layer=layer,
-                                     experts=range(shape.n_experts_total), quant=None)
-            for payload in prepared.experts.values():
-                node.result("tenzro_moeExpertLoad", {"payload": base64.b64encode(payload).decode()}, token=TOKEN)
+    shape = load_every_expert(node, FIXTURE, MODEL)
     loaded = node.result("tenzro_moeLoadDense", {"model_id": MODEL, "checkpoint": str(checkpoint)}, token=TOKEN)
     assert loaded["moe_layers"] == list(shape.moe_layers)
     n = shape.n_experts_total * len(shape.moe_layers)

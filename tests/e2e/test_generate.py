@@ -26,6 +26,7 @@ import pytest
 from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.shapes import shape_from_config
 from apps.catalog.slicing import prepare_layer
+from testkit.holdings import load_every_expert
 from testkit.nodes import TOKEN, NodeProcess
 from tests.e2e.test_forward import ENV
 from tests.e2e.test_gossip import wait_for
@@ -246,13 +247,7 @@ def test_admission_refuses_past_the_kv_budget_and_queues_past_it_until_the_queue
                            "TENZRO_GENERATE_QUEUE": "1"})
     # a lone node announces no holdings until a peer has dialed it back: one that holds nothing
     start_node(env=ENV, peers=[node.url])
-    with CheckpointReader.open(folder) as reader:
-        shape = shape_from_config(model_id, reader.config)
-        for layer in shape.moe_layers:
-            prepared = prepare_layer(reader, shape, model_id=model_id, layer=layer,
-                                     experts=range(shape.n_experts_total), quant=None)
-            for payload in prepared.experts.values():
-                node.result("tenzro_moeExpertLoad", {"payload": base64.b64encode(payload).decode()}, token=TOKEN)
+    shape = load_every_expert(node, folder, model_id)
     node.result("tenzro_moeLoadDense", {"model_id": model_id, "checkpoint": str(folder)}, token=TOKEN)
     wait_for(lambda: len(node.result("tenzro_moeShardMap", {"model_id": model_id})["holders"])
              == shape.n_experts_total * len(shape.moe_layers), 60, "the node to see its own experts")
