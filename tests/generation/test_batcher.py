@@ -10,6 +10,7 @@ import numpy as np
 from apps.forward.ledger import ForwardWork
 from apps.generation.batcher import StepBatcher
 from apps.generation.model import greedy_generate
+from apps.generation.sampling import Sampler, SamplingParams
 
 NEW_TOKENS = 6
 OPTIONS = {"allow_partial": False, "wire": None, "stop_at_eos": True}
@@ -32,14 +33,15 @@ class _Network:
             return done.value, [{"layer": 0, "ms": 1.0}], 0.0
 
 
-async def _generate(batcher, model, prompt, new_tokens, *, delay_s=0.0):
+async def _generate(batcher, model, prompt, new_tokens, *, delay_s=0.0, seed=None):
     await asyncio.sleep(delay_s)
     seat = batcher.seat("m", model, OPTIONS)
+    sampler = Sampler(SamplingParams(temperature=0.9, top_p=0.95, seed=seed), prompt) if seed is not None else None
     try:
         cache, tokens, ids = model.new_cache(), [], np.array(prompt)
         for _ in range(new_tokens):
             logits, layers, _ = await seat.step("m", model, ids, cache, OPTIONS, None, ForwardWork())
-            tokens.append(int(np.argmax(logits[-1])))
+            tokens.append(sampler.choose(logits[-1]).token if sampler else int(np.argmax(logits[-1])))
             ids = np.array(tokens[-1:])
         return tokens, layers
     finally:
@@ -114,3 +116,23 @@ def test_an_iteration_carries_at_most_max_rows_and_the_rest_go_first_in_the_next
     view = batcher.view(window_s=10.0, shown=2)
     assert [it["rows"] for it in view["iterations"]] == rows[-2:]
     assert view["tokens_per_s"] == sum(it.batch for it in batcher.iterations) / 10.0
+
+
+def test_sampled_generations_with_a_seed_draw_the_tokens_they_draw_alone(fixture) -> None:
+    model = fixture.model
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(3, model.spec.vocab_size, size=int(rng.integers(1, 10))).tolist() for _ in range(6)]
+
+    async def alone(prompt, seed):
+        return await _generate(StepBatcher(_Network(fixture).drive, lambda **kwargs: None, wait_s=0.0), model, prompt,
+                               NEW_TOKENS, seed=seed)
+
+    async def together():
+        batcher = StepBatcher(_Network(fixture).drive, lambda **kwargs: None, wait_s=0.05)
+        results = await asyncio.gather(*(_generate(batcher, model, p, NEW_TOKENS, seed=100 + i)
+                                         for i, p in enumerate(prompts)))
+        return results, max(it.batch for it in batcher.iterations)
+
+    expected = [asyncio.run(alone(p, 100 + i))[0] for i, p in enumerate(prompts)]
+    results, largest = asyncio.run(together())
+    assert [tokens for tokens, _ in results] == expected and largest == len(prompts)
