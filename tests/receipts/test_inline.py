@@ -132,8 +132,10 @@ def test_a_lying_holder_is_refused_inline_and_the_backup_serves_the_forward(tmp_
                                   keep_receipt=lambda h: kept.append(h) or True)
             combine = StreamingCombine(n_tokens=n_tokens, d_model=D_MODEL, layer=0, tokens=tokens, experts=experts,
                                        weights=weights, n_routed=N_EXPERTS)
+            # no hedge (60 s, past the 10 s timeout): the backup serves because the liar is refused, never
+            # because a loaded machine made an answer slow
             report = await run_forward(combine, hidden, np.zeros(len(experts), np.int64), plan, caller,
-                                       LatencyBook(HedgePolicy(default_s=5.0, floor_s=5.0)), ForwardLimits())
+                                       LatencyBook(HedgePolicy(default_s=60.0, floor_s=60.0)), ForwardLimits())
             await pool.close()
         liar.server.close()
         honest.server.close()
