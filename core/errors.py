@@ -145,6 +145,7 @@ REASONS: dict[str, type[TenzroError]] = {
     **_kinds(Unauthorized, "unauthorized"),
     **_kinds(Forbidden, "forbidden"),
     **_kinds(Unavailable, "unavailable", "worker_unavailable", "redis_unavailable", "deadline_exceeded", "timeout",
+             "interrupted",
              "connection_failed",
              "connection_closed", "certificate_pin_mismatch", "forward_incomplete", "gate_mass_lost",
              "unreachable", "bad_answer", "remote_error", "transport_error", "bad_receipt", "receipt_missing",

@@ -31,7 +31,7 @@ from apps.catalog.shapes import shape_from_config
 from apps.catalog.slicing import gate_payload_for_layer
 from apps.forward.handlers import distributed_forward
 from apps.forward.ledger import ForwardWork
-from apps.generation import services
+from apps.generation import selectors, services
 from apps.generation.admission import Admission, Place
 from apps.generation.batcher import StepBatcher
 from apps.generation.model import KVCache, WholeModel
@@ -50,8 +50,9 @@ from apps.generation.runs import GenerationRun
 from apps.generation.spec import spec_from_config
 from apps.generation.text import TextCodec, TextError
 from apps.generation.weights import load_dense_weights
-from apps.worker.doors import CallContext, WorkerParts
+from apps.worker.doors import CallContext, Door, WorkerParts
 from apps.worker.params import str_param
+from apps.worker.streams import EventStream
 from core.errors import InvalidInput, NotFound, TenzroError
 
 logger = logging.getLogger("tenzro.generation")
@@ -72,8 +73,11 @@ class LayerForward(Protocol):
 
 
 def generation_handlers(parts: WorkerParts) -> dict[str, Callable[..., Awaitable[Result]]]:
-    """moe/load_dense, moe/model_forward and moe/generate, over the worker's distributed forward."""
-    return WholeModelHandlers(parts, distributed_forward(parts)).table()
+    """moe/load_dense, moe/model_forward and moe/generate, over the worker's distributed forward; at the
+    worker's start, the generations it was running are closed and its dense parts loaded again."""
+    handlers = WholeModelHandlers(parts, distributed_forward(parts))
+    parts.on_start.append(handlers.restore)
+    return handlers.table()
 
 
 class LoadedModel:
@@ -213,6 +217,8 @@ class WholeModelHandlers:
         for payload in gates:  # the router gates every MoE layer itself
             await ctx.run_blocking(self.executor, self.runtime.gate_load, payload=payload)
         self.models[model_id] = loaded
+        self._write(services.dense_loaded, model_id=model_id, checkpoint=checkpoint,
+                    dense_bytes=loaded.dense_bytes)  # loaded again when the worker restarts
         spec = loaded.model.spec
         logger.info("dense part of %s loaded from %s: %d bytes, %d gates", model_id, checkpoint,
                     loaded.dense_bytes, len(gates))
@@ -223,6 +229,31 @@ class WholeModelHandlers:
                 "text": loaded.codec is not None, "chat_template": loaded.codec is not None
                 and loaded.codec.chat_template is not None, "no_text_reason": loaded.no_text_reason or None,
                 "elapsed_ms": round((time.monotonic() - started) * 1000.0, 3)}, b""
+
+    async def restore(self) -> None:
+        """At the worker's start: the generations the last worker was running are closed as interrupted
+        (their clients get an answer), then every dense part it had loaded is loaded again from where it
+        came, under the memory budget, so the router generates again with no operator step."""
+        try:  # a generation asked for since this worker opened its doors is its own: left running
+            closed = await self._write(services.generations_interrupted, running=set(self._running))
+            remembered = await self._write(selectors.dense_loaded_list)
+        except Exception:  # the database is down: logged by the write; the operator loads them by hand
+            return
+        for gone in closed:  # a client still reading its stream hears the end now, not at its idle timeout
+            if gone["stream"]:
+                stream = EventStream(gone["stream"])
+                await stream.put({"type": "end", "finish_reason": "error", "text": "", "usage": None,
+                                  "error": {"reason": "interrupted", "message": services.INTERRUPTED}})
+                await stream.close()
+        if closed:
+            logger.warning("%d generation(s) interrupted by the last expert worker's stop were closed", len(closed))
+        ctx = CallContext(door=Door.OPERATOR)
+        for loaded in remembered:
+            try:
+                await self.load_dense({"model_id": loaded["model_id"], "checkpoint": loaded["checkpoint"]}, b"", ctx)
+            except Exception as exc:  # moved, unreadable, over the budget now: said, and the others still load
+                logger.error("could not load the dense part of %s again from %s: %s", loaded["model_id"],
+                             loaded["checkpoint"], exc)
 
     # -- moe/generate --------------------------------------------------------------------------
 
@@ -296,7 +327,9 @@ class WholeModelHandlers:
         except BaseException:
             place.leave()
             raise
-        options = {**request.options, "sampling": {**run.sampler.params.__dict__}, "stop": request.stop}
+        # the stream too: if this worker stops, the next one tells the client still reading it (restore)
+        options = {**request.options, "sampling": {**run.sampler.params.__dict__}, "stop": request.stop,
+                   "stream": request.stream}
         written = self._write(services.generation_start, generation_id=generation_id, model_id=model_id,
                               prompt_ids=request.prompt_ids, max_new_tokens=request.max_new_tokens, options=options,
                               running=set(self._running))

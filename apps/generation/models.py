@@ -57,3 +57,20 @@ class GenerationStep(models.Model):
 
     def __str__(self) -> str:
         return f"step {self.index} of {self.generation_id}"
+
+
+class LoadedDense(models.Model):
+    """A model whose dense part (and gates) this router loaded, and from where: the expert worker loads
+    them again when it starts, so a restarted router generates with no operator step."""
+
+    model_id = models.CharField(max_length=200, unique=True)
+    checkpoint = models.CharField(max_length=2000, help_text="Where it was read from (a folder, a URL, hub:…).")
+    dense_bytes = models.BigIntegerField(default=0)
+    loaded_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ("model_id",)
+        verbose_name_plural = "loaded dense parts"
+
+    def __str__(self) -> str:
+        return f"dense part of {self.model_id} from {self.checkpoint}"

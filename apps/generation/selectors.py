@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from apps.generation.models import Generation, GenerationState
+from apps.generation.models import Generation, GenerationState, LoadedDense
 from core.errors import NotFound
 
 
@@ -42,3 +42,8 @@ def generation_models(*, limit: int = 200) -> list[str]:
     """The models of the most recent generations, newest first, once each."""
     ids = Generation.objects.values_list("model_id", flat=True)[:limit]
     return list(dict.fromkeys(ids))
+
+
+def dense_loaded_list() -> list[dict[str, Any]]:
+    """The dense parts this router loaded, {model_id, checkpoint, dense_bytes}, oldest model id first."""
+    return list(LoadedDense.objects.values("model_id", "checkpoint", "dense_bytes"))

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.generation.models import Generation, GenerationState, GenerationStep
+from apps.generation.models import Generation, GenerationState, GenerationStep, LoadedDense
 from apps.generation.selectors import generation_to_dict
 from apps.generation.signals import generation_batching, generation_progressed
 
@@ -30,15 +30,37 @@ def generation_start(*, generation_id: str, model_id: str, prompt_ids: list[int]
     `running`: the generations the worker is running now. Any other record still marked running
     was cut off by a worker stop: it is closed as failed ("interrupted"), its tokens kept."""
     with transaction.atomic():
-        Generation.objects.filter(state=GenerationState.RUNNING).exclude(generation_id__in=running).update(
-            state=GenerationState.FAILED, error_reason="interrupted", finished_at=timezone.now(),
-            error_message="the expert worker stopped while this generation ran")
+        generations_interrupted(running=running)
         row = Generation.objects.create(generation_id=generation_id, model_id=model_id, prompt_ids=prompt_ids,
                                         max_new_tokens=max_new_tokens, options=options)
         bound = Generation.objects.values_list("id", flat=True)[settings.TENZRO_GENERATIONS_KEPT:][:1]
         if bound:
             Generation.objects.filter(id__lte=bound[0]).delete()
         _sent(row, [])
+    return row
+
+
+INTERRUPTED = "the expert worker stopped while this generation ran"
+
+
+def generations_interrupted(*, running: set[str] = frozenset()) -> list[dict[str, Any]]:
+    """Close every record still marked running but `running` as failed ("interrupted"), its tokens kept:
+    the expert worker that ran it stopped. The worker calls it as it starts. The ones closed,
+    {generation_id, stream, tokens}: `stream` the mailbox a client may still be reading (or None)."""
+    with transaction.atomic():
+        stale = Generation.objects.select_for_update().filter(state=GenerationState.RUNNING).exclude(
+            generation_id__in=running)
+        closed = [{"generation_id": gid, "stream": options.get("stream"), "tokens": len(tokens)}
+                  for gid, options, tokens in stale.values_list("generation_id", "options", "tokens")]
+        stale.update(state=GenerationState.FAILED, error_reason="interrupted", finished_at=timezone.now(),
+                     finish_reason="error", error_message=INTERRUPTED)
+    return closed
+
+
+def dense_loaded(*, model_id: str, checkpoint: str, dense_bytes: int) -> LoadedDense:
+    """Remember that this router holds `model_id`'s dense part from `checkpoint` (loaded again at start)."""
+    row, _ = LoadedDense.objects.update_or_create(model_id=model_id,
+                                                  defaults={"checkpoint": checkpoint, "dense_bytes": dense_bytes})
     return row
 
 

@@ -130,7 +130,8 @@ class WorkerParts:
     view of the control plane (apps.worker.control_plane.ControlPlaneView), and the router's
     receipt-sampling key (apps.receipts.sampling: derived from the node seed, never the seed).
     `shared` holds what one part builds and another drives within this worker, by name (the
-    distributed forward that generation runs layer by layer: apps.forward.handlers)."""
+    distributed forward that generation runs layer by layer: apps.forward.handlers). `on_start`: coroutine
+    functions a part adds to be run once the worker's doors are open (generation restores its dense parts)."""
 
     runtime: Any
     executor: Executor
@@ -138,6 +139,7 @@ class WorkerParts:
     control_plane: Any
     sampling_key: bytes = b""
     shared: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    on_start: list[Callable[[], Awaitable[None]]] = field(default_factory=list, compare=False, repr=False)
 
 
 # Handlers that other parts contribute to the worker (gossip from apps/providers, the distributed

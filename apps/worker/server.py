@@ -136,6 +136,8 @@ class WorkerServer:
             return Payload(resolved.data, stored_at=store.path(hash_))
 
         self._resolve = resolve
+        self.parts = WorkerParts(self.runtime, self.executor, self.identity.provider_id, self.control_plane,
+                                 sampling_key(bytes(self.identity.signing_key)))
         experts = ExpertHandlers(runtime=self.runtime, executor=self.executor, resolve_blob=resolve,
                                  max_payload_bytes=settings.TENZRO_BLOB_MAX_BYTES, after_change=self.publisher.flush,
                                  sign_receipt=_CountedSigner(ReceiptSigner(self.identity.signing_key))
@@ -146,8 +148,7 @@ class WorkerServer:
         self.methods = MethodTable({
             **experts.table(),
             **BlobHandlers(store=store, executor=self.executor).table(),
-            **contributed_handlers(WorkerParts(self.runtime, self.executor, self.identity.provider_id,
-                                               self.control_plane, sampling_key(bytes(self.identity.signing_key)))),
+            **contributed_handlers(self.parts),
             "moe/status": self.moe_status,
         })
 
@@ -293,6 +294,8 @@ class WorkerServer:
             limits=peer_limits(),
         )
         self._spawn(self._operator_door())
+        for hook in self.parts.on_start:  # what other parts restore once the doors are open (a router's dense parts)
+            self._spawn(hook())
         self.ready.set()
         logger.info("expert worker %s serving QUIC on %s:%s", self.identity.provider_id[:16], host, port)
 

@@ -12,15 +12,18 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 
 from apps.catalog.checkpoint import CheckpointReader
@@ -28,6 +31,7 @@ from apps.catalog.shapes import shape_from_config
 from apps.catalog.slicing import prepare_layer
 from testkit.holdings import load_every_expert
 from testkit.nodes import TOKEN, NodeProcess
+from testkit.text_files import write_text_files
 from tests.e2e.test_forward import ENV
 from tests.e2e.test_gossip import wait_for
 
@@ -275,3 +279,68 @@ def test_admission_refuses_past_the_kv_budget_and_queues_past_it_until_the_queue
     assert second["tokens"] == meta["greedy_ids"] and len(first["tokens"]) == 98
     # it ran only once the first had ended: it never shared an iteration with it
     assert {layer["batch"] for step in second["steps"] for layer in step["layers"]} == {1}
+
+
+def test_a_router_whose_expert_worker_dies_closes_its_generation_and_generates_again_by_itself(
+        start_node, tmp_path) -> None:
+    """Routers recover by themselves (docs/operations.md, "Generation"): SIGKILL of the expert worker while
+    a /v1 client streams; once the supervisor has restarted it, the client's stream ends with an error,
+    the record says interrupted (its tokens kept), and the dense part is back, loaded again from where it
+    came, with no operator step."""
+    meta, _ = expected("qwen3_moe")
+    model_id, folder = MODELS["qwen3_moe"], tmp_path / "checkpoint"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):  # the fixture with a tokenizer, for the /v1 client
+        shutil.copy(FIXTURES / "qwen3_moe" / name, folder / name)
+    write_text_files(folder, vocab_size=256)
+    node = start_node(env=ENV)
+    start_node(env=ENV, peers=[node.url])  # a peer to dial the router back, so it announces its holdings
+    shape = load_every_expert(node, folder, model_id)
+    node.result("tenzro_moeLoadDense", {"model_id": model_id, "checkpoint": str(folder)}, token=TOKEN)
+    wait_for(lambda: len(node.result("tenzro_moeShardMap", {"model_id": model_id})["holders"])
+             == shape.n_experts_total * len(shape.moe_layers), 60, "the node to see its own experts")
+    key = node.result("tenzro_keysCreate", {"name": "tests"}, token=TOKEN)["key"]
+    chunks: list[dict] = []
+
+    def read_stream() -> None:  # a client of the OpenAI API, as docs/openai.md describes it
+        body = {"model": model_id, "prompt": "ba", "max_tokens": 250, "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"{node.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"},
+                          timeout=120) as answer:
+            for line in answer.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunks.append(json.loads(line[6:]))
+
+    reader = threading.Thread(target=read_stream)
+    reader.start()
+    wait_for(lambda: chunks, 60, "the stream's first tokens")
+    gid = node.result("tenzro_moeGenerations", {"limit": 1})["generations"][0]["generation_id"]
+    worker_pid = node.result("tenzro_workerStatus")["pid"]
+    psutil.Process(worker_pid).kill()
+
+    def restarted() -> int | None:
+        answer = node.rpc("tenzro_workerStatus", timeout=10)
+        pid = answer.get("result", {}).get("pid")
+        return pid if pid not in (None, worker_pid) else None
+
+    wait_for(restarted, 60, "the supervisor to restart the expert worker")
+    seen = time.monotonic()
+    record = wait_for(lambda: (r := node.result("tenzro_moeGeneration", {"generation_id": gid, "steps": False}))
+                      ["state"] != "running" and r, 30, "the interrupted generation to be closed")
+    assert time.monotonic() - seen <= 5.0
+    assert record["state"] == "failed" and record["error"]["reason"] == "interrupted", record
+    assert 0 < len(record["tokens"]) < 250 and record["finish_reason"] == "error"
+    reader.join(30)  # the client heard the end from the new worker, not after its 300 s idle timeout
+    assert not reader.is_alive() and chunks[-1]["error"]["code"] == "interrupted", chunks[-1]
+
+    params = {"model_id": model_id, "prompt_ids": meta["prompt_ids"], "max_new_tokens": len(meta["greedy_ids"]),
+              "wire": "f32"}
+
+    def generated() -> dict | None:  # dense_not_loaded until the restarted worker has read the checkpoint again
+        answer = node.rpc("tenzro_moeGenerate", params, token=TOKEN)
+        if "error" in answer:
+            assert answer["error"]["data"]["reason"] in ("dense_not_loaded", "gate_not_loaded"), answer
+            return None
+        return answer["result"]
+
+    again = wait_for(generated, 60, "the restarted worker to generate again")
+    assert again["state"] == "done" and again["tokens"] == meta["greedy_ids"], again

@@ -71,6 +71,32 @@ def test_a_generation_cut_off_by_a_worker_stop_is_closed_when_the_next_starts() 
     assert Generation.objects.get(generation_id="alive").state == "running"
 
 
+def test_a_worker_start_closes_what_the_last_one_ran_and_names_their_streams() -> None:
+    services.generation_start(generation_id="streamed", model_id="m", prompt_ids=[1], max_new_tokens=3,
+                              options={"stream": "v1-abc"})
+    services.generation_step(generation_id="streamed", step={"index": 0, "token": 7}, ttft_ms=1.0)
+    _start("ids-only")
+    _start("done")
+    services.generation_finish(generation_id="done", finish_reason="length")
+    closed = services.generations_interrupted()
+    assert sorted(closed, key=lambda c: c["generation_id"]) == [
+        {"generation_id": "ids-only", "stream": None, "tokens": 0},
+        {"generation_id": "streamed", "stream": "v1-abc", "tokens": 1}]
+    streamed = selectors.generation_get(generation_id="streamed")
+    assert streamed["state"] == "failed" and streamed["finish_reason"] == "error" and streamed["tokens"] == [7]
+    assert streamed["error"]["reason"] == "interrupted"
+    assert selectors.generation_get(generation_id="done")["state"] == "done"
+    assert services.generations_interrupted() == []  # nothing left running
+
+
+def test_the_dense_parts_a_router_loaded_are_remembered_once_each() -> None:
+    services.dense_loaded(model_id="m", checkpoint="/a", dense_bytes=10)
+    services.dense_loaded(model_id="m", checkpoint="/b", dense_bytes=12)  # loaded again from elsewhere
+    services.dense_loaded(model_id="n", checkpoint="hub:x/y", dense_bytes=5)
+    assert selectors.dense_loaded_list() == [{"model_id": "m", "checkpoint": "/b", "dense_bytes": 12},
+                                             {"model_id": "n", "checkpoint": "hub:x/y", "dense_bytes": 5}]
+
+
 @override_settings(TENZRO_GENERATIONS_KEPT=2)
 def test_only_the_newest_records_are_kept_and_unknown_ids_are_named() -> None:
     for gid in ("a", "b", "c"):
