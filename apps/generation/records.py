@@ -3,9 +3,10 @@
 A step's write need not be awaited before the next step computes: every write goes to one thread,
 so the records see them in the order the generations asked. The steps of concurrent generations
 are coalesced: each generation hands its batch of steps over (`RecordWriter.steps`), and one job on
-the thread writes everything handed over since the last one in one transaction
+the thread writes everything handed over since that job was queued in one transaction
 (services.generation_steps_many), instead of a transaction per generation per flush. Order still
-holds: a generation's later write (its end) is queued after the job that will carry its steps.
+holds: any other write (a record's creation, its end) closes the open job, so steps handed over
+after it go in a job after it.
 """
 
 from __future__ import annotations
@@ -29,14 +30,16 @@ def _log_failed_write(future: asyncio.Future) -> None:
         logger.error("could not record a generation step: %s", future.exception())
 
 
+Batch = list[tuple[str, list[dict[str, Any]], float | None]]  # (generation_id, steps, ttft_ms), in hand-over order
+
+
 class RecordWriter:
     def __init__(self) -> None:
         self._db = ThreadPoolExecutor(1, thread_name_prefix="generation-db")
         self._lock = threading.Lock()
-        self._steps: list[tuple[str, list[dict[str, Any]], float | None]] = []  # handed over, not yet taken
+        self._open: Batch | None = None  # the batch of the queued steps job that still takes hand-overs
 
-    def write(self, func: Callable[..., Any], /, **kwargs: Any) -> asyncio.Future:
-        """Run a service on the database thread, after every write asked for before it."""
+    def _queue(self, func: Callable[..., Any], /, **kwargs: Any) -> asyncio.Future:
         def run() -> Any:
             close_old_connections()
             return func(**kwargs)
@@ -45,15 +48,27 @@ class RecordWriter:
         future.add_done_callback(_log_failed_write)
         return future
 
-    def steps(self, *, generation_id: str, steps: list[dict[str, Any]], ttft_ms: float | None = None) -> None:
-        """Append `steps` to a generation's record with the other generations' pending ones."""
+    def write(self, func: Callable[..., Any], /, **kwargs: Any) -> asyncio.Future:
+        """Run a service on the database thread, after every write asked for before it."""
         with self._lock:
-            first = not self._steps
-            self._steps.append((generation_id, steps, ttft_ms))
-        if first:  # the job not yet started takes these too; once it has taken them, the next hand-over queues one
-            self.write(self._write_pending)
+            # Steps handed over after this write go in a job after it: a generation's first steps must
+            # not ride in a job queued before its record's creation (nor its last ones after its end).
+            self._open = None
+            return self._queue(func, **kwargs)
 
-    def _write_pending(self) -> None:
+    def steps(self, *, generation_id: str, steps: list[dict[str, Any]], ttft_ms: float | None = None) -> None:
+        """Append `steps` to a generation's record, in one job with the other generations' handed over since
+        the last write of any other kind, or since that job started."""
         with self._lock:
-            batches, self._steps = self._steps, []
-        services.generation_steps_many(batches=batches)
+            batch, new = self._open, self._open is None
+            if new:
+                batch = self._open = []
+            batch.append((generation_id, steps, ttft_ms))
+            if new:
+                self._queue(self._write_batch, batch=batch)
+
+    def _write_batch(self, *, batch: Batch) -> None:
+        with self._lock:  # taken: later hand-overs open the next job
+            if self._open is batch:
+                self._open = None
+        services.generation_steps_many(batches=batch)

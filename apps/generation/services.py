@@ -86,7 +86,7 @@ def generation_steps_many(*, batches: list[tuple[str, list[dict[str, Any]], floa
                                                               field_name="generation_id")
         GenerationStep.objects.bulk_create([GenerationStep(generation=rows[gid], index=s["index"], data=s)
                                             for gid, steps, _ in batches if gid in rows for s in steps])
-        changed: dict[str, list[dict[str, Any]]] = {}
+        changed: set[str] = set()
         for gid, steps, ttft_ms in batches:
             row = rows.get(gid)
             if row is None:  # deleted past TENZRO_GENERATIONS_KEPT while it ran: nothing to append to
@@ -95,10 +95,9 @@ def generation_steps_many(*, batches: list[tuple[str, list[dict[str, Any]], floa
             row.text += "".join(s.get("text", "") for s in steps)  # what could be shown so far (the end adds the rest)
             if ttft_ms is not None:
                 row.ttft_ms = ttft_ms
-            changed.setdefault(gid, []).extend(steps)
+            changed.add(gid)
+            _sent(row, steps)  # the view as of this batch: a page still sees the steps arrive as they were handed over
         Generation.objects.bulk_update([rows[gid] for gid in changed], ["tokens", "text", "ttft_ms"])
-        for gid, steps in changed.items():
-            _sent(rows[gid], steps)
 
 
 def generation_finish(*, generation_id: str, decode_tokens_per_s: float | None = None, error_reason: str = "",

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 from django.test import override_settings
 
 from apps.generation import selectors, services
 from apps.generation.models import Generation
+from apps.generation.records import RecordWriter
 
 pytestmark = pytest.mark.django_db
 
@@ -75,8 +79,8 @@ def test_a_worker_start_closes_what_the_last_one_ran_and_names_their_streams() -
     services.generation_start(generation_id="streamed", model_id="m", prompt_ids=[1], max_new_tokens=3,
                               options={"stream": "v1-abc"})
     services.generation_step(generation_id="streamed", step={"index": 0, "token": 7}, ttft_ms=1.0)
-    _start("ids-only")
-    _start("done")
+    _start("ids-only", running={"streamed"})
+    _start("done", running={"streamed", "ids-only"})
     services.generation_finish(generation_id="done", finish_reason="length")
     closed = services.generations_interrupted()
     assert sorted(closed, key=lambda c: c["generation_id"]) == [
@@ -104,3 +108,30 @@ def test_only_the_newest_records_are_kept_and_unknown_ids_are_named() -> None:
     assert [g["generation_id"] for g in selectors.generations_recent()] == ["c", "b"]
     with pytest.raises(Exception, match="no generation 'a'"):
         selectors.generation_get(generation_id="a")
+
+
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+def test_the_record_writer_never_carries_steps_ahead_of_their_records_creation() -> None:
+    """apps/generation/records.py: steps are coalesced into one job, but a generation's first steps never
+    ride in a job queued before its record was created (they would find no record and be lost)."""
+    gate = threading.Event()
+
+    def start(gid: str) -> None:
+        services.generation_start(generation_id=gid, model_id="m", prompt_ids=[1], max_new_tokens=3, options={},
+                                  running={"a", "b"})
+
+    async def scenario():
+        writer = RecordWriter()
+        writer.write(gate.wait, timeout=10)  # the database thread busy: everything below queues up behind it
+        writer.write(start, gid="a")
+        writer.steps(generation_id="a", steps=[{"index": 0, "token": 7}], ttft_ms=1.0)
+        writer.write(start, gid="b")  # created after a's steps job was queued
+        writer.steps(generation_id="b", steps=[{"index": 0, "token": 5}], ttft_ms=1.0)
+        writer.steps(generation_id="a", steps=[{"index": 1, "token": 8}])
+        last = writer.write(services.generation_finish, generation_id="a", finish_reason="length")
+        gate.set()
+        await last
+
+    asyncio.run(scenario())
+    assert selectors.generation_get(generation_id="a")["tokens"] == [7, 8]
+    assert selectors.generation_get(generation_id="b")["tokens"] == [5]
