@@ -3,10 +3,11 @@
 Run: .venv/bin/python -m bench.repair
 
 Views are synthetic: 61 layers x 898 experts (896 routed + 2 shared: 54,778 experts), 500 candidate
-providers (64-hex ids, as the node's provider ids are), policy min 2 / max 8 / hot 1000 tps, ~1% of
-experts hot. Cases:
-  steady  a healthy network with some skew: ~5% of experts held once (under), ~2% held by 9-11 (over),
-          the rest by 2-7 (the hot ones among them by 8, i.e. at max), every expert with a blob URI;
+providers (64-hex ids, as the node's provider ids are), policy min 2 / max 8 / hot 1000 tps / headroom 2,
+every holder's capacity 1000 rows/s, ~1% of experts hot (demand 4000: target 8). Cases:
+  steady  a network with some skew: ~5% of experts held once (under), ~2% held by 9-11 (over), the rest
+          by 2-7 (the hot ones among them by 8, i.e. at target; the others above 2 get drop rows, as
+          after a demand peak), every expert with a blob URI;
   worst   every expert held once (all under-replicated: a model just loaded by one node each).
 
 "full" is select_repairs over the whole view (every row: what a test or the dashboard shows), "only" is
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from apps.repair.selection import ExpertView, RepairRules, _keys, _scores, key64, select_repairs
+from apps.repair.selection import ExpertView, RepairRules, _keys, _scores, key64, replication_target, select_repairs
 from core.experts.backends import cpu_isa
 
 from .report import headline, print_table, timed, write_results
@@ -40,7 +41,7 @@ from .report import headline, print_table, timed, write_results
 TARGET_S = 0.5
 LAYERS, EXPERTS = 61, 898  # Kimi K3: 896 routed + 2 shared per layer (bench/planner.py's KIMI_K3)
 N_PROVIDERS = 500
-RULES = RepairRules(min_replication=2, max_replication=8, hot_threshold_tps=1000.0)
+RULES = RepairRules(min_replication=2, max_replication=8, hot_threshold_tps=1000.0, headroom=2.0)
 MODEL_ID = "kimi-k3"
 BLOB = "tenzro://blob/" + "0" * 64
 REPEAT = 5
@@ -64,8 +65,8 @@ def synthetic_view(rng: np.random.Generator, ids: list[str], *, worst: bool) -> 
     views = []
     for i, count in enumerate(counts.tolist()):
         holders = tuple(ids[j] for j in rng.choice(N_PROVIDERS, size=count, replace=False))
-        tps = 2000.0 if hot[i] else 50.0 * count
-        views.append(ExpertView(i // EXPERTS, i % EXPERTS, holders, BLOB, tps))
+        tps = 4000.0 if hot[i] else 50.0 * count  # hot: target ceil(4000 x 2 / 1000) = 8
+        views.append(ExpertView(i // EXPERTS, i % EXPERTS, holders, BLOB, tps, 1000.0))
     return views
 
 
@@ -103,8 +104,8 @@ def one_pass() -> list[dict[str, Any]]:
         me = ids[0]
         full, selection = timed(lambda v=views, c=ids: select_repairs(MODEL_ID, v, c, RULES), REPEAT)
         only, mine = timed(lambda v=views, c=ids, m=me: select_repairs(MODEL_ID, v, c, RULES, only=m), REPEAT)
-        under = sum(1 for v in views if len(v.holders) < (8 if v.committed_tps >= 1000 else 2))
-        over = sum(1 for v in views if len(v.holders) > 8)
+        under = sum(1 for v in views if len(v.holders) < replication_target(v.committed_tps, v.capacity_tps, RULES))
+        over = sum(1 for v in views if len(v.holders) > replication_target(2 * v.committed_tps, v.capacity_tps, RULES))
         pairs = under * N_PROVIDERS
         expert_keys = np.random.default_rng(2).integers(0, 1 << 63, size=under, dtype=np.uint64)
         provider_keys = _keys(ids)

@@ -35,9 +35,11 @@ def provider(n: int, *, roles: tuple[str, ...] = ("ExpertHolder",), gpu: bool = 
 
 
 def holding(n: int, layer: int, expert: int, *, warm: bool = True, tps: int = 100, model: str = MODEL,
-            blob: str | None = None) -> HoldingView:
+            blob: str | None = None, capacity: int | None = None) -> HoldingView:
+    """A holding with demand `tps` and capacity `capacity` (default: the same figure as `tps`)."""
     return HoldingView(provider_id=provider_id(n), model_id=model, layer=layer, expert=expert,
                        residency="Warm" if warm else "Cold", committed_tps=tps,
+                       capacity_tps=tps if capacity is None else capacity,
                        blob_uri=blob if blob is not None else f"tenzro://blob/{layer:08x}{expert:08x}")
 
 
@@ -62,8 +64,8 @@ def synthetic_view(
     """``n_providers`` providers; every expert of every layer held by ``replicas`` distinct
     random providers (an int, or a (low, high) inclusive range drawn per expert).
 
-    Each provider has one committed_tps (log-normal around 300 tokens/s: the holder meters
-    its aggregate throughput and stamps it on every holding) and one latency (log-normal
+    Each provider has one throughput figure (log-normal around 300 tokens/s), stamped on every
+    holding as both its demand (committed_tps) and its capacity (capacity_tps) and one latency (log-normal
     around 20 ms, unknown for ``unknown_latency_fraction`` of them); each holding is Warm
     with probability ``warm_fraction``.
     """
@@ -95,7 +97,8 @@ def synthetic_view(
                 p = int(holders[expert, slot])
                 holdings.append(HoldingView(
                     provider_id=ids[p], model_id=model, layer=layer, expert=expert,
-                    residency="Warm" if warm[expert, slot] else "Cold", committed_tps=tps_list[p],
+                    residency="Warm" if warm[expert, slot] else "Cold",
+                    committed_tps=tps_list[p], capacity_tps=tps_list[p],
                     blob_uri=f"tenzro://blob/{layer:032x}{expert:032x}"))
     return SyntheticView(providers=providers, holdings=holdings)
 

@@ -129,9 +129,10 @@ class DistributedForward:
         just promoted the ones the routing selected, and a local execute reads the disk tier itself
         (allow_cold is about asking a remote holder to do that)."""
         providers, holdings, policy, _ = view
-        tps = self.runtime.committed_tps()
+        capacity, demand = self.runtime.capacity_tps(), self.runtime.demand_tps()
         me = ProviderView(self.self_id, tuple(settings.TENZRO_ROLES), None, None, None, False, 0.0)
-        mine = [HoldingView(self.self_id, model_id, layer, expert, "Warm", tps, blob)
+        mine = [HoldingView(self.self_id, model_id, layer, expert, "Warm", demand.get((model_id, layer, expert), 0),
+                            blob, capacity)
                 for layer, expert, _, blob in self.runtime.held(model_id)]
         # A holder that failed or stalled lately is planned last (primary only when nobody else
         # holds the expert) until its cooldown ends: every forward need not pay its timeout again.

@@ -18,6 +18,7 @@ class PolicyChanges(Params):
     min_replication: Int = absent_or(**_COUNT)
     max_replication: Int = absent_or(**_COUNT, description="Must stay ≥ min_replication.")
     hot_threshold_tps: float = absent_or(**_AMOUNT)
+    repair_headroom: float = absent_or(ge=1, le=1e300, description="≥ 1: capacity kept in reserve by repair.")
     repair_interval_s: Int = absent_or(**_COUNT)
     repair_max_experts_per_pass: Int = absent_or(**_COUNT)
     receipt_sample_one_in: Int = absent_or(**_COUNT)
@@ -48,6 +49,7 @@ class PolicyOut(Out):
     min_replication: int
     max_replication: int
     hot_threshold_tps: float
+    repair_headroom: float
     repair_interval_s: int
     repair_max_experts_per_pass: int
     receipt_sample_one_in: int

@@ -22,6 +22,7 @@ POLICY_VALUE_FIELDS = (
     "min_replication",
     "max_replication",
     "hot_threshold_tps",
+    "repair_headroom",
     "repair_interval_s",
     "repair_max_experts_per_pass",
     "receipt_sample_one_in",
@@ -39,10 +40,17 @@ class Policy(models.Model):
         validators=[MinValueValidator(1)], help_text="Distinct providers every active expert should have."
     )
     max_replication = models.PositiveIntegerField(
-        validators=[MinValueValidator(1)], help_text="Most holders that may advertise a hot expert."
+        validators=[MinValueValidator(1)], help_text="Cap on the holders repair raises a hot expert to."
     )
     hot_threshold_tps = models.FloatField(
-        validators=[MinValueValidator(0)], help_text="committed_tps at or above which an expert is hot."
+        validators=[MinValueValidator(0)],
+        help_text="Network-wide demand (committed_tps summed over holders) at or above which an expert is hot.",
+    )
+    # Repair raises a hot expert to ceil(demand × headroom / one holder's capacity) copies (docs/protocol.md,
+    # "Repair selection"): 2 keeps every holder under half its measured capacity.
+    repair_headroom = models.FloatField(
+        default=2.0, validators=[MinValueValidator(1)],
+        help_text="Capacity held in reserve: a hot expert gets ceil(demand × headroom / capacity) holders.",
     )
     repair_interval_s = models.PositiveIntegerField(
         validators=[MinValueValidator(1)], help_text="Seconds between repair passes."

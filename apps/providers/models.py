@@ -42,7 +42,8 @@ class Holding(models.Model):
     layer = models.PositiveIntegerField()
     expert = models.PositiveIntegerField()
     residency = models.CharField(max_length=4)
-    committed_tps = models.PositiveBigIntegerField()
+    committed_tps = models.PositiveBigIntegerField(help_text="Demand: rows served per wall second, last minute.")
+    capacity_tps = models.PositiveBigIntegerField(default=0, help_text="Capacity: rows per second of compute.")
     blob_uri = models.CharField(max_length=100, null=True, blank=True)
 
     class Meta:

@@ -57,12 +57,13 @@ class Holding:
     layer: int
     expert: int
     residency: str  # "Warm" | "Cold"
-    committed_tps: int
+    committed_tps: int  # demand: rows served per wall second over the last minute
     blob_uri: str | None
+    capacity_tps: int = 0  # capacity: rows per second of compute (0: not measured yet)
 
     def to_json(self) -> dict[str, Any]:
         return {"model_id": self.model_id, "layer": self.layer, "expert": self.expert, "residency": self.residency,
-                "committed_tps": self.committed_tps, "blob_uri": self.blob_uri}
+                "committed_tps": self.committed_tps, "capacity_tps": self.capacity_tps, "blob_uri": self.blob_uri}
 
 
 @dataclass(frozen=True)
@@ -296,13 +297,14 @@ def _parse_holdings(items: Iterable[Any], bad: Any) -> list[Holding]:
             raise bad("every holding is an object")
         model_id, layer, expert = item.get("model_id"), item.get("layer"), item.get("expert")
         residency, tps, blob_uri = item.get("residency"), item.get("committed_tps"), item.get("blob_uri")
+        capacity = item.get("capacity_tps", 0)  # absent in records of nodes that predate it
         if not (isinstance(model_id, str) and 0 < len(model_id) <= 200 and _is_count(layer) and _is_count(expert)
-                and residency in RESIDENCIES and _is_count(tps)
+                and residency in RESIDENCIES and _is_count(tps) and _is_count(capacity)
                 and (blob_uri is None or (isinstance(blob_uri, str) and _BLOB_URI.match(blob_uri)))):
             raise bad(f"malformed holding {item!r:.200}")
         key = (model_id, layer, expert)
         if key in seen:
             raise bad(f"holding {key} is listed twice")
         seen.add(key)
-        out.append(Holding(model_id, layer, expert, residency, tps, blob_uri))
+        out.append(Holding(model_id, layer, expert, residency, tps, blob_uri, capacity))
     return out

@@ -46,9 +46,9 @@ def holding_views(model_id: str, *, layer: int | None = None, expert: int | None
     if layer is not None and expert is not None:
         held = held.filter(layer=layer, expert=expert)
     rows = held.values_list(
-        "provider__provider_id", "layer", "expert", "residency", "committed_tps", "blob_uri")
-    return [HoldingView(pid, model_id, layer, expert, residency, tps, blob)
-            for pid, layer, expert, residency, tps, blob in rows]
+        "provider__provider_id", "layer", "expert", "residency", "committed_tps", "blob_uri", "capacity_tps")
+    return [HoldingView(pid, model_id, layer, expert, residency, tps, blob, capacity)
+            for pid, layer, expert, residency, tps, blob, capacity in rows]
 
 
 def shard_index(model_id: str) -> ShardIndex:
@@ -84,7 +84,8 @@ def announcement() -> tuple[dict[str, Any], str | None]:
     elif state["stale"]:
         reason = "the expert worker is not reporting (its state is stale)"
     holdings = () if reason else tuple(
-        RecordHolding(h["model_id"], h["layer"], h["expert"], h["residency"], h["committed_tps"], h["blob_uri"])
+        RecordHolding(h["model_id"], h["layer"], h["expert"], h["residency"], h["committed_tps"], h["blob_uri"],
+                      h["capacity_tps"])
         for h in worker_selectors.holdings())
     if reason:
         roles.discard("ExpertHolder")  # still a router: it can gate and dispatch to others

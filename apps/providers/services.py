@@ -133,9 +133,14 @@ def _needs_new_seq(current: Provider | None, fields: dict[str, Any]) -> bool:
         old_h = old_holdings[key]
         if (old_h.residency, old_h.blob_uri) != (new.residency, new.blob_uri):
             return True
-        if abs(new.committed_tps - old_h.committed_tps) > max(step * old_h.committed_tps, 10):
+        if _moved(old_h.committed_tps, new.committed_tps, step) or _moved(old_h.capacity_tps, new.capacity_tps, step):
             return True
     return False
+
+
+def _moved(old: int, new: int, step: float) -> bool:
+    """A metered figure moved enough to re-sign for: by more than `step` of itself and 10 rows/s."""
+    return abs(new - old) > max(step * old, 10)
 
 
 def local_record_refresh() -> SignedRecord | None:

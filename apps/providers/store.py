@@ -135,6 +135,7 @@ class DbStore:
         old.delete()
         Holding.objects.bulk_create([
             Holding(provider_id=ids[e.provider_id], model_id=h.model_id, layer=h.layer, expert=h.expert,
-                    residency=h.residency, committed_tps=h.committed_tps, blob_uri=h.blob_uri)
+                    residency=h.residency, committed_tps=h.committed_tps, capacity_tps=h.capacity_tps,
+                    blob_uri=h.blob_uri)
             for e in entries for h in e.record.record.holdings  # type: ignore[union-attr]
         ], batch_size=2000)

@@ -46,6 +46,10 @@ class PassOut(Out):
     dropped: int
     unrepairable: list[list[str | int]] = Field(description="[model_id, layer, expert, reason], at most 100.")
     unrepairable_count: int
+    capped: list[list[str | int]] = Field(description=(
+        "[model_id, layer, expert, target, reachable]: hot experts whose demand asks for more holders than "
+        "there are providers to hold them (they have at least min_replication), at most 100."))
+    capped_count: int
     error: str
 
 

@@ -21,6 +21,10 @@ class RepairPass(models.Model):
     dropped = models.PositiveIntegerField(default=0)
     unrepairable = models.JSONField(default=list, help_text="(model, layer, expert, reason), at most 100 listed.")
     unrepairable_count = models.PositiveIntegerField(default=0)
+    capped = models.JSONField(default=list, help_text=(
+        "(model, layer, expert, target, reachable): demand asks for more holders than there are providers; "
+        "at most 100 listed."))
+    capped_count = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True, default="")
 
     class Meta:

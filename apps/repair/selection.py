@@ -14,8 +14,12 @@ Rendezvous (highest-random-weight) hashing, exactly as docs/protocol.md "Repair 
     score             = splitmix64(expert key XOR provider key)     (u64, wrapping)
     order             = score descending, ties by provider id ascending
 
-An expert's add rows are the first (target - holders) of that order over the candidates that do not
-hold it; its drop rows are the holders at positions >= max_replication of that order over its holders.
+An expert's target follows its demand (docs/protocol.md, "Repair selection", `replication_target`): the
+policy's min_replication, or for a hot expert ceil(demand x headroom / one holder's capacity) clamped to
+[min_replication, max_replication]. Its add rows are the first (target - holders) of that order over the
+candidates that do not hold it; its drop rows are the holders at positions >= keep of that order over its
+holders, keep being the target at twice the demand (a copy added for demand stays until demand halves,
+so an expert near a boundary does not flap).
 Adding a provider moves an expert's rows only when the newcomer lands in its top slots (probability
 about its share of the candidates), which is why a joining node disturbs few assignments.
 
@@ -27,8 +31,9 @@ the few expert keys that need repair.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -45,7 +50,9 @@ _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 # Pairs scored at once: each u64 temporary is 8 MiB, so a pass stays cache-friendly and its memory
 # bounded (a Kimi-K3-sized worst case is 27 M pairs: 220 MB per temporary if done in one go).
 _CHUNK_PAIRS = 1 << 20
-_ARGMAX_ROUNDS = 16  # above this many winners per row, one full sort is cheaper than k argmax passes
+_ARGMAX_ROUNDS = 16
+# Drops keep the holders the target at this multiple of the demand asks for (see the module docstring).
+DROP_HYSTERESIS = 2.0  # above this many winners per row, one full sort is cheaper than k argmax passes
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,14 +63,16 @@ class ExpertView:
     expert: int
     holders: tuple[str, ...]  # provider ids declaring it (Warm or Cold), any order, no duplicates
     blob_uri: str | None  # a tenzro://blob/ URI one of its holders announces; None: only inline payloads
-    committed_tps: float = 0.0  # summed over its holders
+    committed_tps: float = 0.0  # demand: summed over its holders
+    capacity_tps: float = 0.0  # one holder's capacity: the median its holders advertise (0: none measured)
 
 
 @dataclass(frozen=True)
 class RepairRules:
     min_replication: int
-    max_replication: int
+    max_replication: int  # a cap: never a target by itself
     hot_threshold_tps: float
+    headroom: float  # >= 1: a hot expert's holders together keep this multiple of its demand as capacity
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +92,9 @@ class Selection:
     rows: list[RepairRow]  # sorted by (layer, expert, action, rank)
     unrepairable: list[tuple[int, int, str]]  # (layer, expert, reason), sorted by (layer, expert)
     considered: int  # experts that were under- or over-replicated
+    # (layer, expert, target, reachable): demand asks for more holders than there are candidates, and the
+    # expert has at least min_replication of them (below that it is unrepairable no_candidate instead)
+    capped: list[tuple[int, int, int, int]] = field(default_factory=list)
 
 
 def key64(text: str) -> int:
@@ -163,8 +175,32 @@ def rendezvous_order(model_id: str, layer: int, expert: int, providers: Sequence
     return [ids[i] for i in _full_order(scores)[0]]
 
 
+def replication_target(demand: float, capacity: float, rules: RepairRules) -> int:
+    """How many holders an expert with `demand` rows/s (summed over holders) should have.
+
+    Not hot (demand < hot_threshold_tps): min_replication. Hot: enough holders that, each serving at
+    `capacity` rows/s (one holder's measured capacity; unmeasured, 0: the hot threshold stands in for
+    it), together they have `headroom` times the demand: ceil(demand x headroom / capacity), clamped to
+    [min_replication, max_replication].
+    """
+    if demand < rules.hot_threshold_tps:
+        return rules.min_replication
+    per_holder = capacity if capacity > 0 else rules.hot_threshold_tps
+    if per_holder <= 0:  # threshold 0 and nothing measured: no figure to size by, the cap stands
+        return rules.max_replication
+    wanted = demand * rules.headroom / per_holder
+    if not wanted < rules.max_replication:  # also an overflow to inf (a tiny capacity)
+        return rules.max_replication
+    return max(rules.min_replication, math.ceil(wanted))
+
+
 def _target(view: ExpertView, rules: RepairRules) -> int:
-    return rules.max_replication if view.committed_tps >= rules.hot_threshold_tps else rules.min_replication
+    return replication_target(view.committed_tps, view.capacity_tps, rules)
+
+
+def _keep(view: ExpertView, rules: RepairRules) -> int:
+    """Holders an expert keeps before any is dropped: the target at twice its demand (hysteresis)."""
+    return replication_target(DROP_HYSTERESIS * view.committed_tps, view.capacity_tps, rules)
 
 
 def select_repairs(model_id: str, experts: Sequence[ExpertView], candidates: Sequence[str], rules: RepairRules,
@@ -178,11 +214,14 @@ def select_repairs(model_id: str, experts: Sequence[ExpertView], candidates: Seq
     """
     if not 0 <= rules.min_replication <= rules.max_replication:
         raise ValueError(f"need 0 <= min_replication <= max_replication, got {rules}")
+    if not rules.headroom >= 1:
+        raise ValueError(f"need headroom >= 1, got {rules}")
     cand_ids = sorted(set(candidates))
     column = {p: i for i, p in enumerate(cand_ids)}
-    under: dict[int, list[ExpertView]] = {}  # target -> views below it (at most two targets: min and max)
-    over: list[ExpertView] = []
+    under: dict[int, list[ExpertView]] = {}  # target -> views below it
+    over: dict[int, list[ExpertView]] = {}  # keep -> views above it
     unrepairable: list[tuple[int, int, str]] = []
+    capped: list[tuple[int, int, int, int]] = []
     for view in experts:
         held = len(view.holders)
         target = _target(view, rules)
@@ -191,28 +230,34 @@ def select_repairs(model_id: str, experts: Sequence[ExpertView], candidates: Seq
                 unrepairable.append((view.layer, view.expert, NO_BLOB_URI))
             else:
                 under.setdefault(target, []).append(view)
-        elif held > rules.max_replication:
-            over.append(view)
-    considered = len(unrepairable) + sum(map(len, under.values())) + len(over)
+        elif held > (keep := _keep(view, rules)):
+            over.setdefault(keep, []).append(view)
+    considered = len(unrepairable) + sum(map(len, under.values())) + sum(map(len, over.values()))
 
     # (layer, expert, action, rank, provider, view, target): the first four are unique per row, so a plain
     # tuple sort orders rows as Selection promises without ever comparing views.
     found: list[tuple[int, int, str, int, str, ExpertView, int]] = []
     provider_keys = _keys(cand_ids)  # hashed once per call
     for target, views in under.items():
-        _adds(model_id, views, target, cand_ids, column, provider_keys, only, found, unrepairable)
-    _drops(model_id, over, rules.max_replication, only, found)
+        _adds(model_id, views, target, cand_ids, column, provider_keys, only, found, unrepairable, capped,
+              rules.min_replication)
+    for keep, views in over.items():
+        _drops(model_id, views, keep, only, found)
 
     found.sort()
     rows = [RepairRow(layer=la, expert=e, provider=p, action=a, rank=r, blob_uri=v.blob_uri, holders=len(v.holders),
                       target=t) for la, e, a, r, p, v, t in found]
     unrepairable.sort()
-    return Selection(rows=rows, unrepairable=unrepairable, considered=considered)
+    capped.sort()
+    return Selection(rows=rows, unrepairable=unrepairable, considered=considered, capped=capped)
 
 
 def _adds(model_id: str, views: list[ExpertView], target: int, cand_ids: list[str], column: dict[str, int],
-          provider_keys: np.ndarray, only: str | None, found: list, unrepairable: list) -> None:
-    """Append the add rows of `views` (all below the same `target`) to `found`."""
+          provider_keys: np.ndarray, only: str | None, found: list, unrepairable: list, capped: list,
+          min_replication: int) -> None:
+    """Append the add rows of `views` (all below the same `target`) to `found`; an expert with fewer
+    candidates than its missing slots goes to `unrepairable` (none at all, below min_replication) or
+    `capped` (it reaches min_replication but not the target)."""
     n, c = len(views), len(cand_ids)
     lens = np.fromiter((len(v.holders) for v in views), dtype=np.intp, count=n)
     # (n, width) candidate column of each holder, -1 for padding and for holders that are not candidates.
@@ -224,8 +269,11 @@ def _adds(model_id: str, views: list[ExpertView], target: int, cand_ids: list[st
     holder_cols[slot_row, np.arange(flat.size) - starts[slot_row]] = flat
     available = c - np.count_nonzero(holder_cols >= 0, axis=1)
     take = np.minimum(target - lens, available)  # (n,) rows this expert gets
-    for i in np.flatnonzero(available == 0):
-        unrepairable.append((views[i].layer, views[i].expert, NO_CANDIDATE))
+    for i in np.flatnonzero(take < target - lens):
+        if lens[i] + take[i] >= min_replication:
+            capped.append((views[i].layer, views[i].expert, target, int(lens[i] + take[i])))
+        elif take[i] == 0:
+            unrepairable.append((views[i].layer, views[i].expert, NO_CANDIDATE))
 
     want = np.flatnonzero(take > 0)
     if only is not None:

@@ -7,7 +7,8 @@ from typing import Any
 from apps.repair.models import RepairPass
 
 PASS_FIELDS = ("id", "started_at", "finished_at", "duration_ms", "trigger", "interval_s", "max_admissions", "model_ids",
-               "considered", "rows", "fetched", "dropped", "unrepairable", "unrepairable_count", "error")
+               "considered", "rows", "fetched", "dropped", "unrepairable", "unrepairable_count", "capped",
+               "capped_count", "error")
 
 
 def repair_passes(*, limit: int = 20) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import statistics
 import time
 from collections import defaultdict
 from datetime import datetime, timedelta
@@ -44,7 +45,7 @@ from apps.repair.models import RepairPass, RepairSchedule, TrimWatch
 from apps.repair.selection import ExpertView, RepairRow, RepairRules, admit, select_repairs
 from apps.repair.signals import repair_pass_done
 from apps.worker import client as worker
-from apps.worker.models import HeldExpert
+from apps.worker.selectors import holdings as worker_holdings
 from apps.worker.selectors import worker_status_published
 from core.errors import TenzroError
 
@@ -52,6 +53,7 @@ logger = logging.getLogger("tenzro.repair")
 RUN_TASK = "tenzro.repair.run"
 UNREPAIRABLE_LISTED = 100
 Key = tuple[int, int]
+Own = tuple[str, str | None, int, int]  # residency, blob_uri, demand (rows/s), capacity (rows/s)
 
 
 def repair_tick(*, now: datetime | None = None) -> RepairPass | None:
@@ -94,37 +96,44 @@ def repair_next_due() -> datetime | None:
     return schedule.anchor_at + timedelta(seconds=policy_active().repair_interval_s * schedule.jitter)
 
 
-def _own_holdings() -> dict[str, dict[Key, tuple[str, str | None]]]:
-    """{model_id: {(layer, expert): (residency, blob_uri)}} as the worker last published them."""
-    mine: dict[str, dict[Key, tuple[str, str | None]]] = defaultdict(dict)
-    for model_id, layer, expert, residency, blob in HeldExpert.objects.values_list(
-            "model_id", "layer", "expert", "residency", "blob_uri"):
-        mine[model_id][(layer, expert)] = (residency, blob)
+def _own_holdings() -> dict[str, dict[Key, Own]]:
+    """{model_id: {(layer, expert): (residency, blob_uri, demand, capacity)}} as the worker last published them."""
+    mine: dict[str, dict[Key, Own]] = defaultdict(dict)
+    for h in worker_holdings():
+        mine[h["model_id"]][(h["layer"], h["expert"])] = (h["residency"], h["blob_uri"], h["committed_tps"],
+                                                          h["capacity_tps"])
     return mine
 
 
-def _model_view(model_id: str, self_id: str, mine: dict[Key, tuple[str, str | None]],
+def _model_view(model_id: str, self_id: str, mine: dict[Key, Own],
                 ) -> tuple[list[ExpertView], list[str], dict[Key, str]]:
     """The model's experts as this node sees them (its own holdings live), the candidate providers,
-    and per expert a digest of its holders and their residency (what "stable" compares)."""
+    and per expert a digest of its holders and their residency (what "stable" compares).
+
+    An expert's demand is the sum of its holders' committed_tps; one holder's capacity is the median
+    of the capacity_tps its holders measured (docs/protocol.md, "Repair selection")."""
     holders: dict[Key, dict[str, str]] = defaultdict(dict)
     blobs: dict[Key, dict[str, str]] = defaultdict(dict)
-    tps: dict[Key, float] = defaultdict(float)
+    demand: dict[Key, float] = defaultdict(float)
+    capacities: dict[Key, list[int]] = defaultdict(list)
     for h in holding_views(model_id):
         if h.provider_id == self_id:
             continue  # this node's announcement may lag: its published holdings stand instead
         key = (h.layer, h.expert)
         holders[key][h.provider_id] = h.residency
-        tps[key] += h.committed_tps
+        demand[key] += h.committed_tps
+        capacities[key].append(h.capacity_tps)
         if h.blob_uri:
             blobs[key][h.provider_id] = h.blob_uri
-    for key, (residency, blob) in mine.items():
+    for key, (residency, blob, tps, capacity) in mine.items():
         holders[key][self_id] = residency
+        demand[key] += tps
+        capacities[key].append(capacity)
         if blob:
             blobs[key][self_id] = blob
     experts = [ExpertView(layer, expert, tuple(sorted(held)),
                           blobs[(layer, expert)][min(blobs[(layer, expert)])] if blobs[(layer, expert)] else None,
-                          tps[(layer, expert)])
+                          demand[(layer, expert)], _median_measured(capacities[(layer, expert)]))
                for (layer, expert), held in sorted(holders.items())]
     candidates = sorted({pid for held in holders.values() for pid in held})
     digests = {key: hashlib.blake2b(repr(sorted(held.items())).encode(), digest_size=16).hexdigest()
@@ -132,17 +141,25 @@ def _model_view(model_id: str, self_id: str, mine: dict[Key, tuple[str, str | No
     return experts, candidates, digests
 
 
+def _median_measured(capacities: list[int]) -> float:
+    """The median of the capacities holders measured (0 when none has measured any)."""
+    measured = [c for c in capacities if c > 0]
+    return float(statistics.median(measured)) if measured else 0.0
+
+
 def repair_pass_run(*, trigger: str) -> RepairPass:
     """One pass over every model this node holds experts of; the record says what happened."""
     policy = policy_active()
     self_id = node_identity().provider_id
     started, clock = timezone.now(), time.perf_counter()
-    rules = RepairRules(policy.min_replication, policy.max_replication, float(policy.hot_threshold_tps))
+    rules = RepairRules(policy.min_replication, policy.max_replication, float(policy.hot_threshold_tps),
+                        float(policy.repair_headroom))
     record = RepairPass(started_at=started, trigger=trigger, interval_s=policy.repair_interval_s,
                         max_admissions=policy.repair_max_experts_per_pass)
     mine = _own_holdings()
     record.model_ids = sorted(mine)
     unrepairable: list[list[Any]] = []
+    capped: list[list[Any]] = []
     outcomes: list[dict[str, Any]] = []
     budget = _free_memory_bytes()
     left = policy.repair_max_experts_per_pass
@@ -152,6 +169,7 @@ def repair_pass_run(*, trigger: str) -> RepairPass:
             chosen = select_repairs(model_id, experts, candidates, rules, only=self_id)
             record.considered += chosen.considered
             unrepairable += [[model_id, layer, expert, why] for layer, expert, why in chosen.unrepairable]
+            capped += [[model_id, *row] for row in chosen.capped]
             admitted, deferred = admit(chosen.rows, left)
             for row in admitted:
                 if row.action == "add":
@@ -172,16 +190,18 @@ def repair_pass_run(*, trigger: str) -> RepairPass:
     record.dropped = sum(o["outcome"] == "dropped" for o in outcomes)
     record.unrepairable_count = len(unrepairable)
     record.unrepairable = unrepairable[:UNREPAIRABLE_LISTED]
+    record.capped_count = len(capped)
+    record.capped = capped[:UNREPAIRABLE_LISTED]
     record.finished_at = timezone.now()
     record.duration_ms = round((time.perf_counter() - clock) * 1000.0, 3)
     record.save()
     summary = {"id": record.pk, "started_at": record.started_at.isoformat(), "trigger": trigger,
                "considered": record.considered, "fetched": record.fetched, "dropped": record.dropped,
-               "unrepairable": record.unrepairable_count, "error": record.error,
+               "unrepairable": record.unrepairable_count, "capped": record.capped_count, "error": record.error,
                "rows": record.rows[:20]}
     transaction.on_commit(lambda: repair_pass_done.send(sender=RepairPass, repair_pass=summary))
-    logger.info("repair pass %s: %s considered, %s fetched, %s dropped, %s unrepairable", record.pk,
-                record.considered, record.fetched, record.dropped, record.unrepairable_count)
+    logger.info("repair pass %s: %s considered, %s fetched, %s dropped, %s unrepairable, %s capped", record.pk,
+                record.considered, record.fetched, record.dropped, record.unrepairable_count, record.capped_count)
     return record
 
 

@@ -84,6 +84,8 @@ class ExpertRow(Out):
     d_ff: int
     formats: dict[str, str]
     blob_uri: str | None
+    committed_tps: int = Field(0, description="Demand: rows this node served for the expert per wall second "
+                                              "over the last minute.")
 
 
 class GateRow(Out):
@@ -146,7 +148,8 @@ class ExpertStatusOut(Out):
     memory_budget_bytes: int
     memory_used_bytes: int
     counts: Counts
-    committed_tps: int
+    committed_tps: int = Field(description="Demand: rows served per wall second over the last minute, all experts.")
+    capacity_tps: int = Field(description="Capacity: rows per second of expert compute over the last minute.")
     gpu_backend_active: bool
     backend: str | None
     cpu_kernel: str | None

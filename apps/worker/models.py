@@ -25,7 +25,12 @@ class WorkerState(models.Model):
     stopped_at = models.DateTimeField(null=True, blank=True, help_text="Set by a clean shutdown.")
     memory_budget_bytes = models.BigIntegerField()
     memory_used_bytes = models.BigIntegerField()
-    committed_tps = models.PositiveIntegerField(help_text="Rows/s of expert compute over the last minute.")
+    committed_tps = models.PositiveIntegerField(
+        help_text="Demand: rows served per wall second over the last minute, all experts together.")
+    capacity_tps = models.PositiveIntegerField(
+        default=0, help_text="Capacity: rows per second of expert compute over the last minute.")
+    demand = models.JSONField(default=list, blank=True, help_text=(
+        "Per expert demand over the last minute: [model_id, layer, expert, rows/s] for each that served rows."))
     backend = models.CharField(max_length=32)
     cpu_kernel = models.CharField(max_length=64)
     gpu_backend_active = models.BooleanField(default=False)

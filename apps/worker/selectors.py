@@ -19,7 +19,8 @@ from apps.worker.models import HeldExpert, HeldGate, Residency, WorkerState
 from core.errors import Conflict
 
 _EMPTY_STATUS = {
-    "memory_budget_bytes": 0, "memory_used_bytes": 0, "committed_tps": 0, "gpu_backend_active": False,
+    "memory_budget_bytes": 0, "memory_used_bytes": 0, "committed_tps": 0, "capacity_tps": 0,
+    "gpu_backend_active": False,
     "backend": None, "cpu_kernel": None, "compute": {"candidates": [], "device": None},
 }
 
@@ -52,13 +53,16 @@ def worker_status_published() -> dict[str, Any]:
     """tenzro_moeExpertStatus from the control plane: three queries, whatever the holdings."""
     now = timezone.now()
     state = WorkerState.objects.filter(pk=1).first()
-    experts = [expert_row(r) for r in HeldExpert.objects.all()]
+    demand = {} if state is None else expert_demand(state)
+    experts = [{**expert_row(r), "committed_tps": demand.get((r.model_id, r.layer, r.expert), 0)}
+               for r in HeldExpert.objects.all()]
     gates = [gate_row(r) for r in HeldGate.objects.all()]
     stale, age = _staleness(state, now)
     warm = sum(1 for e in experts if e["residency"] == Residency.WARM)
     figures = _EMPTY_STATUS if state is None else {
         "memory_budget_bytes": state.memory_budget_bytes, "memory_used_bytes": state.memory_used_bytes,
-        "committed_tps": state.committed_tps, "gpu_backend_active": state.gpu_backend_active,
+        "committed_tps": state.committed_tps, "capacity_tps": state.capacity_tps,
+        "gpu_backend_active": state.gpu_backend_active,
         "backend": state.backend, "cpu_kernel": state.cpu_kernel or None,
         "compute": {"candidates": [], "device": None, **(state.compute or {})},
     }
@@ -75,14 +79,22 @@ def worker_status_published() -> dict[str, Any]:
 
 
 def holdings() -> list[dict[str, Any]]:
-    """This node's `moe_holdings` as ProviderCapacity (docs/specification.md, "Provider record") lists them."""
+    """This node's `moe_holdings` as ProviderCapacity (docs/specification.md, "Provider record") lists them:
+    each with its own demand (`committed_tps`) and the node's capacity (`capacity_tps`)."""
     state = WorkerState.objects.filter(pk=1).first()
-    tps = 0 if state is None else state.committed_tps
+    capacity = 0 if state is None else state.capacity_tps
+    demand = {} if state is None else expert_demand(state)
     return [
         {"model_id": r.model_id, "layer": r.layer, "expert": r.expert, "residency": r.residency,
-         "committed_tps": tps, "blob_uri": r.blob_uri}
+         "committed_tps": demand.get((r.model_id, r.layer, r.expert), 0), "capacity_tps": capacity,
+         "blob_uri": r.blob_uri}
         for r in HeldExpert.objects.all()
     ]
+
+
+def expert_demand(state: WorkerState) -> dict[tuple[str, int, int], int]:
+    """{(model_id, layer, expert): rows/s} as the worker last metered it (experts with none are absent)."""
+    return {(m, la, e): tps for m, la, e, tps in state.demand or []}
 
 
 def held_blob_hashes() -> set[str]:

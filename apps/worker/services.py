@@ -62,7 +62,8 @@ def _state_values(status: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
     return {
         "heartbeat_at": now, "stopped_at": None,
         "memory_budget_bytes": status["memory_budget_bytes"], "memory_used_bytes": status["memory_used_bytes"],
-        "committed_tps": status["committed_tps"], "backend": status["backend"],
+        "committed_tps": status["committed_tps"], "capacity_tps": status["capacity_tps"],
+        "demand": status["demand"], "backend": status["backend"],
         "cpu_kernel": status["cpu_kernel"] or "", "gpu_backend_active": status["gpu_backend_active"],
         "compute": status.get("compute") or {},
     }
@@ -94,7 +95,7 @@ def worker_state_heartbeat(*, pid: int, status: dict[str, Any]) -> None:
     now = timezone.now()
     values = _state_values(status, now)
     WorkerState.objects.filter(pk=1, pid=pid).update(**values)
-    transaction.on_commit(_announce)  # committed_tps and memory used move between publishes
+    transaction.on_commit(_announce)  # demand, capacity and memory used move between publishes
 
 
 def worker_state_stopped(*, pid: int) -> None:

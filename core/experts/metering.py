@@ -1,17 +1,20 @@
-"""Rolling-minute throughput meter for expert-forward compute.
+"""Rolling-minute meters of expert-forward work: capacity (ThroughputMeter) and demand (DemandMeter).
 
-committed_tps (docs/specification.md, "Metering") is measured as
+docs/specification.md, "Metering", keeps two numbers apart. Capacity, `capacity_tps`, is
 
     rows executed in the last 60 s / seconds spent computing those rows
 
 aggregated over every expert on the node. Dividing by compute time rather than wall time
-measures capacity, not demand: a node that served 10 rows in a quiet minute still reports
-the rate it can sustain, and a busy node does not look faster because it was busy. Rows are
+measures what the node can sustain, not what it was asked: a node that served 10 rows in a
+quiet minute still reports the rate it can sustain. The planner ranks holders by it. Demand,
+`committed_tps`, is per expert: rows served in the last 60 s / 60 s of wall time; repair
+raises an expert's replication by it. Rows are
 tokens entering an expert forward (one token routed to k local experts counts k times,
 which is what a dispatch planner sends). The time is the expert forward itself (matmuls
 and activation), excluding disk promotion and queueing, so a cold first call does not
 understate capacity. When the last minute holds no work the last measured value is held,
-so an idle holder keeps advertising what it last proved rather than dropping to zero.
+so an idle holder keeps advertising what it last proved rather than dropping to zero
+(demand, by contrast, falls to zero a minute after the last row).
 
 Pure and clock-injectable (`now` in seconds, monotonic) so tests need no sleeps.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Hashable
 
 WINDOW_S = 60.0
 
@@ -68,3 +72,42 @@ class ThroughputMeter:
             self._buckets.clear()
         while self._buckets and self._buckets[0][0] + 1.0 <= cutoff:
             self._buckets.popleft()
+
+
+class DemandMeter:
+    """Rows served per expert per second of wall time over the window; thread-safe.
+
+    Memory is bounded by one bucket per second of the window per expert that served rows in it.
+    """
+
+    def __init__(self, *, window_s: float = WINDOW_S) -> None:
+        self.window_s = window_s
+        self._buckets: dict[Hashable, deque[list[float]]] = {}  # key -> [second, rows], oldest first
+        self._lock = threading.Lock()
+
+    def record(self, key: Hashable, rows: int, *, now: float | None = None) -> None:
+        """Count `rows` served for `key` at `now`."""
+        now = time.monotonic() if now is None else now
+        second = float(int(now))
+        with self._lock:
+            buckets = self._buckets.setdefault(key, deque())
+            if buckets and buckets[-1][0] == second:
+                buckets[-1][1] += rows
+            else:
+                buckets.append([second, float(rows)])
+
+    def rates(self, *, now: float | None = None) -> dict[Hashable, float]:
+        """{key: rows per second over the window} for every key that served rows in it."""
+        now = time.monotonic() if now is None else now
+        cutoff = now - self.window_s
+        out: dict[Hashable, float] = {}
+        with self._lock:
+            for key in list(self._buckets):
+                buckets = self._buckets[key]
+                while buckets and buckets[0][0] + 1.0 <= cutoff:
+                    buckets.popleft()
+                if not buckets:
+                    del self._buckets[key]
+                    continue
+                out[key] = sum(b[1] for b in buckets) / self.window_s
+        return out

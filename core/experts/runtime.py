@@ -39,7 +39,7 @@ from core.experts.ffn import (
 )
 from core.experts.gating import Routing, route
 from core.experts.gpu.backend import GpuBackend
-from core.experts.metering import ThroughputMeter
+from core.experts.metering import DemandMeter, ThroughputMeter
 from core.experts.selection import cpu_backend
 from core.experts.tiered_cache import Key, TieredCache, default_memory_budget, model_dir_name
 from core.experts.validation import check_hidden
@@ -92,7 +92,8 @@ class ExpertRuntime:
                                   on_change=on_change, on_corrupt=on_corrupt)
         self._gates: dict[tuple[str, int], _Gate] = {}
         self._lock = threading.RLock()
-        self._meter = ThroughputMeter()
+        self._meter = ThroughputMeter()  # capacity: rows per second of compute, node-wide
+        self._demand = DemandMeter()  # demand: rows served per wall second, per expert
         self._cache.scan(lambda data: read_header(parse_payload(data))[0])
         self._scan_gates()
 
@@ -250,6 +251,7 @@ class ExpertRuntime:
         start = time.perf_counter()
         y = self.backend.forward(resident.prepared, x)
         self._meter.record(x.shape[0], time.perf_counter() - start)
+        self._demand.record(key, x.shape[0])
         return y
 
     def readahead(self, keys: Iterable[tuple[str, int, int]]) -> None:
@@ -285,13 +287,19 @@ class ExpertRuntime:
 
     # -- reporting ---------------------------------------------------------------------------
 
-    def committed_tps(self) -> int:
+    def capacity_tps(self) -> int:
         """Expert-forward rows per second of compute over the last minute (see metering.py)."""
         return round(self._meter.rows_per_second())
 
+    def demand_tps(self) -> dict[Key, int]:
+        """{(model_id, layer, expert): rows served per wall second over the last minute}, experts
+        that served at least one row in it (see metering.py), rounded to whole rows per second."""
+        return {key: round(rate) for key, rate in self._demand.rates().items()}
+
     def status(self) -> dict[str, Any]:
         rows = self._cache.records()
-        experts = [self._row(k, r, warm) for k, r, warm in rows]
+        demand = self.demand_tps()
+        experts = [{**self._row(k, r, warm), "committed_tps": demand.get(k, 0)} for k, r, warm in rows]
         with self._lock:
             gates = [self._gate_row(g) for _, g in sorted(self._gates.items())]
         warm = sum(1 for *_, w in rows if w)
@@ -302,7 +310,10 @@ class ExpertRuntime:
             # the memory tier plus what is held outside it under the same budget (reserve_memory)
             "memory_used_bytes": self._cache.used_bytes + self._cache.reserved_bytes,
             "counts": {"warm": warm, "cold": len(rows) - warm, "gates": len(gates)},
-            "committed_tps": self.committed_tps(),
+            # demand: node-wide total and per expert ([model_id, layer, expert, rows/s]); capacity
+            "committed_tps": sum(demand.values()),
+            "demand": [[*key, tps] for key, tps in sorted(demand.items())],
+            "capacity_tps": self.capacity_tps(),
             "gpu_backend_active": bool(self.backend.is_gpu),
             "backend": self.backend.name,
             "cpu_kernel": self.backend.cpu_kernel,

@@ -108,11 +108,12 @@ def _holder_entries(index: ShardIndex, layers: list[int], experts: list[int]) ->
              for p in index.providers]
     residency = ("Cold", "Warm")  # indexed by the warm flag
     rows = [
-        {"provider": door[0], "residency": residency[warm], "committed_tps": tps, "quic_endpoint": door[1],
+        {"provider": door[0], "residency": residency[warm], "committed_tps": tps, "capacity_tps": cap,
+         "quic_endpoint": door[1],
          "quic_cert_sha256": door[2], "http_endpoint": door[3], "blob_uri": blob, "reputation": door[4]}
-        for door, warm, tps, blob in zip(
+        for door, warm, tps, cap, blob in zip(
             [doors[p] for p in index.holder_provider.tolist()], index.holder_warm.tolist(),
-            index.holder_tps.tolist(), index.holder_blob, strict=True)
+            index.holder_tps.tolist(), index.holder_capacity.tolist(), index.holder_blob, strict=True)
     ]
     offsets = index.offsets.tolist()
     return [

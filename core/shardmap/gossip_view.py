@@ -78,10 +78,12 @@ class ProviderView:
 class HoldingView:
     """One advertised holding: ``provider_id`` holds expert (``layer``, ``expert``) of ``model_id``.
 
-    ``residency`` is "Warm" (memory tier) or "Cold" (disk tier). ``committed_tps`` is the
-    holder's measured expert-forward throughput over a rolling minute, in tokens per second
-    (docs/specification.md, "Metering": the planner ranks by it). ``blob_uri`` is the tenzro://blob/ the weights came
-    from, None for an expert admitted from an inline payload.
+    ``residency`` is "Warm" (memory tier) or "Cold" (disk tier). ``committed_tps`` is demand:
+    the rows (tokens) this holder served for the expert per wall second over a rolling minute
+    (docs/specification.md, "Metering": hot and repair go by its sum over holders).
+    ``capacity_tps`` is the holder's rows per second of compute (the planner ranks by it; 0:
+    not measured yet). ``blob_uri`` is the tenzro://blob/ the weights came from, None for an
+    expert admitted from an inline payload.
     """
 
     provider_id: str
@@ -91,6 +93,7 @@ class HoldingView:
     residency: str
     committed_tps: int
     blob_uri: str | None = None
+    capacity_tps: int = 0
 
     def __post_init__(self) -> None:
         where = f"holding of {self.provider_id} ({self.model_id} layer {self.layer} expert {self.expert})"
@@ -100,6 +103,8 @@ class HoldingView:
             raise ValueError(f"{where}: residency must be Warm or Cold, got {self.residency!r}")
         if type(self.committed_tps) is not int or self.committed_tps < 0:
             raise ValueError(f"{where}: committed_tps must be a non-negative integer, got {self.committed_tps!r}")
+        if type(self.capacity_tps) is not int or self.capacity_tps < 0:
+            raise ValueError(f"{where}: capacity_tps must be a non-negative integer, got {self.capacity_tps!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,10 +14,11 @@ Layout (CSR, every array read-only)::
                      offsets[i] : offsets[i+1] of the holder columns
     holder_provider  (n_holders,) int64 provider index
     holder_warm      (n_holders,) bool   residency == "Warm"
-    holder_tps       (n_holders,) int64  committed_tps
+    holder_tps       (n_holders,) int64  committed_tps (demand)
+    holder_capacity  (n_holders,) int64  capacity_tps
     holder_blob      tuple of str | None, same rows
 
-Within an expert, holders are ordered Warm first, then committed_tps descending, then
+Within an expert, holders are ordered Warm first, then capacity_tps descending, then
 provider id: the order the shard map prints and the order the planner's backups start from.
 
 Per provider, derived: ``provider_barred`` (reputation below the policy's reputation_floor:
@@ -27,7 +28,7 @@ in (reputation descending, provider id) order, which the planner's exact ties go
 What is dropped while building: holdings of other models, and holdings whose provider is
 not in ``providers`` (the view may lag the holdings it was built from). A provider that
 lists the same (layer, expert) twice counts once (replication is about distinct
-providers); the copy kept is the better one: Warm over Cold, then higher committed_tps,
+providers); the copy kept is the better one: Warm over Cold, then higher capacity_tps,
 then one with a blob_uri, then the smaller blob_uri (so the result does not depend on the
 order the view lists them in).
 """
@@ -71,6 +72,7 @@ class ShardIndex:
     holder_provider: np.ndarray
     holder_warm: np.ndarray
     holder_tps: np.ndarray
+    holder_capacity: np.ndarray
     holder_blob: tuple[str | None, ...]
     # Derived per expert: distinct holders, summed committed_tps (Warm and Cold), hot flag.
     replication: np.ndarray = field(init=False)
@@ -113,7 +115,7 @@ class ShardIndex:
         derived |= {"_table": table, "_table_width": width}
         for name, value in derived.items():
             object.__setattr__(self, name, _frozen(value) if isinstance(value, np.ndarray) else value)
-        for name in ("keys", "offsets", "holder_provider", "holder_warm", "holder_tps"):
+        for name in ("keys", "offsets", "holder_provider", "holder_warm", "holder_tps", "holder_capacity"):
             _frozen(getattr(self, name))
 
     @property
@@ -174,23 +176,25 @@ class ShardIndex:
         expert = np.array([h.expert for h in mine], dtype=np.int64)
         warm = np.array([h.residency == "Warm" for h in mine], dtype=bool)
         tps = np.array([h.committed_tps for h in mine], dtype=np.int64)
+        cap = np.array([h.capacity_tps for h in mine], dtype=np.int64)
         key = expert_keys(layer, expert)
 
-        # np.lexsort sorts by its LAST key first: expert, then Warm first, tps descending, provider id.
-        order = np.lexsort((pidx, -tps, ~warm, key))
-        key, pidx, warm, tps = key[order], pidx[order], warm[order], tps[order]
+        # np.lexsort sorts by its LAST key first: expert, then Warm first, capacity descending, provider id.
+        order = np.lexsort((pidx, -cap, ~warm, key))
+        key, pidx, warm, tps, cap = key[order], pidx[order], warm[order], tps[order], cap[order]
         blob = [mine[i].blob_uri for i in order.tolist()]
 
         keep = _first_per_provider(key, pidx, len(ids))
         if not keep.all():
-            _prefer_blob(keep, key, pidx, warm, tps, blob)
-            key, pidx, warm, tps = key[keep], pidx[keep], warm[keep], tps[keep]
+            _prefer_blob(keep, key, pidx, warm, cap, blob)
+            key, pidx, warm, tps, cap = key[keep], pidx[keep], warm[keep], tps[keep], cap[keep]
             blob = [b for b, k in zip(blob, keep.tolist(), strict=True) if k]
 
         starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, np.int64)
         offsets = np.append(starts, len(key)).astype(np.int64)
         return cls(model_id=model_id, policy=policy, providers=ordered, keys=key[starts].copy(), offsets=offsets,
-                   holder_provider=pidx, holder_warm=warm, holder_tps=tps, holder_blob=tuple(blob))
+                   holder_provider=pidx, holder_warm=warm, holder_tps=tps, holder_capacity=cap,
+                   holder_blob=tuple(blob))
 
 
 def _reputation_columns(providers: Sequence[ProviderView], floor: float) -> dict[str, np.ndarray]:
@@ -223,19 +227,19 @@ def _first_per_provider(key: np.ndarray, pidx: np.ndarray, n_providers: int) -> 
 
 
 def _prefer_blob(
-    keep: np.ndarray, key: np.ndarray, pidx: np.ndarray, warm: np.ndarray, tps: np.ndarray, blob: Sequence[str | None]
+    keep: np.ndarray, key: np.ndarray, pidx: np.ndarray, warm: np.ndarray, cap: np.ndarray, blob: Sequence[str | None]
 ) -> None:
-    """Among copies equal in residency and tps, keep the one with the smallest blob_uri (in place).
+    """Among copies equal in residency and capacity, keep the one with the smallest blob_uri (in place).
 
     The sort cannot see blob_uri, so tied copies stay in input order; this rare fix-up makes
     the kept copy independent of that order. Tied copies have equal sort keys, so they are
     adjacent rows: moving the kept mark inside their run does not reorder the holders.
     """
-    tied = (key[1:] == key[:-1]) & (pidx[1:] == pidx[:-1]) & (warm[1:] == warm[:-1]) & (tps[1:] == tps[:-1])
+    tied = (key[1:] == key[:-1]) & (pidx[1:] == pidx[:-1]) & (warm[1:] == warm[:-1]) & (cap[1:] == cap[:-1])
     edges = np.flatnonzero(np.diff(np.r_[0, tied.astype(np.int8), 0]))  # run i of ties: rows edges[2i] .. edges[2i+1]
     for first, last in zip(edges[0::2].tolist(), edges[1::2].tolist(), strict=True):
         if not keep[first]:
-            continue  # a better copy (Warm, or more tps) of this provider's holding is kept elsewhere
+            continue  # a better copy (Warm, or more capacity) of this provider's holding is kept elsewhere
         best = min(range(first, last + 1), key=lambda r: (_blob_rank(blob[r]), r))
         keep[first], keep[best] = False, True
 

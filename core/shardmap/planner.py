@@ -24,8 +24,8 @@ Who may serve an expert (its candidates), strictly in this order:
   1. Warm holders not excluded; only when there are none, Cold ones (with ``allow_cold``).
   2. For a hot expert (policy hot_threshold_tps on its holders' summed committed_tps) the
      ``moe_gpu`` candidates come first: an expert placed whole goes to the best GPU holder,
-     even one whose measured committed_tps is lower (committed_tps is observed throughput:
-     a GPU holder that was sent little shows little); a split picks GPU holders first and
+     even one whose measured capacity_tps is lower (capacity is measured on the rows a
+     holder was sent: a GPU holder sent only small batches shows little); a split picks GPU holders first and
      CPU holders only for the places left, and water filling may leave out a GPU holder
      already so loaded that it would get under ``min_batch_rows`` rows. With no GPU
      candidate the CPU ones serve (docs/specification.md, "Expert runtime": "biases batches for hot experts toward GPU
@@ -34,7 +34,7 @@ Who may serve an expert (its candidates), strictly in this order:
 
 Score (lower is better): the estimated time at which the holder would finish this batch,
     finish(h, rows) = latency_s(h) + (load(h) + rows) / rate(h)
-``load`` is the rows this plan already gave h (for any expert), ``rate`` its committed_tps
+``load`` is the rows this plan already gave h (for any expert), ``rate`` its capacity_tps
 in tokens/s (at least 1, so a holder that measured nothing is a last resort, not a division
 by zero), ``latency_s`` its recent round trip (an unmeasured one counts as the slowest
 measured, core.shardmap.index). Latency is paid once per holder: its batches travel
@@ -44,7 +44,7 @@ Reputation breaks exact ties only; it does not enter the finish time. It is an a
 (settlement credits less penalties), not a time, and no policy number converts one into
 the other; a provider whose record is bad enough is kept out by the floor instead. Ties
 are common, not a corner: a network with no measurements yet (every latency 0, equal
-committed_tps) decides every placement by them, and then the provider with the better
+capacity_tps) decides every placement by them, and then the provider with the better
 paid record wins instead of the smaller id. The same rank orders the water filling's
 candidates and rounding, and the backups.
 

@@ -5,7 +5,7 @@ docstring, this module is their arithmetic. It works on Python lists rather than
 the loop visits one expert at a time with a handful of candidates each, where numpy's
 per-call overhead (about a microsecond) would cost more than the arithmetic.
 
-Units: rows are (token, expert) pairs; rate is committed_tps in rows per second; latency
+Units: rows are (token, expert) pairs; rate is capacity_tps in rows per second; latency
 and finish times are seconds.
 """
 
@@ -23,7 +23,7 @@ from core.shardmap.index import ShardIndex
 NO_HOLDER, HOLDERS_EXCLUDED, ONLY_COLD = "no_holder", "holders_excluded", "only_cold_holders"
 BELOW_FLOOR = "below_reputation_floor"
 
-# A holder that has measured nothing advertises committed_tps 0; ranking it at 1 token/s keeps the
+# A holder that has measured nothing advertises capacity_tps 0; ranking it at 1 token/s keeps the
 # finish-time arithmetic finite and makes it the last resort among holders with numbers.
 MIN_RATE = 1.0
 
@@ -36,7 +36,7 @@ class Columns:
     n_warm: list[int]  # (n_experts): its Warm holders are the first n_warm[e] rows (Warm sorts first)
     hot: list[bool]  # (n_experts)
     provider: list[int]  # (n_holders): provider index per holder row
-    rate: list[float]  # (n_holders): max(committed_tps, MIN_RATE)
+    rate: list[float]  # (n_holders): max(capacity_tps, MIN_RATE)
     gpu: list[bool]  # (n_providers)
     latency: list[float]  # (n_providers): seconds
     rank: list[int]  # (n_providers): exact ties go to the smaller rank (higher reputation, then provider id)
@@ -61,7 +61,7 @@ def columns_of(shard: ShardIndex) -> Columns:
     if cols is None:
         warm = shard.holder_warm.astype(np.int64)
         n_warm = np.add.reduceat(warm, shard.offsets[:-1]) if shard.n_experts else np.zeros(0, np.int64)
-        rate = np.maximum(shard.holder_tps, MIN_RATE).astype(np.float64)
+        rate = np.maximum(shard.holder_capacity, MIN_RATE).astype(np.float64)
         cols = Columns(
             offsets=shard.offsets.tolist(), n_warm=n_warm.tolist(), hot=shard.hot.tolist(),
             provider=shard.holder_provider.tolist(), rate=rate.tolist(), gpu=shard.provider_gpu.tolist(),

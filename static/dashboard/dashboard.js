@@ -41,7 +41,8 @@ import { onEvent } from "./live.js";
     document.getElementById("runtime-summary").textContent =
       status.counts.warm + " warm, " + status.counts.cold + " cold experts, " + status.counts.gates + " gates; " +
       mib(status.memory_used_bytes) + " of " + mib(status.memory_budget_bytes) + " MiB; kernel " + status.cpu_kernel +
-      (status.gpu_backend_active ? " (GPU)" : "") + "; " + status.committed_tps + " rows/s" +
+      (status.gpu_backend_active ? " (GPU)" : "") + "; demand " + status.committed_tps + " rows/s, capacity " +
+      status.capacity_tps + " rows/s" +
       (status.stale ? " — stale: the expert worker has not reported for " + status.heartbeat_age_s + " s" : "");
     const body = document.querySelector("#experts tbody");
     body.replaceChildren(...status.experts.map(function (e) {

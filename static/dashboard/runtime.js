@@ -48,6 +48,7 @@ function showGauge(status) {
   document.getElementById("gpu-active").textContent = status.gpu_backend_active ? "active" : "inactive";
   showCompute(status.compute || {candidates: [], device: null});
   document.getElementById("committed-tps").textContent = String(status.committed_tps);
+  document.getElementById("capacity-tps").textContent = String(status.capacity_tps);
   document.getElementById("worker-state").textContent = status.stale
     ? "stale" + (status.heartbeat_age_s === null ? "" : " (" + status.heartbeat_age_s + " s silent)") : "reporting";
 }
@@ -67,8 +68,8 @@ function showExperts(status) {
   const rows = status.experts.map(function (e) {
     const key = e.model_id + "/" + e.layer + "/" + e.expert;
     keys.add(key);
-    // Every holding announces the node-wide committed_tps today (apps/worker/selectors.holdings).
-    const points = (history.get(key) || []).concat([status.committed_tps]).slice(-SPARK_POINTS);
+    // each expert's own demand: rows it served per wall second over the last minute
+    const points = (history.get(key) || []).concat([e.committed_tps]).slice(-SPARK_POINTS);
     history.set(key, points);
     const row = document.createElement("tr");
     row.dataset.key = key;
@@ -85,7 +86,7 @@ function showExperts(status) {
     sparkline(svg, points);
     const tps = document.createElement("span");
     tps.className = "tps";
-    tps.textContent = " " + status.committed_tps;
+    tps.textContent = " " + e.committed_tps;
     td.append(svg, tps);
     return row;
   });

@@ -93,15 +93,16 @@ function showHolders(entry) {
   document.getElementById("cell-replication").textContent = entry.replication;
   const body = document.querySelector("#cell-holders tbody");
   if (!entry.holders.length) {
-    body.innerHTML = '<tr><td colspan="5">Nobody holds this expert.</td></tr>';
+    body.innerHTML = '<tr><td colspan="6">Nobody holds this expert.</td></tr>';
     return;
   }
   body.replaceChildren(...entry.holders.map(function (h) {
     const row = document.createElement("tr");
     row.dataset.provider = h.provider;
-    [h.provider.slice(0, 16) + "…", h.residency, h.committed_tps, h.blob_uri || "–", h.reputation.toFixed(3)].forEach(function (v, i) {
+    [h.provider.slice(0, 16) + "…", h.residency, h.committed_tps, h.capacity_tps, h.blob_uri || "–",
+     h.reputation.toFixed(3)].forEach(function (v, i) {
       const td = document.createElement("td");
-      if (i === 0 || i === 3) { const code = document.createElement("code"); code.textContent = v; td.appendChild(code); }
+      if (i === 0 || i === 4) { const code = document.createElement("code"); code.textContent = v; td.appendChild(code); }
       else td.textContent = v;
       if (i === 0) td.title = h.provider;
       row.appendChild(td);

@@ -84,6 +84,7 @@ def test_a_worker_publish_and_heartbeat_push_the_runtime_status(pushed, django_c
     status = {"experts": [{"model_id": MODEL, "layer": 0, "expert": 1, "tier": "memory", "memory_bytes": 10,
                            "disk_bytes": 20, "d_model": 4, "d_ff": 8, "formats": {"w1": "q8_0"}, "blob_uri": None}],
               "gates": [], "memory_budget_bytes": 100, "memory_used_bytes": 10, "committed_tps": 7,
+              "capacity_tps": 70, "demand": [],
               "backend": "cpu", "cpu_kernel": "numpy", "gpu_backend_active": False}
     with django_capture_on_commit_callbacks(execute=True):
         worker_services.worker_state_publish(provider_id="p", pid=1, started_at=dt.datetime.now(dt.UTC),
@@ -102,6 +103,7 @@ def test_runtime_page_renders_the_published_state() -> None:
     status = {"experts": [{"model_id": MODEL, "layer": 2, "expert": 5, "tier": "disk", "memory_bytes": 0,
                            "disk_bytes": 2048, "d_model": 4, "d_ff": 8, "formats": {"w1": "q8_0"}, "blob_uri": None}],
               "gates": [], "memory_budget_bytes": 1000, "memory_used_bytes": 250, "committed_tps": 3,
+              "capacity_tps": 30, "demand": [],
               "backend": "cpu", "cpu_kernel": "numpy", "gpu_backend_active": False}
     worker_services.worker_state_publish(provider_id="p", pid=1, started_at=dt.datetime.now(dt.UTC), status=status)
     html = Client().get("/runtime/").content.decode()

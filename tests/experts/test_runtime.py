@@ -161,14 +161,16 @@ def test_status_and_holdings_shape(rt):
     w = expert_weights(rng, D_MODEL, D_FF)
     row = rt.expert_load(payload=expert_payload(w, expert=0, quant="q8_0"), blob_uri="tenzro://blob/" + "ef" * 32)
     assert row["tier"] == "memory" and row["memory_bytes"] > 0 and row["blob_uri"].startswith("tenzro://blob/")
-    rt.execute(model_id=MODEL, layer=0, expert=0, hidden=rng.standard_normal((8, D_MODEL)).astype(np.float32))
+    rt.execute(model_id=MODEL, layer=0, expert=0, hidden=rng.standard_normal((120, D_MODEL)).astype(np.float32))
     status = rt.status()
     assert set(status) >= {"experts", "gates", "memory_budget_bytes", "memory_used_bytes", "counts",
                            "gpu_backend_active", "backend", "cpu_kernel"}
     assert status["gpu_backend_active"] is False and status["backend"] == "cpu"
     assert status["cpu_kernel"].startswith(("c-", "numba-", "numpy-"))
     (row,) = status["experts"]
-    assert row["residency"] == "Warm" and row["tier"] == "memory" and status["committed_tps"] > 0
+    assert row["residency"] == "Warm" and row["tier"] == "memory" and status["capacity_tps"] > 0
+    # demand: 120 rows served in the last minute are 2 rows per wall second, on the expert and node-wide
+    assert row["committed_tps"] == status["committed_tps"] == 2 and status["demand"] == [[MODEL, 0, 0, 2]]
 
 
 def test_blob_loaded_expert_and_gate_are_stored_once_on_disk(rt, tmp_path):

@@ -122,7 +122,7 @@ def _forward(holders: list[Holder], latencies: list[float], *, codec: str, gathe
         for h in holders:
             await h.start()
         views = [h.view(ms) for h, ms in zip(holders, latencies, strict=True)]
-        holdings = [HoldingView(v.provider_id, MODEL, 0, e, "Warm", 1000, None) for i, v in enumerate(views)
+        holdings = [HoldingView(v.provider_id, MODEL, 0, e, "Warm", 1000, None, 1000) for i, v in enumerate(views)
                     for e in (only or {}).get(i, range(N_EXPERTS))]
         shard = ShardIndex.build(MODEL, views, holdings, ReplicationPolicy(1, 8, 1e9))
 

@@ -63,12 +63,13 @@ def test_a_heartbeat_alone_refreshes_liveness_and_expiry_drops_the_silent(settin
     assert not Holding.objects.exists()
 
 
-def _worker_publishes(experts, *, tps=800):
+def _worker_publishes(experts, *, tps=800, capacity=5000):
     rows = [{"model_id": MODEL, "layer": 0, "expert": e, "tier": "memory", "memory_bytes": 1, "disk_bytes": 1,
              "d_model": 8, "d_ff": 4, "formats": {}, "blob_uri": None} for e in experts]
     worker_services.worker_state_publish(provider_id="x", pid=1, started_at=timezone.now(), status={
         "experts": rows, "gates": [], "memory_budget_bytes": 1, "memory_used_bytes": 1, "committed_tps": tps,
-        "backend": "cpu", "cpu_kernel": "c", "gpu_backend_active": False})
+        "capacity_tps": capacity, "demand": [[MODEL, 0, e, tps] for e in experts], "backend": "cpu",
+        "cpu_kernel": "c", "gpu_backend_active": False})
 
 
 def test_this_nodes_record_is_resigned_only_when_what_it_announces_changes(settings) -> None:
@@ -89,6 +90,13 @@ def test_this_nodes_record_is_resigned_only_when_what_it_announces_changes(setti
     _worker_publishes([1], tps=2000)  # past it
     third = services.local_record_refresh()
     assert third.seq > second.seq and third.record.holdings[0].committed_tps == 2000
+    assert third.record.holdings[0].capacity_tps == 5000
+    _worker_publishes([1], tps=2000, capacity=5500)  # capacity within the step too
+    assert services.local_record_refresh() is None
+    _worker_publishes([1], tps=2000, capacity=9000)
+    fourth = services.local_record_refresh()
+    assert fourth.seq > third.seq and fourth.record.holdings[0].capacity_tps == 9000
+    third = fourth
     stored = Provider.objects.get(provider_id=me)
     assert verify_record({"record": stored.record_text, "signature": stored.signature}, max_bytes=1 << 20) == third
 

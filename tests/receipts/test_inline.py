@@ -116,7 +116,7 @@ def test_a_lying_holder_is_refused_inline_and_the_backup_serves_the_forward(tmp_
         await honest.start()
         # The liar answers fastest, so the planner makes it every batch's primary and the honest holder the backup.
         views = [liar.view(0.1), honest.view(50.0)]
-        holdings = [HoldingView(v.provider_id, MODEL, 0, e, "Warm", 1000, None) for v in views
+        holdings = [HoldingView(v.provider_id, MODEL, 0, e, "Warm", 1000, None, 1000) for v in views
                     for e in range(N_EXPERTS)]
         shard = ShardIndex.build(MODEL, views, holdings, ReplicationPolicy(2, 8, 1e9))
 

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 from collections import defaultdict
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from apps.repair.selection import (
     ADD,
@@ -24,11 +27,12 @@ from apps.repair.selection import (
     admit,
     key64,
     rendezvous_order,
+    replication_target,
     select_repairs,
 )
 
 MODEL = "kimi-k3"
-RULES = RepairRules(min_replication=2, max_replication=8, hot_threshold_tps=1000.0)
+RULES = RepairRules(min_replication=2, max_replication=8, hot_threshold_tps=1000.0, headroom=2.0)
 BLOB = "tenzro://blob/" + "ab" * 32
 MASK = (1 << 64) - 1
 
@@ -51,27 +55,40 @@ def ref_order(model_id: str, layer: int, expert: int, providers) -> list[str]:
     return sorted(set(providers), key=lambda p: (-ref_splitmix64(e ^ ref_key64(p)), p))
 
 
-def ref_select(model_id, experts, candidates, rules) -> tuple[list[tuple], list[tuple]]:
-    """(rows as tuples, unrepairable) computed expert by expert, the slow obvious way."""
-    rows, unrepairable = [], []
+def ref_target(demand: float, capacity: float, rules: RepairRules) -> int:
+    if demand < rules.hot_threshold_tps:
+        return rules.min_replication
+    per_holder = capacity if capacity > 0 else rules.hot_threshold_tps
+    if per_holder <= 0:
+        return rules.max_replication
+    return max(rules.min_replication, min(rules.max_replication, math.ceil(demand * rules.headroom / per_holder)))
+
+
+def ref_select(model_id, experts, candidates, rules) -> tuple[list[tuple], list[tuple], list[tuple]]:
+    """(rows as tuples, unrepairable, capped) computed expert by expert, the slow obvious way."""
+    rows, unrepairable, capped = [], [], []
     for v in experts:
-        target = rules.max_replication if v.committed_tps >= rules.hot_threshold_tps else rules.min_replication
+        target = ref_target(v.committed_tps, v.capacity_tps, rules)
+        keep = ref_target(2 * v.committed_tps, v.capacity_tps, rules)
         held = len(v.holders)
         if held < target:
             if v.blob_uri is None:
                 unrepairable.append((v.layer, v.expert, NO_BLOB_URI))
                 continue
             order = [p for p in ref_order(model_id, v.layer, v.expert, candidates) if p not in v.holders]
-            if not order:
-                unrepairable.append((v.layer, v.expert, NO_CANDIDATE))
+            if len(order) < target - held:
+                if held + len(order) >= rules.min_replication:
+                    capped.append((v.layer, v.expert, target, held + len(order)))
+                elif not order:
+                    unrepairable.append((v.layer, v.expert, NO_CANDIDATE))
             for rank, p in enumerate(order[:target - held]):
                 rows.append((v.layer, v.expert, p, ADD, rank, v.blob_uri, held, target))
-        elif held > rules.max_replication:
+        elif held > keep:
             order = ref_order(model_id, v.layer, v.expert, v.holders)
-            for rank in range(rules.max_replication, held):
-                rows.append((v.layer, v.expert, order[rank], DROP, rank, v.blob_uri, held, rules.max_replication))
+            for rank in range(keep, held):
+                rows.append((v.layer, v.expert, order[rank], DROP, rank, v.blob_uri, held, keep))
     rows.sort(key=lambda r: (r[0], r[1], r[3], r[4]))
-    return rows, sorted(unrepairable)
+    return rows, sorted(unrepairable), sorted(capped)
 
 
 def as_tuple(row: RepairRow) -> tuple:
@@ -86,8 +103,8 @@ def random_view(rng: np.random.Generator, *, providers: list[str], layers: int =
         held = int(rng.choice([0, 1, 1, 1, 2, 3, 5, 7, 8, 9, 10, 11]))
         holders = tuple(providers[i] for i in rng.choice(len(providers), size=held, replace=False))
         blob = None if (held == 0 or rng.random() < no_blob) else BLOB
-        tps = 1500.0 if rng.random() < hot else 10.0 * held
-        views.append(ExpertView(layer, expert, holders, blob, tps))
+        tps = float(rng.choice([1000.0, 1500.0, 4000.0, 20000.0])) if rng.random() < hot else 10.0 * held
+        views.append(ExpertView(layer, expert, holders, blob, tps, float(rng.choice([0.0, 250.0, 1000.0, 5000.0]))))
     return views
 
 
@@ -132,11 +149,12 @@ def test_matches_reference(seed: int) -> None:
     views = random_view(rng, providers=providers)
     candidates = providers[: int(rng.integers(5, 31))]
     got = select_repairs(MODEL, views, candidates, RULES)
-    rows, unrepairable = ref_select(MODEL, views, candidates, RULES)
+    rows, unrepairable, capped = ref_select(MODEL, views, candidates, RULES)
     assert [as_tuple(r) for r in got.rows] == rows
-    assert got.unrepairable == unrepairable
-    held = [(len(v.holders), v.committed_tps >= RULES.hot_threshold_tps) for v in views]
-    assert got.considered == sum(h < (8 if hot else 2) or h > 8 for h, hot in held)
+    assert (got.unrepairable, got.capped) == (unrepairable, capped)
+    assert got.considered == sum(
+        len(v.holders) < ref_target(v.committed_tps, v.capacity_tps, RULES)
+        or len(v.holders) > ref_target(2 * v.committed_tps, v.capacity_tps, RULES) for v in views)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -155,7 +173,7 @@ def test_two_nodes_sharing_a_view_never_get_the_same_slot(seed: int) -> None:
         named = adds.get((v.layer, v.expert), [])
         assert len(named) == len(set(named)), "two rows for one provider"
         assert not set(named) & set(v.holders), "a holder asked to fetch what it holds"
-        target = 8 if v.committed_tps >= RULES.hot_threshold_tps else 2
+        target = ref_target(v.committed_tps, v.capacity_tps, RULES)
         available = len(set(candidates) - set(v.holders))
         expected = 0 if (v.blob_uri is None or len(v.holders) >= target) else min(target - len(v.holders), available)
         assert len(named) == expected, (v, named)
@@ -172,7 +190,7 @@ def test_same_rows_whatever_the_input_order() -> None:
     views = random_view(rng, providers=providers)
     base = select_repairs(MODEL, views, providers, RULES)
     shuffled = [ExpertView(v.layer, v.expert, tuple(rng.permutation(list(v.holders))) if v.holders else (),
-                           v.blob_uri, v.committed_tps) for v in rng.permutation(views)]
+                           v.blob_uri, v.committed_tps, v.capacity_tps) for v in rng.permutation(views)]
     again = select_repairs(MODEL, shuffled, list(rng.permutation(providers)) + providers[:5], RULES)
     assert again == base
 
@@ -203,25 +221,59 @@ def test_stable_when_unrelated_providers_join() -> None:
             assert rows == [r for r in before.rows if (r.layer, r.expert) == (layer, expert)]
 
 
-def test_hot_experts_raise_to_max_and_nothing_above() -> None:
+def test_hot_experts_raise_by_demand_and_nothing_above() -> None:
     providers = provider_ids(20)
     views = [
-        ExpertView(0, 0, tuple(providers[:3]), BLOB, 1000.0),  # hot (threshold inclusive): 3 -> 8
-        ExpertView(0, 1, tuple(providers[:8]), BLOB, 5000.0),  # hot, at max: nothing
-        ExpertView(0, 2, tuple(providers[:5]), BLOB, 999.0),  # not hot, above min: nothing
+        ExpertView(0, 0, tuple(providers[:3]), BLOB, 1000.0, 250.0),  # hot (inclusive): ceil(1000*2/250) = 8
+        ExpertView(0, 1, tuple(providers[:8]), BLOB, 50000.0, 250.0),  # hot, 400 wanted, capped at max: nothing
+        ExpertView(0, 2, tuple(providers[:5]), BLOB, 999.0, 1.0),  # not hot, above min: nothing
         ExpertView(0, 3, tuple(providers[:1]), BLOB, 0.0),  # cold, once: 1 -> 2
+        ExpertView(0, 4, tuple(providers[:2]), BLOB, 1500.0, 1000.0),  # hot: ceil(1500*2/1000) = 3
     ]
     sel = select_repairs(MODEL, views, providers, RULES)
     adds = defaultdict(list)
     for r in sel.rows:
         assert r.action == ADD
         adds[r.expert].append(r)
-    assert sorted(adds) == [0, 3]
+    assert sorted(adds) == [0, 3, 4]
     assert [r.rank for r in adds[0]] == list(range(5)) and {r.target for r in adds[0]} == {8}
     assert [r.provider for r in adds[0]] == [p for p in rendezvous_order(MODEL, 0, 0, providers)
                                              if p not in providers[:3]][:5]
     assert len(adds[3]) == 1 and adds[3][0].target == 2 and adds[3][0].holders == 1
-    assert sel.considered == 2
+    assert [(r.target, r.holders) for r in adds[4]] == [(3, 2)]
+    assert sel.considered == 3
+
+
+@pytest.mark.parametrize(("demand", "capacity", "target"), [
+    (0.0, 0.0, 2), (999.9, 1.0, 2),  # not hot: min_replication whatever the capacity
+    (1000.0, 1000.0, 2), (1000.0, 500.0, 4), (1000.0, 400.0, 5), (3000.0, 1000.0, 6),
+    (1000.0, 0.0, 2), (2600.0, 0.0, 6),  # unmeasured capacity: the threshold stands in for it
+    (10**6, 1.0, 8), (10**6, 10**9, 2),  # clamped to [min, max]
+])
+def test_replication_target_follows_demand(demand: float, capacity: float, target: int) -> None:
+    assert replication_target(demand, capacity, RULES) == target
+
+
+@given(demand=st.floats(0, 1e7), more=st.floats(0, 1e7), capacity=st.floats(0, 1e6))
+def test_replication_target_is_monotone_and_bounded(demand: float, more: float, capacity: float) -> None:
+    low, high = replication_target(demand, capacity, RULES), replication_target(demand + more, capacity, RULES)
+    assert RULES.min_replication <= low <= high <= RULES.max_replication
+
+
+def test_threshold_zero_and_no_capacity_means_the_cap() -> None:
+    rules = RepairRules(min_replication=1, max_replication=3, hot_threshold_tps=0.0, headroom=1.0)
+    assert replication_target(0.0, 0.0, rules) == 3
+
+
+def test_drops_wait_until_demand_halves() -> None:
+    """A copy added for demand is kept while demand stays above half of what asked for it (no flapping)."""
+    providers = provider_ids(10)
+    held = tuple(providers[:4])  # raised to 4 at demand 2000 (capacity 1000, headroom 2)
+    assert replication_target(2000.0, 1000.0, RULES) == 4
+    for demand, drops in [(2000.0, 0), (1600.0, 0), (1000.0, 0), (999.0, 0), (499.0, 2), (0.0, 2)]:
+        sel = select_repairs(MODEL, [ExpertView(0, 0, held, BLOB, demand, 1000.0)], providers, RULES)
+        assert sum(r.action == DROP for r in sel.rows) == drops, demand
+        assert all(r.target == 2 for r in sel.rows if r.action == DROP)
 
 
 def test_over_replicated_drops_the_lowest_ranked_holders() -> None:
@@ -232,7 +284,10 @@ def test_over_replicated_drops_the_lowest_ranked_holders() -> None:
     assert [(r.action, r.provider, r.rank, r.holders, r.target) for r in sel.rows] == \
         [(DROP, order[rank], rank, 11, 8) for rank in (8, 9, 10)]
     # Drops rank over the holders only: candidates that do not hold it change nothing.
-    assert select_repairs(MODEL, [ExpertView(2, 5, holders, BLOB)], providers[:11], RULES).rows == sel.rows
+    assert select_repairs(MODEL, [ExpertView(2, 5, holders, BLOB, 9999.0)], providers[:11], RULES).rows == sel.rows
+    # With no demand it keeps min_replication: every holder but the best two is dropped.
+    idle = select_repairs(MODEL, [ExpertView(2, 5, holders, BLOB)], providers, RULES)
+    assert [r.provider for r in idle.rows] == order[2:]
     mine = select_repairs(MODEL, [ExpertView(2, 5, holders, BLOB)], providers, RULES, only=order[0])
     assert mine.rows == [] and mine.considered == 1
 
@@ -245,24 +300,26 @@ def test_skewed_views_never_drop_the_best_max_replication_holders() -> None:
         real = tuple(providers[i] for i in rng.choice(30, size=int(rng.integers(9, 16)), replace=False))
         keep = set(rendezvous_order(MODEL, 0, expert, real)[:RULES.max_replication])
         seen = tuple(h for h in real if rng.random() < 0.85)
-        sel = select_repairs(MODEL, [ExpertView(0, expert, seen, BLOB)], providers, RULES)
+        sel = select_repairs(MODEL, [ExpertView(0, expert, seen, BLOB, 50000.0)], providers, RULES)
         dropped = {r.provider for r in sel.rows if r.action == DROP}
         assert not dropped & keep
         assert len(seen) - len(dropped) == min(len(seen), RULES.max_replication)
 
 
-def test_unrepairable_reasons() -> None:
+def test_unrepairable_reasons_and_capped() -> None:
     providers = provider_ids(3)
     views = [
         ExpertView(0, 0, (), None),  # held by nobody
         ExpertView(0, 1, (providers[0],), None),  # held once, inline payload only
         ExpertView(1, 0, (providers[0],), BLOB),  # fine: providers[1] or [2] fetches it
-        ExpertView(1, 1, tuple(providers), BLOB, 2000.0),  # hot: every candidate already holds it
+        ExpertView(1, 1, tuple(providers), BLOB, 2000.0),  # hot, wants 4: every candidate already holds it
+        ExpertView(1, 2, (providers[0],), BLOB, 8000.0, 1000.0),  # hot, wants 8: both others fetch it
     ]
     sel = select_repairs(MODEL, views, providers, RULES)
-    assert sel.unrepairable == [(0, 0, NO_BLOB_URI), (0, 1, NO_BLOB_URI), (1, 1, NO_CANDIDATE)]
-    assert [(r.layer, r.expert) for r in sel.rows] == [(1, 0)]
-    assert sel.considered == 4
+    assert sel.unrepairable == [(0, 0, NO_BLOB_URI), (0, 1, NO_BLOB_URI)]
+    assert sel.capped == [(1, 1, 4, 3), (1, 2, 8, 3)]  # (layer, expert, target, reachable)
+    assert [(r.layer, r.expert) for r in sel.rows] == [(1, 0), (1, 2), (1, 2)]
+    assert sel.considered == 5
     lonely = select_repairs(MODEL, views[2:3], [], RULES)  # no candidate list at all
     assert (lonely.rows, lonely.unrepairable, lonely.considered) == ([], [(1, 0, NO_CANDIDATE)], 1)
     empty = select_repairs(MODEL, [], providers, RULES)
@@ -271,7 +328,11 @@ def test_unrepairable_reasons() -> None:
 
 def test_inconsistent_rules_are_refused() -> None:
     with pytest.raises(ValueError):
-        select_repairs(MODEL, [], [], RepairRules(min_replication=3, max_replication=2, hot_threshold_tps=1.0))
+        select_repairs(MODEL, [], [], RepairRules(min_replication=3, max_replication=2, hot_threshold_tps=1.0,
+                                                  headroom=2.0))
+    with pytest.raises(ValueError):
+        select_repairs(MODEL, [], [], RepairRules(min_replication=1, max_replication=2, hot_threshold_tps=1.0,
+                                                  headroom=0.5))
 
 
 # --- admit ----------------------------------------------------------------------------------------------------------

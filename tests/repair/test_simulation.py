@@ -1,9 +1,11 @@
 """Repair passes of a whole network, in memory: skewed views, churn, at most two admissions per pass.
 
-The model: 100 nodes, one model of 4 layers x 64 experts, policy min 2 / max 8 / hot 1000 tps, at most 2
-experts admitted per pass. Initially many experts are held once, some by nobody, and ~5% only as inline
-payloads (no blob: unrepairable); ~5% are hot (every holding commits 1000 tps, so any visible holder makes
-the expert hot and its target 8).
+The model: 100 nodes, one model of 4 layers x 64 experts, policy min 2 / max 8 / hot 1000 tps / headroom 2,
+at most 2 experts admitted per pass, every holder's capacity 500 rows/s. Initially many experts are held
+once, some by nobody, and ~5% only as inline payloads (no blob: unrepairable). ~5% are hot, with a demand
+drawn from 1000, 1500, 2000 and 4000 rows/s (targets 4, 6, 8 and 8: ceil(demand x 2 / 500), capped at 8);
+the rest see 10 rows/s (target 2). An expert's demand is spread evenly over its holders, each advertising
+its share as committed_tps, so a view that misses holders also under-counts the demand.
 
 A round is one repair pass on every node, all computed from the state at the start of the round:
   1. churn (rounds before CHURN_ROUNDS): 10 random nodes leave and their holdings vanish; 10 new nodes
@@ -21,15 +23,17 @@ Phases: CHURN_ROUNDS passes with churn and skewed views, QUIET_ROUNDS passes wit
 skewed), then CONVERGED_ROUNDS passes where every node sees every provider (views have converged).
 
 Convergence criterion: at the end of the quiet passes every repairable expert (one that some current
-holder announces a blob for) holds its target in the global state: min_replication, or max_replication
-if it is hot. During churn an expert whose holders just left can be below target through no fault of
+holder announces a blob for) holds at least min_replication; once views converge every one holds its
+demand's target, and none holds more than the keep of its demand (the target at twice the demand).
+During churn an expert whose holders just left can be below target through no fault of
 the repair, so that is measured (printed per round) but not asserted; an expert all of whose holders
 leave in one round is lost (no longer repairable), which is why the repairable count falls during churn.
 
 Over-replication: skewed views under-count holders, so a hot expert keeps gaining an extra copy now
 and then while the views stay skewed (the drop gate needs the same drop row in two consecutive passes,
 which two different skewed views rarely both show). It stays within OVER_BOUND above max_replication,
-and once views converge the drops go through and nothing stays above max_replication.
+and once views converge the drops go through and nothing stays above its keep. The test prints
+replication against demand at the end.
 """
 
 from __future__ import annotations
@@ -40,10 +44,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from apps.repair.selection import ADD, DROP, ExpertView, RepairRules, admit, select_repairs
+from apps.repair.selection import (
+    ADD,
+    DROP,
+    DROP_HYSTERESIS,
+    ExpertView,
+    RepairRules,
+    admit,
+    replication_target,
+    select_repairs,
+)
 
 MODEL = "sim-model"
-RULES = RepairRules(min_replication=2, max_replication=8, hot_threshold_tps=1000.0)
+RULES = RepairRules(min_replication=2, max_replication=8, hot_threshold_tps=1000.0, headroom=2.0)
+CAPACITY = 500.0  # every holder's capacity_tps
+HOT_DEMANDS = (1000.0, 1500.0, 2000.0, 4000.0)
+COLD_DEMAND = 10.0
 PER_PASS = 2  # policy repair_max_experts_per_pass
 LAYERS, EXPERTS = 4, 64
 NODES, CHURN = 100, 10
@@ -58,7 +74,7 @@ Expert = tuple[int, int]
 @dataclass
 class Network:
     rng: np.random.Generator
-    hot: set[Expert]
+    hot: dict[Expert, float]  # hot expert -> its demand in rows/s (the others: COLD_DEMAND)
     holdings: dict[str, dict[Expert, bool]] = field(default_factory=dict)  # node -> {expert: announces a blob}
     last_drops: dict[str, set[Expert]] = field(default_factory=dict)  # node -> drop rows of its previous pass
     joined: int = 0
@@ -73,6 +89,15 @@ class Network:
             for expert in held:
                 out[expert].append(node)
         return out
+
+    def demand(self, expert: Expert) -> float:
+        return self.hot.get(expert, COLD_DEMAND)
+
+    def target(self, expert: Expert) -> int:
+        return replication_target(self.demand(expert), CAPACITY, RULES)
+
+    def keep(self, expert: Expert) -> int:
+        return replication_target(DROP_HYSTERESIS * self.demand(expert), CAPACITY, RULES)
 
     def repairable(self) -> set[Expert]:
         return {e for held in self.holdings.values() for e, blob in held.items() if blob}
@@ -95,10 +120,11 @@ class Network:
         views = []
         for layer in range(LAYERS):
             for expert in range(EXPERTS):
-                mine = [h for h in holders.get((layer, expert), ()) if h in visible]
+                every = holders.get((layer, expert), ())
+                mine = [h for h in every if h in visible]
                 blob = BLOB if any(self.holdings[h][layer, expert] for h in mine) else None
-                tps = (1000.0 if (layer, expert) in self.hot else 10.0) * len(mine)
-                views.append(ExpertView(layer, expert, tuple(mine), blob, tps))
+                share = self.demand((layer, expert)) / len(every) if every else 0.0  # each holder's committed_tps
+                views.append(ExpertView(layer, expert, tuple(mine), blob, share * len(mine), CAPACITY if mine else 0.0))
         candidates = [n for n in visible if self.holdings[n]]
         return views, candidates
 
@@ -131,7 +157,7 @@ class Network:
 def initial_network(seed: int) -> Network:
     rng = np.random.default_rng(seed)
     experts = [(layer, expert) for layer in range(LAYERS) for expert in range(EXPERTS)]
-    hot = {e for e in experts if rng.random() < 0.05}
+    hot = {e: float(rng.choice(HOT_DEMANDS)) for e in experts if rng.random() < 0.05}
     net = Network(rng=rng, hot=hot)
     nodes = [net.new_node() for _ in range(NODES)]
     net.holdings = {n: {} for n in nodes}
@@ -147,13 +173,22 @@ def initial_network(seed: int) -> Network:
     return net
 
 
-def deficit(net: Network) -> tuple[int, int]:
-    """(repairable experts below target, repairable experts) in the global state."""
+def deficit(net: Network, *, floor_only: bool = False) -> tuple[int, int]:
+    """(repairable experts below their demand's target, or below min_replication with `floor_only`,
+    repairable experts) in the global state."""
     holders = net.holders()
     repairable = net.repairable()
-    short = sum(len(holders[e]) < (RULES.max_replication if e in net.hot else RULES.min_replication)
-                for e in repairable)
+    short = sum(len(holders[e]) < (RULES.min_replication if floor_only else net.target(e)) for e in repairable)
     return short, len(repairable)
+
+
+def replication_by_demand(net: Network) -> dict[float, tuple[int, int, int]]:
+    """{demand: (target, fewest holders, most holders)} over the repairable experts of that demand."""
+    holders = net.holders()
+    seen: dict[float, list[int]] = defaultdict(list)
+    for e in net.repairable():
+        seen[net.demand(e)].append(len(holders[e]))
+    return {d: (replication_target(d, CAPACITY, RULES), min(c), max(c)) for d, c in sorted(seen.items())}
 
 
 def run(seed: int, *, log: bool) -> dict[str, object]:
@@ -182,10 +217,15 @@ def run(seed: int, *, log: bool) -> dict[str, object]:
                   f"{stats['same_slot_twice']:2d}, most admitted {stats['admitted_most']}, below target "
                   f"{short}/{repairable}, max replicas {max(counts.values())}")
         if phase == "quiet" and r == CHURN_ROUNDS + QUIET_ROUNDS - 1:
-            short_after_quiet = short
+            short_after_quiet, _ = deficit(net, floor_only=True)
     final = Counter(e for held in net.holdings.values() for e in held)
+    by_demand = replication_by_demand(net)
+    if log:
+        print("replication against demand at the end (demand rows/s: target, fewest-most holders): " + ", ".join(
+            f"{d:g}: {t}, {lo}-{hi}" for d, (t, lo, hi) in by_demand.items()))
     return {"admitted_most": admitted_most, "most_hot": most_hot, "most_cold": most_cold, "converged_in": converged_in,
-            "short_after_quiet": short_after_quiet, "short_final": short, "final_max": max(final.values())}
+            "short_after_quiet": short_after_quiet, "short_final": short, "final_max": max(final.values()),
+            "above_keep": sum(c > net.keep(e) for e, c in final.items()), "by_demand": by_demand}
 
 
 def test_network_heals_under_churn_and_skewed_views() -> None:
@@ -196,13 +236,17 @@ def test_network_heals_under_churn_and_skewed_views() -> None:
           f"every repairable expert at target {result['converged_in']} quiet passes after churn stopped; "
           f"{time.perf_counter() - started:.1f} s")
     assert result["admitted_most"] <= PER_PASS
-    assert result["short_after_quiet"] == 0, "repairable experts below target after the quiet passes"
-    assert result["converged_in"] is not None
+    assert result["short_after_quiet"] == 0, "repairable experts below min_replication after the quiet passes"
     assert result["most_hot"] <= RULES.max_replication + OVER_BOUND
     assert result["most_cold"] <= RULES.max_replication  # skew over-fills cold experts far less than max
-    # Once views agree, the two-pass gate lets the drops through: nothing stays above max, nothing below target.
+    # Once views agree, the two-pass gate lets the drops through: nothing above its keep, nothing below target.
     assert result["final_max"] <= RULES.max_replication
+    assert result["above_keep"] == 0
     assert result["short_final"] == 0
+    # replication follows demand: each demand level sits at its target (clamped to max), not all at max
+    for demand, (target, fewest, most) in result["by_demand"].items():
+        assert target <= fewest and most <= replication_target(DROP_HYSTERESIS * demand, CAPACITY, RULES), demand
+    assert {t for t, _, _ in result["by_demand"].values()} == {2, 4, 6, 8}
 
 
 def test_bounds_hold_for_other_seeds() -> None:
@@ -211,5 +255,6 @@ def test_bounds_hold_for_other_seeds() -> None:
         result = run(seed, log=False)
         assert result["admitted_most"] <= PER_PASS
         assert result["short_after_quiet"] == 0 and result["short_final"] == 0, (seed, result)
+        assert result["above_keep"] == 0, (seed, result)
         assert result["most_hot"] <= RULES.max_replication + OVER_BOUND, (seed, result)
         assert result["final_max"] <= RULES.max_replication, (seed, result)

@@ -15,8 +15,8 @@ from testkit.shard_views import MODEL, POLICY, holding, provider, provider_id
 P = provider_id
 TOP_KEYS = {"model_id", "covered_experts", "distinct_providers", "expert_holders_role_count", "router_role_count",
             "policy", "under_replicated_experts", "hot_experts", "holders"}
-HOLDER_KEYS = {"provider", "residency", "committed_tps", "quic_endpoint", "quic_cert_sha256", "http_endpoint",
-               "blob_uri", "reputation"}
+HOLDER_KEYS = {"provider", "residency", "committed_tps", "capacity_tps", "quic_endpoint", "quic_cert_sha256",
+               "http_endpoint", "blob_uri", "reputation"}
 
 
 def test_exact_shape_and_values():
@@ -31,7 +31,7 @@ def test_exact_shape_and_values():
     p1, p2, p4 = providers[0], providers[1], providers[3]
 
     def row(p: ProviderView, residency: str, tps: int, blob: str) -> dict:
-        return {"provider": p.provider_id, "residency": residency, "committed_tps": tps,
+        return {"provider": p.provider_id, "residency": residency, "committed_tps": tps, "capacity_tps": tps,
                 "quic_endpoint": p.quic_endpoint, "quic_cert_sha256": p.quic_cert_sha256,
                 "http_endpoint": p.http_endpoint, "blob_uri": blob, "reputation": 0.0}
 
@@ -173,6 +173,7 @@ def test_a_view_naming_one_provider_twice_is_refused():
     (lambda: HoldingView(P(1), MODEL, 0, 2**31, "Warm", 1), "expert"),
     (lambda: HoldingView(P(1), MODEL, 0, 0, "Warm", -1), "committed_tps"),
     (lambda: HoldingView(P(1), MODEL, 0, 0, "Warm", 1.5), "committed_tps"),
+    (lambda: HoldingView(P(1), MODEL, 0, 0, "Warm", 1, None, -1), "capacity_tps"),
     (lambda: ProviderView("", (), None, None, None, False), "provider_id"),
     (lambda: ProviderView(P(1), ["Router"], None, None, None, False), "roles"),
     (lambda: ProviderView(P(1), (), None, None, None, 1), "moe_gpu"),

@@ -21,7 +21,8 @@ def _expert(expert, tier="memory", blob_uri=None):
 
 def _status(experts, gates=()):
     return {"experts": list(experts), "gates": list(gates), "memory_budget_bytes": 1000, "memory_used_bytes": 200,
-            "committed_tps": 42, "backend": "cpu", "cpu_kernel": "c-avx2", "gpu_backend_active": False}
+            "committed_tps": 42, "capacity_tps": 9000, "demand": [["m", 0, 1, 42]], "backend": "cpu",
+            "cpu_kernel": "c-avx2", "gpu_backend_active": False}
 
 
 def _publish(status, pid=7):
@@ -35,12 +36,17 @@ def test_published_state_reads_back_equal_to_the_runtime_status() -> None:
     assert _publish(status) == 3
     read = selectors.worker_status_published()
     assert [{k: e[k] for k in _expert(0)} for e in read["experts"]] == status["experts"]
+    assert [e["committed_tps"] for e in read["experts"]] == [0, 42]
     assert read["gates"] == [gate]
     assert read["counts"] == {"warm": 1, "cold": 1, "gates": 1}
-    assert read["committed_tps"] == 42 and read["stale"] is False and read["worker_pid"] == 7
+    assert read["committed_tps"] == 42 and read["capacity_tps"] == 9000
+    assert read["stale"] is False and read["worker_pid"] == 7
+    # each holding its own demand, every holding the node's capacity
     assert selectors.holdings() == [
-        {"model_id": "m", "layer": 0, "expert": 0, "residency": "Warm", "committed_tps": 42, "blob_uri": None},
-        {"model_id": "m", "layer": 0, "expert": 1, "residency": "Cold", "committed_tps": 42, "blob_uri": URI},
+        {"model_id": "m", "layer": 0, "expert": 0, "residency": "Warm", "committed_tps": 0, "capacity_tps": 9000,
+         "blob_uri": None},
+        {"model_id": "m", "layer": 0, "expert": 1, "residency": "Cold", "committed_tps": 42, "capacity_tps": 9000,
+         "blob_uri": URI},
     ]
 
 
