@@ -62,8 +62,12 @@ def _csv(value: str) -> list[str]:
               type=click.Choice(BACKEND_CHOICES, case_sensitive=False),
               help="Compute backend of the expert worker: auto-detect, or force one (a forced GPU backend that "
                    "cannot run stops the start with the reason).")
+@click.option("--memory-budget", default=lambda: os.environ.get("TENZRO_MEMORY_BUDGET_BYTES", "0"),
+              show_default="0: 60% of the host's memory shared by its nodes",
+              help="Memory for experts and dense weights: bytes, or with a K/M/G/T suffix (binary), e.g. 8G. "
+                   "More than the host has is refused.")
 def node_run(http: str, quic: str, data_dir: str, peers: str, redis_url: str, roles: str,
-             celery_concurrency: int, expert_backend: str) -> None:
+             celery_concurrency: int, expert_backend: str, memory_budget: str) -> None:
     """Start every process of one node and supervise them until Ctrl-C / SIGTERM."""
     from apps.node.supervisor import NodeOptions, run_node
 
@@ -72,14 +76,39 @@ def node_run(http: str, quic: str, data_dir: str, peers: str, redis_url: str, ro
     if unknown:
         raise click.BadParameter(f"unknown role(s) {', '.join(unknown)}; choose from {', '.join(ROLES)}",
                                  param_hint="--roles")
+    budget = _memory_budget(memory_budget)
     expert_backend = expert_backend.lower()
     if expert_backend in GPU_CHOICES:
         _check_device(expert_backend)
     # Children run from the project root, so hand them an absolute data dir.
     path = Path(data_dir).resolve()
     options = NodeOptions(http=http, quic=quic, data_dir=path, peers=_csv(peers), redis_url=redis_url,
-                          roles=role_list, celery_concurrency=celery_concurrency, expert_backend=expert_backend)
+                          roles=role_list, celery_concurrency=celery_concurrency, expert_backend=expert_backend,
+                          memory_budget_bytes=budget)
     sys.exit(run_node(options))
+
+
+_SIZE_SUFFIX = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _memory_budget(text: str) -> int:
+    """--memory-budget in bytes (0: the default share), refused when malformed or above the host's memory."""
+    from core.experts.host_share import check_explicit_budget
+
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    suffix = value[-1:] if value[-1:] in ("K", "M", "G", "T") else ""
+    try:
+        budget = int(float(value.removesuffix(suffix)) * _SIZE_SUFFIX[suffix])
+    except (ValueError, OverflowError):
+        raise click.BadParameter(f"{text!r} is not a size (bytes, or a number with K, M, G or T)",
+                                 param_hint="--memory-budget") from None
+    if budget < 0:
+        raise click.BadParameter(f"{text!r} is negative", param_hint="--memory-budget")
+    try:
+        check_explicit_budget(budget)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--memory-budget") from None
+    return budget
 
 
 def _check_device(kind: str) -> None:
@@ -131,6 +160,7 @@ def rpc(obj: CliContext, method: str, params: str) -> None:
 
 
 from cli import generate as _generate  # noqa: E402  (registers load-dense and generate on moe; has `keys`)
+from cli import place as _place  # noqa: E402, F401  (registers place on moe)
 from cli.moe import moe  # noqa: E402  (the moe group registers its commands on import)
 
 cli.add_command(moe)

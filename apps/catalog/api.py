@@ -9,6 +9,7 @@ from pydantic import ConfigDict, model_validator
 from apps.api.registry import rpc_method
 from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams, absent_or, bounded_int
 from apps.catalog import selectors, services
+from apps.catalog.shapes import shape_to_dict
 from core.formats.gate_payload import MAX_DENSE_SLICES
 from core.quantization.presets import PRESETS
 from core.quantization.types import GGMLType
@@ -134,8 +135,13 @@ class PrepareJobOut(Out):
 @rpc_method("tenzro_moeCatalogShape", rest="/moe/catalog/shape", http_method="GET", tag="catalog",
             params=CatalogShapeParams, response=ModelShapeOut, errors=(404,))
 def catalog_shape(params: CatalogShapeParams) -> dict[str, Any]:
-    """Routed/active/shared experts, layers, d_model, expert d_ff and router family of a model."""
-    return selectors.model_shape_dict(model_id=params.model, checkpoint=params.checkpoint)
+    """Routed/active/shared experts, layers, d_model, expert d_ff and router family of a model.
+
+    A shape read from a checkpoint is remembered: the shard map then lists the model's uncovered experts."""
+    shape = selectors.model_shape(model_id=params.model, checkpoint=params.checkpoint)
+    if params.checkpoint is not None and not selectors.in_catalog(params.model):
+        services.known_shape_remember(shape, source=params.checkpoint)
+    return shape_to_dict(shape)
 
 
 @rpc_method("tenzro_moePrepareExperts", rest="/moe/prepare", tag="catalog", params=PrepareParams,

@@ -38,3 +38,17 @@ class PrepareJob(models.Model):
     def __str__(self) -> str:
         what = f"{self.dense_slices} dense slices" if self.dense_slices else "experts"
         return f"prepare {self.model_id} layer {self.layer} {what} {self.experts} ({self.state})"
+
+
+class KnownShape(models.Model):
+    """A model's shape as a checkpoint's config.json stated it (a prepare job here read it, or an operator
+    asked catalog-shape with a checkpoint): what a shard map counts coverage against for a model that
+    is not in the built-in catalog."""
+
+    model_id = models.CharField(max_length=200, unique=True)
+    shape = models.JSONField(help_text="shape_to_dict of the ModelShape (apps/catalog/shapes.py).")
+    source = models.CharField(max_length=1000, help_text="The checkpoint folder or URL it was read from.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"shape of {self.model_id}"

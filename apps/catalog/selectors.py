@@ -7,7 +7,7 @@ from typing import Any
 
 from apps.blobs.store import blob_uri
 from apps.catalog.checkpoint import CheckpointError, CheckpointReader
-from apps.catalog.models import PrepareJob
+from apps.catalog.models import KnownShape, PrepareJob
 from apps.catalog.shapes import CatalogError, ModelShape, catalog_shape, shape_from_config, shape_to_dict
 from core.errors import InvalidInput, NotFound
 
@@ -39,6 +39,32 @@ def model_shape(*, model_id: str, checkpoint: str | None = None) -> ModelShape:
 
 def model_shape_dict(*, model_id: str, checkpoint: str | None = None) -> dict[str, Any]:
     return shape_to_dict(model_shape(model_id=model_id, checkpoint=checkpoint))
+
+
+def in_catalog(model_id: str) -> bool:
+    try:
+        catalog_shape(model_id)
+    except CatalogError:
+        return False
+    return True
+
+
+def expected_experts(model_id: str) -> list[tuple[int, int]] | None:
+    """Every (layer, expert) the model has, routed and shared, when its shape is known: the built-in
+    catalog, else a checkpoint's config a prepare job or catalog-shape read here (KnownShape). None when
+    the shape, its MoE layer layout or its expert count is unknown."""
+    known = KnownShape.objects.filter(model_id=model_id).values_list("shape", flat=True).first()
+    if known is not None:
+        layers, total = known.get("moe_layers"), known.get("n_experts_total")
+    else:
+        try:
+            shape = catalog_shape(model_id)
+        except CatalogError:
+            return None
+        layers, total = shape.moe_layers, shape.n_experts_total
+    if layers is None or total is None:
+        return None
+    return [(layer, expert) for layer in layers for expert in range(total)]
 
 
 def prepare_job_get(*, job_id: str) -> PrepareJob:

@@ -25,9 +25,9 @@ from django.utils import timezone
 from apps.blobs.selectors import blob_store
 from apps.catalog.checkpoint import CheckpointError, CheckpointReader
 from apps.catalog.dense import dense_gate_payload, dense_layer, prepare_dense_slice
-from apps.catalog.models import JobState, PrepareJob
+from apps.catalog.models import JobState, KnownShape, PrepareJob
 from apps.catalog.selectors import default_checkpoint, prepare_job_to_dict
-from apps.catalog.shapes import CatalogError, ModelShape, catalog_shape, shape_from_config
+from apps.catalog.shapes import CatalogError, ModelShape, catalog_shape, shape_from_config, shape_to_dict
 from apps.catalog.signals import prepare_progressed
 from apps.catalog.slicing import SlicingError, gate_payload_for_layer, prepare_expert
 from apps.node.selectors import redis_client
@@ -96,6 +96,12 @@ def _shape(model_id: str, config: dict[str, Any]) -> ModelShape:
         return catalog_shape(model_id)
 
 
+def known_shape_remember(shape: ModelShape, *, source: str) -> None:
+    """Keep a shape read from a checkpoint, so the shard map can list the experts nobody holds."""
+    KnownShape.objects.update_or_create(model_id=shape.model_id,
+                                        defaults={"shape": shape_to_dict(shape), "source": source})
+
+
 def _dense_shape(model_id: str, config: dict[str, Any]) -> ModelShape | None:
     """As `_shape`, but a model with no MoE shape at all (a Llama) is fine: its tensors decide."""
     try:
@@ -143,6 +149,7 @@ def _run(job: PrepareJob, lock: Any) -> None:
             _run_dense(job, lock, reader, store, results)
             return
         shape = _shape(job.model_id, reader.config)
+        known_shape_remember(shape, source=job.checkpoint)
         total = shape.n_experts_total
         outside = [e for e in job.experts if total is not None and e >= total]
         if outside:  # checked before anything is published, so a refused job stores nothing

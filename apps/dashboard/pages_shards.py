@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from apps.dashboard import selectors_shards
 from apps.dashboard.access import dashboard_page
 from apps.providers.api import PlanParams
-from apps.providers.selectors import shard_index
+from apps.providers.selectors import shard_index_seen
 from apps.worker import client as worker_client
 from core.errors import TenzroError
 from core.shardmap.planner import plan_dispatch
@@ -114,7 +114,7 @@ def _plan(model_id: str, routings: Any, allow_cold: bool) -> dict[str, Any]:
         raise ValueError(f"routings: {'.'.join(map(str, first['loc']))}: {first['msg']}") from exc
     clean = [r.model_dump() for r in params.routings]
     try:
-        return plan_dispatch(clean, shard_index(model_id), allow_cold=allow_cold)
+        return plan_dispatch(clean, shard_index_seen(model_id)[0], allow_cold=allow_cold)
     except PlanInputError as exc:
         raise ValueError(str(exc)) from exc
 

@@ -26,6 +26,7 @@ from apps.dashboard.access import dashboard_page
 from apps.forward.selectors import forwards_recent
 from apps.receipts.selectors import dispute_view, receipts_list
 from apps.receipts.services import dispute_open
+from apps.repair.placement import job_pieces, place
 from apps.repair.selectors import repair_passes
 from apps.reputation.selectors import reputation_rows
 from apps.settlement.selectors import ledger_balances
@@ -145,6 +146,23 @@ def prepare_start(request: HttpRequest) -> HttpResponse:
         return _prepare_page(request, form, error=exc.message, status=exc.http_status)
     if _wants_json(request):
         return JsonResponse(prepare_job_to_dict(job), status=201)
+    return redirect("dashboard-prepare")
+
+
+@require_POST
+@operator_required
+def prepare_place(request: HttpRequest, job_id: str) -> HttpResponse:
+    """Place a finished job's experts over this node and its gossip view's holders, loading this node's
+    share and the gates (tenzro_moePlace with its defaults)."""
+    try:
+        experts, gates = job_pieces([str(job_id)])
+        placed = place(experts=experts, gates=gates, providers=None, replication=None, load_gates=True)
+    except TenzroError as exc:
+        if _wants_json(request):
+            return JsonResponse({"reason": exc.reason, "message": exc.message}, status=exc.http_status)
+        return HttpResponse(exc.message, status=exc.http_status, content_type="text/plain")
+    if _wants_json(request):
+        return JsonResponse(placed)
     return redirect("dashboard-prepare")
 
 

@@ -1,7 +1,8 @@
 """Reads behind the shard map and dispatch pages: the shard view of a model, made compact for a heatmap.
 
-A bounded number of queries whatever the number of providers or holdings: the shard index is
-four (apps.providers.selectors.shard_index), the model list one.
+A bounded number of queries whatever the number of providers or holdings: the shard index is four
+(apps.providers.selectors.shard_index_seen), two more for why this node announces nothing and two for
+its own holdings then, the model list two.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from apps.providers import selectors as provider_selectors
+from apps.worker.selectors import held_model_ids
 from core.shardmap.aggregation import shard_map_of
 from core.shardmap.index import ShardIndex
 
@@ -20,7 +22,8 @@ MAX_GRID_CELLS = 1 << 20
 
 
 def shardmap_models() -> list[str]:
-    return provider_selectors.held_models()
+    """The models the gossip view holds experts of, and this node's own (announced or not)."""
+    return sorted({*provider_selectors.held_models(), *held_model_ids()})
 
 
 def shardmap_grid(*, model_id: str) -> dict[str, Any]:
@@ -28,11 +31,13 @@ def shardmap_grid(*, model_id: str) -> dict[str, Any]:
 
         {model_id, n_layers, n_experts, replication: [n_layers * n_experts ints, row-major by layer],
          hot: [[layer, expert]], under: [[layer, expert]], policy: {...}, covered_experts,
-         distinct_providers, too_large: bool}
+         distinct_providers, too_large: bool, unannounced: {provider, reason, experts} | null}
 
-    Cells nobody holds have replication 0 and count as under-replicated (min_replication >= 1).
+    Cells nobody holds have replication 0 and count as under-replicated (min_replication >= 1). This
+    node's own holdings count even while it does not announce them (`unannounced` says why).
     """
-    return grid_of(provider_selectors.shard_index(model_id))
+    index, unannounced = provider_selectors.shard_index_seen(model_id)
+    return {**grid_of(index), "unannounced": unannounced}
 
 
 def grid_of(index: ShardIndex) -> dict[str, Any]:
@@ -57,8 +62,6 @@ def grid_of(index: ShardIndex) -> dict[str, Any]:
 def shardmap_cell(*, model_id: str, layer: int, expert: int) -> dict[str, Any]:
     """One (layer, expert)'s holders as the shard map lists them (tenzro_moeShardMap's entry), or an
     entry with replication 0 and no holders."""
-    index = ShardIndex.build(model_id, provider_selectors.provider_views(),
-                             provider_selectors.holding_views(model_id, layer=layer, expert=expert),
-                             provider_selectors.replication_policy())
-    entries = shard_map_of(index)["holders"]
+    index, unannounced = provider_selectors.shard_index_seen(model_id, layer=layer, expert=expert)
+    entries = provider_selectors.mark_announced(shard_map_of(index)["holders"], unannounced)
     return entries[0] if entries else {"layer": layer, "expert": expert, "replication": 0, "holders": []}

@@ -15,6 +15,7 @@ urlpatterns = [
     path("receipts/<int:receipt_id>/dispute/", pages_work.receipt_dispute, name="dashboard-receipt-dispute"),
     path("prepare/", pages_work.prepare, name="dashboard-prepare"),
     path("prepare/start/", pages_work.prepare_start, name="dashboard-prepare-start"),
+    path("prepare/<uuid:job_id>/place/", pages_work.prepare_place, name="dashboard-prepare-place"),
     path("forwards/", pages_work.forwards, name="dashboard-forwards"),
     path("generate/", pages_generate.generate, name="dashboard-generate"),
     path("generate/data.json", pages_generate.generate_data, name="dashboard-generate-data"),

@@ -53,7 +53,7 @@ from apps.generation.weights import load_dense_weights
 from apps.worker.doors import CallContext, Door, WorkerParts
 from apps.worker.params import str_param
 from apps.worker.streams import EventStream
-from core.errors import InvalidInput, NotFound, TenzroError
+from core.errors import InvalidInput, NotFound, TenzroError, Unavailable
 
 logger = logging.getLogger("tenzro.generation")
 Result = tuple[dict[str, Any], bytes]
@@ -137,6 +137,7 @@ class WholeModelHandlers:
         self.runtime, self.executor = parts.runtime, parts.executor
         self.forward = forward
         self.models: dict[str, LoadedModel] = {}
+        self.reloading: set[str] = set()  # dense parts restore() is loading again after a worker restart
         self._running: dict[str, tuple[asyncio.Task, GenerationRun]] = {}  # by generation id
         # Concurrent generations of one model share each step's MoE round trips (apps/generation/batcher.py).
         self.batcher = StepBatcher(self._drive, self.forward.record_work,
@@ -248,18 +249,24 @@ class WholeModelHandlers:
         if closed:
             logger.warning("%d generation(s) interrupted by the last expert worker's stop were closed", len(closed))
         ctx = CallContext(door=Door.OPERATOR)
+        self.reloading.update(loaded["model_id"] for loaded in remembered)
         for loaded in remembered:
             try:
                 await self.load_dense({"model_id": loaded["model_id"], "checkpoint": loaded["checkpoint"]}, b"", ctx)
             except Exception as exc:  # moved, unreadable, over the budget now: said, and the others still load
                 logger.error("could not load the dense part of %s again from %s: %s", loaded["model_id"],
                              loaded["checkpoint"], exc)
+            finally:
+                self.reloading.discard(loaded["model_id"])
 
     # -- moe/generate --------------------------------------------------------------------------
 
     def _loaded(self, params: dict[str, Any]) -> tuple[str, LoadedModel]:
         model_id = str_param(params, "model_id")
         loaded = self.models.get(model_id)
+        if loaded is None and model_id in self.reloading:
+            raise Unavailable(f"the dense weights of {model_id!r} are being loaded again (the expert worker "
+                              "restarted); retry in a few seconds", reason="dense_reloading")
         if loaded is None:
             raise NotFound(f"this router holds no dense weights of {model_id!r}: load them first "
                            "(tenzro moe load-dense / tenzro_moeLoadDense)", reason="dense_not_loaded")

@@ -71,6 +71,7 @@ class NodeOptions:
     roles: list[str]
     celery_concurrency: int = 1
     expert_backend: str = "auto"
+    memory_budget_bytes: int = 0  # 0: the node's share of the host's memory (core/experts/host_share.py)
 
 
 @dataclass
@@ -105,6 +106,7 @@ def child_environment(options: NodeOptions) -> dict[str, str]:
         TENZRO_PEERS=",".join(options.peers),
         TENZRO_ROLES=",".join(options.roles),
         TENZRO_EXPERT_BACKEND=options.expert_backend,
+        TENZRO_MEMORY_BUDGET_BYTES=str(options.memory_budget_bytes),
         REDIS_URL=options.redis_url,
         PYTHONUNBUFFERED="1",
     )

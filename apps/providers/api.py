@@ -8,7 +8,6 @@ from apps.api.registry import rpc_method
 from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams
 from apps.providers import selectors
 from core.errors import InvalidInput
-from core.shardmap.aggregation import shard_map_of
 from core.shardmap.planner import plan_dispatch
 from core.shardmap.routings import PlanInputError
 
@@ -49,12 +48,20 @@ class PolicyShare(Out):
 class Holder(Out):
     provider: str
     residency: Literal["Warm", "Cold"]
-    committed_tps: int
+    committed_tps: int = Field(description="Demand: rows it served for the expert per wall second, last minute.")
+    capacity_tps: int = Field(description="Capacity: rows per second of expert compute it measured.")
     quic_endpoint: str | None
     quic_cert_sha256: str | None
     http_endpoint: str | None
     blob_uri: str | None
     reputation: float = Field(description="Its score as this node sees it (tenzro_moeReputation).")
+    announced: bool = Field(description="False for this node's own holdings while it does not announce them.")
+
+
+class Unannounced(Out):
+    provider: str
+    reason: str
+    experts: int
 
 
 class ExpertHolders(Out):
@@ -73,7 +80,12 @@ class ShardMapOut(Out):
     policy: PolicyShare
     under_replicated_experts: list[LayerExpert]
     hot_experts: list[LayerExpert]
+    expected_experts: int | None = Field(description="Experts the model has (routed and shared, every MoE "
+                                                     "layer) when its shape is known; null otherwise.")
+    uncovered_experts: list[LayerExpert] = Field(description="The model's experts nobody holds (shape known).")
     holders: list[ExpertHolders]
+    unannounced: Unannounced | None = Field(description="Set while this node holds experts of the model it "
+                                                        "does not announce, and why.")
 
 
 class BatchOut(Out):
@@ -142,18 +154,19 @@ class GossipStatusOut(Out):
 @rpc_method("tenzro_moeShardMap", rest="/moe/shard-map", http_method="GET", tag="network", params=ShardMapParams,
             response=ShardMapOut, errors=(404,))
 def shard_map(params: ShardMapParams) -> dict[str, Any]:
-    """Network-wide coverage of a model: replication per expert, hot and under-replicated experts."""
-    return shard_map_of(selectors.shard_index(params.model_id))
+    """Network-wide coverage of a model: replication per expert, hot, under-replicated and uncovered experts."""
+    return selectors.shard_map_view(params.model_id)
 
 
 @rpc_method("tenzro_moePlanDispatch", rest="/moe/plan-dispatch", tag="network", params=PlanParams,
             response=PlanOut, errors=(404,))
 def plan(params: PlanParams) -> dict[str, Any]:
-    """Per-holder batches the planner would dispatch for top-k routing decisions."""
+    """Per-holder batches the planner would dispatch for top-k routing decisions (over the view the shard map
+    shows: this node's own holdings count even before it announces them, as in its forwards)."""
     routings = [{"token_index": r.token_index, "experts": [{"layer": e.layer, "expert": e.expert}
                                                               for e in r.experts]} for r in params.routings]
     try:
-        return plan_dispatch(routings, selectors.shard_index(params.model_id), allow_cold=params.allow_cold)
+        return plan_dispatch(routings, selectors.shard_index_seen(params.model_id)[0], allow_cold=params.allow_cold)
     except PlanInputError as exc:  # a token listed twice, or one expert twice for a token: no schema says it
         raise InvalidInput(str(exc), reason="invalid_routings") from exc
 

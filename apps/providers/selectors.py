@@ -12,12 +12,14 @@ from django.conf import settings
 from django.db.models import Count
 
 from apps.blobs.peers import PeerBlobEndpoint
+from apps.catalog.selectors import expected_experts
 from apps.governance.selectors import policy_active
 from apps.node.selectors import node_identity
 from apps.providers.models import GossipCount, Holding, Provider, Reachability
 from apps.providers.records import Holding as RecordHolding
 from apps.reputation.selectors import reputation_scores
 from apps.worker import selectors as worker_selectors
+from core.shardmap.aggregation import shard_map_of
 from core.shardmap.gossip_view import HoldingView, ProviderView, ReplicationPolicy
 from core.shardmap.index import ShardIndex
 
@@ -56,18 +58,77 @@ def shard_index(model_id: str) -> ShardIndex:
     return ShardIndex.build(model_id, provider_views(), holding_views(model_id), replication_policy())
 
 
+def _unannounced_reason(reach: Reachability | None, *, stale: bool) -> str | None:
+    """Why this node announces no holdings now (None: it announces them)."""
+    if not (reach and (reach.http_ok or reach.quic_ok)):
+        return ("no peer has dialed this node back yet" if reach is None else
+                f"a peer could not dial this node back ({reach.detail or 'no endpoint answered'})")
+    if stale:
+        return "the expert worker is not reporting (its state is stale)"
+    return None
+
+
+def shard_index_seen(model_id: str, *, layer: int | None = None, expert: int | None = None,
+                     ) -> tuple[ShardIndex, dict[str, Any] | None]:
+    """The model's shard index as this node sees it: the gossip view, plus this node's own holdings when
+    it does not announce them, and then {provider, reason, experts} saying so (else None). With `layer`
+    and `expert`, that one expert's holders only."""
+    identity = node_identity()
+    providers, holdings = provider_views(), holding_views(model_id, layer=layer, expert=expert)
+    reason = _unannounced_reason(Reachability.objects.filter(pk=1).first(), stale=worker_selectors.worker_stale())
+    unannounced = None
+    mine = [] if reason is None else [
+        HoldingView(identity.provider_id, model_id, h["layer"], h["expert"], h["residency"], h["committed_tps"],
+                    h["blob_uri"], h["capacity_tps"])
+        for h in worker_selectors.holdings()
+        if h["model_id"] == model_id and (layer is None or (h["layer"], h["expert"]) == (layer, expert))]
+    if mine:
+        unannounced = {"provider": identity.provider_id, "reason": reason, "experts": len(mine)}
+        holdings = [h for h in holdings if h.provider_id != identity.provider_id] + mine
+        if all(p.provider_id != identity.provider_id for p in providers):
+            providers.append(ProviderView(identity.provider_id, tuple(sorted(settings.TENZRO_ROLES)),
+                                          None, None, None, False, None))
+    return ShardIndex.build(model_id, providers, holdings, replication_policy()), unannounced
+
+
+def mark_announced(entries: list[dict[str, Any]], unannounced: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Set `announced` on every holder row of shard map entries (false: this node's unannounced own)."""
+    mine = None if unannounced is None else unannounced["provider"]
+    for entry in entries:
+        for holder in entry["holders"]:
+            holder["announced"] = holder["provider"] != mine
+    return entries
+
+
+def shard_map_view(model_id: str) -> dict[str, Any]:
+    """tenzro_moeShardMap: shard_index_seen's index as the shard map, counted against the whole model
+    when its shape is known (`expected_experts`, `uncovered_experts`), with `unannounced`."""
+    index, unannounced = shard_index_seen(model_id)
+    out = shard_map_of(index, expected=expected_experts(model_id))
+    mark_announced(out["holders"], unannounced)
+    out["unannounced"] = unannounced
+    return out
+
+
 def held_models() -> list[str]:
     """The models some provider of the gossip view holds an expert of, sorted (one query)."""
     return list(Holding.objects.order_by("model_id").values_list("model_id", flat=True).distinct())
 
 
 def blob_holder_endpoints(blob_hash: str) -> list[PeerBlobEndpoint]:
-    """Where the providers that announce this blob can be reached (one query), best first: the ones
-    with a QUIC door, lowest measured latency first."""
-    rows = (Provider.objects.filter(holdings__blob_uri=f"tenzro://blob/{blob_hash}", is_self=False).distinct()
-            .values_list("quic_endpoint", "quic_cert_sha256", "http_endpoint", "latency_ms"))
-    ranked = sorted(rows, key=lambda r: (r[0] is None, r[3] is None, r[3] or 0.0))
-    return [PeerBlobEndpoint(quic, pin, http) for quic, pin, http, _ in ranked if (quic and pin) or http]
+    """Where to ask for this blob, likely holders first (two queries): the providers whose holdings
+    announce it (QUIC door first, lowest measured latency first), then up to TENZRO_BLOB_ASK_PROVIDERS
+    other providers with a QUIC door, lowest latency first: a gate, or experts prepared but not loaded
+    yet, are stored by whoever prepared them without being announced. A provider without the blob
+    answers not_found in one round trip."""
+    fields = ("provider_id", "quic_endpoint", "quic_cert_sha256", "http_endpoint", "latency_ms")
+    announcing = (Provider.objects.filter(holdings__blob_uri=f"tenzro://blob/{blob_hash}", is_self=False)
+                  .distinct().values_list(*fields))
+    ranked = sorted(announcing, key=lambda r: (r[1] is None, r[4] is None, r[4] or 0.0))
+    others = (Provider.objects.filter(is_self=False, quic_endpoint__isnull=False, quic_cert_sha256__isnull=False)
+              .exclude(provider_id__in=[r[0] for r in ranked]).values_list(*fields))
+    ranked += sorted(others, key=lambda r: (r[4] is None, r[4] or 0.0, r[0]))[:settings.TENZRO_BLOB_ASK_PROVIDERS]
+    return [PeerBlobEndpoint(quic, pin, http) for _, quic, pin, http, _ in ranked if (quic and pin) or http]
 
 
 def announcement() -> tuple[dict[str, Any], str | None]:
@@ -77,12 +138,7 @@ def announcement() -> tuple[dict[str, Any], str | None]:
     identity = node_identity()
     state = worker_selectors.worker_status_published()
     roles = set(settings.TENZRO_ROLES)
-    reason = None
-    if not (http_ok or quic_ok):
-        reason = ("no peer has dialed this node back yet" if reach is None else
-                  f"a peer could not dial this node back ({reach.detail or 'no endpoint answered'})")
-    elif state["stale"]:
-        reason = "the expert worker is not reporting (its state is stale)"
+    reason = _unannounced_reason(reach, stale=state["stale"])
     holdings = () if reason else tuple(
         RecordHolding(h["model_id"], h["layer"], h["expert"], h["residency"], h["committed_tps"], h["blob_uri"],
                       h["capacity_tps"])

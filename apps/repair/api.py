@@ -1,15 +1,21 @@
-"""JSON-RPC/REST of repair: `tenzro_moeRepairPasses` (read), `tenzro_moeRepairRun` (operator)."""
+"""JSON-RPC/REST of repair: `tenzro_moeRepairPasses` (read), `tenzro_moeRepairRun` and `tenzro_moePlace`
+(operator)."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from ninja import Field
+from pydantic import StringConstraints, model_validator
 
 from apps.api.registry import rpc_method
-from apps.api.schemas import Out, QueryParams
-from apps.repair import selectors, services
+from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams
+from apps.repair import placement, selectors, services
+
+_MODEL_ID = {"min_length": 1, "max_length": 200}
+_BLOB_URI = r"^tenzro://blob/[0-9a-f]{64}$"
+_PROVIDER_ID = r"^[0-9a-f]{64}$"
 
 
 class PassesParams(QueryParams):
@@ -63,6 +69,67 @@ class RunOut(Out):
     queued: bool
 
 
+class PlacedExpert(Params):
+    model_id: str = Field(**_MODEL_ID)
+    layer: Int = Field(ge=0, le=DB_INT_MAX)
+    expert: Int = Field(ge=0, le=DB_INT_MAX)
+    blob_uri: str = Field(pattern=_BLOB_URI)
+
+
+class PlacedGate(Params):
+    model_id: str = Field(**_MODEL_ID)
+    layer: Int = Field(ge=0, le=DB_INT_MAX)
+    blob_uri: str = Field(pattern=_BLOB_URI)
+
+
+class PlaceParams(Params):
+    job_ids: list[str] = Field([], max_length=1024, description="Finished prepare jobs of this node: their "
+                                                                "experts and gates.")
+    experts: list[PlacedExpert] = Field([], max_length=65536, description="Or the experts themselves (a job "
+                                                                          "another node ran).")
+    gates: list[PlacedGate] = Field([], max_length=4096)
+    providers: list[Annotated[str, StringConstraints(pattern=_PROVIDER_ID)]] = Field(
+        [], max_length=4096, description="Provider ids to place on (this node among them); default: this "
+                    "node and every ExpertHolder of its gossip view.")
+    replication: Int | None = Field(None, ge=1, le=64, description="Holders per expert (default: the policy's "
+                                                                   "min_replication; at most the providers).")
+    load_gates: bool = Field(True, description="Load the gates here too (this node routes the model).")
+
+    @model_validator(mode="after")
+    def _something_to_place(self) -> PlaceParams:
+        if not (self.job_ids or self.experts):
+            raise ValueError("give job_ids or experts")
+        return self
+
+
+class PlaceRowOut(Out):
+    model_id: str
+    layer: int
+    expert: int
+    blob_uri: str
+    provider: str
+    rank: int = Field(description="Position in the expert's rendezvous order over the providers.")
+    outcome: str = Field(description="loaded | held | failed (this node), elsewhere (another provider's share)")
+    why: str | None = None
+
+
+class PlaceGateOut(Out):
+    model_id: str
+    layer: int
+    blob_uri: str
+    outcome: str = Field(description="loaded | held | failed")
+    why: str | None = None
+
+
+class PlaceOut(Out):
+    provider_id: str = Field(description="This node.")
+    providers: list[str]
+    replication: int = Field(description="Holders per expert placed: the requested one, at most the providers.")
+    requested_replication: int
+    rows: list[PlaceRowOut]
+    gates: list[PlaceGateOut]
+
+
 @rpc_method("tenzro_moeRepairPasses", rest="/moe/repair/passes", http_method="GET", tag="moe", params=PassesParams,
             response=PassesOut)
 def repair_passes(params: PassesParams) -> dict[str, Any]:
@@ -75,3 +142,15 @@ def repair_run() -> dict[str, Any]:
     """Queue a repair pass now, whatever the schedule (it runs in the Celery worker)."""
     services.repair_run_enqueue()
     return {"queued": True}
+
+
+@rpc_method("tenzro_moePlace", rest="/moe/place", tag="moe", params=PlaceParams, response=PlaceOut,
+            operator_only=True, errors=(404,))
+def place(params: PlaceParams) -> dict[str, Any]:
+    """Place prepared experts by the rendezvous rule repair uses, loading this node's share (docs/protocol.md,
+    "Placement"); idempotent. Run it on each node with the same providers, or `tenzro moe place --nodes`."""
+    experts, gates = placement.job_pieces(params.job_ids)
+    experts += [e.model_dump() for e in params.experts]
+    gates += [g.model_dump() for g in params.gates]
+    return placement.place(experts=experts, gates=gates, providers=params.providers or None,
+                           replication=params.replication, load_gates=params.load_gates)

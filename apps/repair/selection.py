@@ -194,6 +194,13 @@ def replication_target(demand: float, capacity: float, rules: RepairRules) -> in
     return max(rules.min_replication, math.ceil(wanted))
 
 
+def placement(model_id: str, layer: int, expert: int, providers: Sequence[str], replication: int) -> list[str]:
+    """Who holds a newly placed expert (`tenzro moe place`): the first `replication` of its rendezvous order
+    over `providers` (docs/protocol.md, "Placement"): the providers repair would pick, so a later pass
+    finds every expert where it would have put it."""
+    return rendezvous_order(model_id, layer, expert, providers)[:replication]
+
+
 def _target(view: ExpertView, rules: RepairRules) -> int:
     return replication_target(view.committed_tps, view.capacity_tps, rules)
 

@@ -49,6 +49,16 @@ def gate_row(row: HeldGate) -> dict[str, Any]:
     }
 
 
+def held_model_ids() -> list[str]:
+    """The models this node holds experts of (one query)."""
+    return list(HeldExpert.objects.order_by("model_id").values_list("model_id", flat=True).distinct())
+
+
+def worker_stale() -> bool:
+    """Whether the published state is stale (one query; see the module docstring)."""
+    return _staleness(WorkerState.objects.filter(pk=1).first(), timezone.now())[0]
+
+
 def worker_status_published() -> dict[str, Any]:
     """tenzro_moeExpertStatus from the control plane: three queries, whatever the holdings."""
     now = timezone.now()

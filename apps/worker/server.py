@@ -42,6 +42,7 @@ from apps.worker.warmup import warm_kernels
 from core import metrics
 from core.env import split_host_port
 from core.experts.gpu.backend import GpuBackend
+from core.experts.host_share import HostShare, check_explicit_budget
 from core.experts.runtime import ExpertRuntime
 from core.experts.selection import choose_backend
 from core.transport.framing import Reply
@@ -110,7 +111,7 @@ class WorkerServer:
             heartbeat=_in_db(lambda status: services.worker_state_heartbeat(pid=os.getpid(), status=status)),
             heartbeat_s=settings.TENZRO_WORKER_HEARTBEAT_S,
         )
-        budget = settings.TENZRO_MEMORY_BUDGET_BYTES or None  # 0: 60% of available memory
+        budget, self.host_share = self._memory_budget()
         # a forced GPU backend that cannot run stops the worker here, with the reason (BackendUnavailable)
         self.compute = choose_backend(choice=settings.TENZRO_EXPERT_BACKEND,
                                       device_budget_bytes=settings.TENZRO_GPU_MEMORY_BUDGET_BYTES or None,
@@ -118,14 +119,16 @@ class WorkerServer:
         logger.info("%s", self.compute.summary())
         self.runtime = ExpertRuntime(data_dir=settings.TENZRO_DATA_DIR, memory_budget_bytes=budget,
                                      backend=self.compute.backend, backend_candidates=self.compute.candidates,
-                                     on_change=self.publisher.changed, on_corrupt=self._on_corrupt)
+                                     on_change=self.publisher.changed, on_corrupt=self._on_corrupt,
+                                     meter_window_s=settings.TENZRO_METER_WINDOW_S)
         self.control_plane = ControlPlaneView(executor=ThreadPoolExecutor(1, thread_name_prefix="control"),
                                               ttl_s=settings.TENZRO_WORKER_CONTROL_TTL_S)
         store = blob_store()
 
         def resolve(uri: str) -> Payload:
-            """Runs on a compute thread: the store, then peers that announce the blob (QUIC pinned to
-            their records, then HTTP), then the configured peers over HTTP."""
+            """Runs on a compute thread: the store, then peers that announce the blob, then a few other
+            providers of the gossip view (QUIC pinned to their records; then their HTTP doors), then the
+            configured peers over HTTP (apps/providers/selectors.blob_holder_endpoints)."""
             hash_ = parse_blob_uri(uri)
             close_old_connections()
             resolved = resolve_blob(store, hash_, sources=self._blob_sources(hash_),
@@ -274,8 +277,33 @@ class WorkerServer:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
+    @staticmethod
+    def _memory_budget() -> tuple[int, HostShare | None]:
+        """The chosen budget (refused above the host's memory), or this node's share of the host's."""
+        chosen = settings.TENZRO_MEMORY_BUDGET_BYTES
+        if chosen:
+            check_explicit_budget(chosen)
+            logger.info("memory budget %.2f GiB (TENZRO_MEMORY_BUDGET_BYTES)", chosen / 2**30)
+            return chosen, None
+        share = HostShare.join(settings.TENZRO_DATA_DIR)
+        budget, line = share.budget()
+        logger.info("%s", line)
+        return budget, share
+
+    async def _follow_host_share(self) -> None:
+        """A default budget follows the nodes that join and leave this host (core/experts/host_share.py)."""
+        assert self.host_share is not None
+        while True:
+            await asyncio.sleep(settings.TENZRO_WORKER_HEARTBEAT_S)
+            budget, line = self.host_share.budget()
+            if budget != self.runtime.memory_budget_bytes:
+                logger.info("%s", line)
+                self.runtime.set_memory_budget(budget)
+
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if self.host_share is not None:
+            self._spawn(self._follow_host_share())
         status = self.runtime.status()
         logger.info("expert runtime: %d experts (%d warm), %d gates, budget %d bytes, backend %s, kernel %s",
                     len(status["experts"]), status["counts"]["warm"], status["counts"]["gates"],
@@ -306,6 +334,8 @@ class WorkerServer:
         for task in list(self._tasks):
             task.cancel()
         await self.publisher.close(final=_in_db(lambda: services.worker_state_stopped(pid=os.getpid())))
+        if self.host_share is not None:
+            self.host_share.leave()
         self.executor.shutdown(wait=False, cancel_futures=True)
         if isinstance(self.runtime.backend, GpuBackend):
             self.runtime.backend.close()  # hands the device memory back before the process exits

@@ -39,7 +39,7 @@ from core.experts.ffn import (
 )
 from core.experts.gating import Routing, route
 from core.experts.gpu.backend import GpuBackend
-from core.experts.metering import DemandMeter, ThroughputMeter
+from core.experts.metering import WINDOW_S, DemandMeter, ThroughputMeter
 from core.experts.selection import cpu_backend
 from core.experts.tiered_cache import Key, TieredCache, default_memory_budget, model_dir_name
 from core.experts.validation import check_hidden
@@ -70,12 +70,14 @@ class ExpertRuntime:
         backend_candidates: list[dict[str, Any]] | None = None,
         on_change: Callable[[], None] | None = None,
         on_corrupt: Callable[[tuple[str, int, int], str | None], None] | None = None,
+        meter_window_s: float = WINDOW_S,
     ) -> None:
         """`on_change()` is called after anything a holder advertises changes: an expert or gate
         loaded or unloaded, promoted or evicted (see TieredCache). It must be cheap and
         thread-safe; the expert worker publishes its holdings to the control plane from it.
         `on_corrupt(key, blob_uri)`: an expert's disk-tier payload failed its hash and was forgotten.
-        `backend_candidates`: how the backend was chosen (core/experts/selection.py), for status()."""
+        `backend_candidates`: how the backend was chosen (core/experts/selection.py), for status().
+        `meter_window_s`: the rolling window of the demand and capacity meters (a minute)."""
         self.data_dir = pathlib.Path(data_dir)
         # no backend given: the CPU one; the expert worker chooses (and may open a GPU) itself
         self.backend = backend if backend is not None else cpu_backend()
@@ -92,8 +94,8 @@ class ExpertRuntime:
                                   on_change=on_change, on_corrupt=on_corrupt)
         self._gates: dict[tuple[str, int], _Gate] = {}
         self._lock = threading.RLock()
-        self._meter = ThroughputMeter()  # capacity: rows per second of compute, node-wide
-        self._demand = DemandMeter()  # demand: rows served per wall second, per expert
+        self._meter = ThroughputMeter(window_s=meter_window_s)  # capacity: rows per second of compute, node-wide
+        self._demand = DemandMeter(window_s=meter_window_s)  # demand: rows served per wall second, per expert
         self._cache.scan(lambda data: read_header(parse_payload(data))[0])
         self._scan_gates()
 
@@ -329,6 +331,10 @@ class ExpertRuntime:
     @property
     def memory_budget_bytes(self) -> int:
         return self._cache.budget_bytes
+
+    def set_memory_budget(self, nbytes: int) -> None:
+        """A new memory budget (see TieredCache.set_budget)."""
+        self._cache.set_budget(nbytes)
 
     def reserve_memory(self, name: str, nbytes: int) -> None:
         """Hold `nbytes` of the memory budget for something outside the expert tier (a router's

@@ -241,6 +241,20 @@ class TieredCache:
             log.info("reserving %d bytes for %s moved %d experts to the disk tier", nbytes, name, evicted)
             self._changed()
 
+    def set_budget(self, budget_bytes: int) -> int:
+        """Change the budget (a node's host share moved), moving memory-tier experts to the disk tier, LRU
+        first, until the tier fits beside the reservations; returns how many moved. Reservations are kept
+        even when they alone exceed a smaller budget: what holds them releases them, not this."""
+        if budget_bytes < 0:
+            raise ValueError(f"memory budget must be >= 0 bytes, received {budget_bytes}")
+        with self._lock:
+            self.budget_bytes = int(budget_bytes)
+            evicted = self._evict_to(max(0, self.budget_bytes - sum(self._reserved.values())))
+        if evicted:
+            log.info("a memory budget of %d bytes moved %d experts to the disk tier", budget_bytes, evicted)
+        self._changed()
+        return evicted
+
     def get(self, key: Key) -> ResidentExpert:
         """The decoded expert, promoting it from disk when Cold (ExpertNotLoaded if unknown)."""
         with self._lock:

@@ -9,8 +9,9 @@ those two fields stand where ``iroh_endpoint_id`` stood. The result also names i
     {model_id, covered_experts, distinct_providers, expert_holders_role_count,
      router_role_count, policy: {min_replication, max_replication, hot_threshold_tps},
      under_replicated_experts: [{layer, expert}], hot_experts: [{layer, expert}],
+     expected_experts: int | null, uncovered_experts: [{layer, expert}],
      holders: [{layer, expert, replication,
-                holders: [{provider, residency, committed_tps, quic_endpoint,
+                holders: [{provider, residency, committed_tps, capacity_tps, quic_endpoint,
                            quic_cert_sha256, http_endpoint, blob_uri, reputation}]}]}
 
 Semantics (what is dropped while indexing is in core.shardmap.index):
@@ -22,12 +23,15 @@ Semantics (what is dropped while indexing is in core.shardmap.index):
   replication                distinct providers holding that (layer, expert)
   under_replicated_experts   covered experts with replication < min_replication, plus the
                              ``expected`` experts nobody holds (replication 0)
-  hot_experts                experts whose holders' committed_tps (Warm and Cold) sum to at
-                             least hot_threshold_tps
+  hot_experts                experts whose holders' committed_tps (demand; Warm and Cold) sum
+                             to at least hot_threshold_tps
+  expected_experts           how many (layer, expert) the model has when its shape is known
+                             (``expected``), else null
+  uncovered_experts          the ``expected`` experts nobody holds
   reputation                 the holder's score as this node sees it (apps.reputation); one
                              below the policy's reputation_floor is listed but never planned on
 Lists are sorted by (layer, expert); each entry's holders are Warm first, then
-committed_tps descending, then provider id.
+capacity_tps descending, then provider id.
 """
 
 from __future__ import annotations
@@ -63,7 +67,8 @@ def shard_map_of(index: ShardIndex, *, expected: Iterable[tuple[int, int]] | Non
     policy = index.policy
     layers, experts = index.layers.tolist(), index.experts.tolist()
     under = index.replication < policy.min_replication
-    missing = _uncovered(index, expected)
+    wanted = None if expected is None else _expected_pairs(expected)
+    missing = _uncovered(index, wanted)
 
     providers = index.providers
     holding_any = np.unique(index.holder_provider).tolist()
@@ -77,6 +82,8 @@ def shard_map_of(index: ShardIndex, *, expected: Iterable[tuple[int, int]] | Non
         "under_replicated_experts": _pairs(sorted(
             [(layers[i], experts[i]) for i in np.flatnonzero(under).tolist()] + missing)),
         "hot_experts": _pairs([(layers[i], experts[i]) for i in np.flatnonzero(index.hot).tolist()]),
+        "expected_experts": None if wanted is None else len(wanted),
+        "uncovered_experts": _pairs(missing),
         "holders": _holder_entries(index, layers, experts),
     }
 
@@ -85,15 +92,18 @@ def _pairs(pairs: Iterable[tuple[int, int]]) -> list[dict[str, int]]:
     return [{"layer": layer, "expert": expert} for layer, expert in pairs]
 
 
-def _uncovered(index: ShardIndex, expected: Iterable[tuple[int, int]] | None) -> list[tuple[int, int]]:
-    """The distinct expected (layer, expert) pairs that no holder covers."""
-    if expected is None:
-        return []
+def _expected_pairs(expected: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
+    """The distinct expected (layer, expert) pairs, checked."""
     wanted = set()
     for n, pair in enumerate(expected):
         if not isinstance(pair, tuple | list) or len(pair) != 2:
             raise ValueError(f"expected[{n}] must be a (layer, expert) pair, got {pair!r}")
         wanted.add((check_id(pair[0], f"expected[{n}] layer"), check_id(pair[1], f"expected[{n}] expert")))
+    return wanted
+
+
+def _uncovered(index: ShardIndex, wanted: set[tuple[int, int]] | None) -> list[tuple[int, int]]:
+    """The expected (layer, expert) pairs that no holder covers, sorted."""
     if not wanted:
         return []
     pairs = sorted(wanted)

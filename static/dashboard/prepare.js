@@ -46,8 +46,44 @@ function showJob(job, onlyIfNew) {
   if (job.gate) items.push(blobItem("gate", job.gate.blob_uri));
   job.experts.forEach(function (e) { if (e.blob_uri) items.push(blobItem("expert " + e.expert, e.blob_uri)); });
   card.querySelector("ul.blobs").replaceChildren(...items);
+  if (job.state === "done") addPlaceForm(card, job.job_id);
   flash(bar);
 }
+
+// A card drawn here for a job that finished gets the Place button the server draws for done jobs,
+// with the CSRF token of the page's own form (operators only: others have no form, hence no token).
+function addPlaceForm(card, jobId) {
+  const csrf = document.querySelector('#prepare-form input[name="csrfmiddlewaretoken"]');
+  if (!csrf || card.querySelector("form.place-form")) return;
+  const form = document.createElement("form");
+  form.method = "post"; form.className = "place-form";
+  form.action = "/prepare/" + jobId + "/place/";
+  const token = csrf.cloneNode();
+  const button = document.createElement("button"); button.type = "submit"; button.textContent = "Place";
+  const result = document.createElement("span"); result.className = "muted place-result";
+  form.append(token, button, " ", result);
+  card.append(form);
+}
+
+// "Place": this node loads its share of a finished job (tenzro_moePlace); the answer is summarized.
+jobs.addEventListener("submit", function (event) {
+  const form = event.target.closest("form.place-form");
+  if (!form) return;
+  event.preventDefault();
+  const result = form.querySelector(".place-result");
+  result.textContent = "placing…";
+  postForm(form).then(function (answer) {
+    if (!answer.ok) { result.textContent = answer.data.message || "refused (" + answer.status + ")"; return; }
+    const count = {};
+    answer.data.rows.concat(answer.data.gates).forEach(function (r) {
+      if (r.provider && r.provider !== answer.data.provider_id) return;
+      count[r.outcome] = (count[r.outcome] || 0) + 1;
+    });
+    result.textContent = "replication " + answer.data.replication + " over " + answer.data.providers.length +
+      " providers; here: " + Object.entries(count).map(function ([k, v]) { return v + " " + k; }).join(", ");
+    result.dataset.outcome = count.failed ? "failed" : "ok";
+  });
+});
 
 jobs.addEventListener("click", function (event) {
   const button = event.target.closest("button.copy");

@@ -46,6 +46,10 @@ function draw() {
   if (!grid) { heatmap.replaceChildren(); return; }
   document.getElementById("shardmap-summary").textContent = grid.covered_experts + " experts held by " +
     grid.distinct_providers + " providers; " + grid.n_layers + " layers × " + grid.n_experts + " experts";
+  const notice = document.getElementById("shardmap-unannounced");
+  notice.hidden = !grid.unannounced;
+  notice.textContent = grid.unannounced ? "This node's " + grid.unannounced.experts +
+    " experts are drawn but not announced: " + grid.unannounced.reason + "." : "";
   document.getElementById("policy-min").textContent = grid.policy.min_replication;
   document.getElementById("policy-max").textContent = grid.policy.max_replication;
   document.getElementById("policy-hot").textContent = grid.policy.hot_threshold_tps;
@@ -99,7 +103,7 @@ function showHolders(entry) {
   body.replaceChildren(...entry.holders.map(function (h) {
     const row = document.createElement("tr");
     row.dataset.provider = h.provider;
-    [h.provider.slice(0, 16) + "…", h.residency, h.committed_tps, h.capacity_tps, h.blob_uri || "–",
+    [h.provider.slice(0, 16) + "…" + (h.announced === false ? " (this node, unannounced)" : ""), h.residency, h.committed_tps, h.capacity_tps, h.blob_uri || "–",
      h.reputation.toFixed(3)].forEach(function (v, i) {
       const td = document.createElement("td");
       if (i === 0 || i === 4) { const code = document.createElement("code"); code.textContent = v; td.appendChild(code); }

@@ -158,6 +158,9 @@ TENZRO_WORKER_STALE_S = env_int("TENZRO_WORKER_STALE_S", 15)
 TENZRO_WORKER_CONTROL_TTL_S = env_int("TENZRO_WORKER_CONTROL_TTL_S", 5)
 # Memory-tier budget of the expert runtime in bytes; 0 = 60% of available memory (4 GiB if unknown).
 TENZRO_MEMORY_BUDGET_BYTES = env_int("TENZRO_MEMORY_BUDGET_BYTES", 0)
+# The rolling window of the demand (committed_tps) and capacity (capacity_tps) meters, in seconds: a
+# minute, as the metering rule says; tests shorten it to see demand come and go quickly.
+TENZRO_METER_WINDOW_S = env_int("TENZRO_METER_WINDOW_S", 60)
 # Compute backend of the expert worker (core/experts/selection.py): auto (CUDA, else a hardware
 # WebGPU adapter, else the CPU), cuda, wgsl (forced: an error at start if it cannot run), cpu,
 # cpu-numba, cpu-numpy.
@@ -171,6 +174,9 @@ TENZRO_GPU_DEVICE = env_int("TENZRO_GPU_DEVICE", 0)
 TENZRO_COMPUTE_THREADS = env_int("TENZRO_COMPUTE_THREADS", 2)
 # Largest blob this node fetches from a peer, in bytes.
 TENZRO_BLOB_MAX_BYTES = env_int("TENZRO_BLOB_MAX_BYTES", 4 * 1024**3)
+# A blob no provider announces (a gate, or experts prepared but not loaded yet) is asked of at most this
+# many other providers of the gossip view over their QUIC door, lowest latency first.
+TENZRO_BLOB_ASK_PROVIDERS = env_int("TENZRO_BLOB_ASK_PROVIDERS", 8)
 # Blobs younger than this are never garbage-collected (a job may not have recorded them yet).
 TENZRO_BLOB_GC_MIN_AGE_S = env_int("TENZRO_BLOB_GC_MIN_AGE_S", 600)
 # Seconds a prepare job's lock lives without progress (renewed after every expert).

@@ -250,6 +250,14 @@ def test_work_pages_live_in_a_browser(start_node, page, tmp_path) -> None:  # no
     expect(card.locator("ul.blobs li")).to_have_count(5)  # the gate and four experts
     card.locator("button.copy").first.click()
     expect(card.locator("button.copy").first).not_to_have_text("copy")  # "copied" or the fallback's hint
+    # Place: this node loads its share of the job's experts and the gate (tenzro_moePlace); again: all held
+    card.locator("form.place-form button").click()
+    expect(card.locator(".place-result")).to_contain_text("here:", timeout=60000)
+    expect(card.locator(".place-result")).to_have_attribute("data-outcome", "ok")
+    assert "loaded" in card.locator(".place-result").inner_text()
+    card.locator("form.place-form button").click()
+    expect(card.locator(".place-result")).to_contain_text("held", timeout=60000)
+    assert "loaded" not in card.locator(".place-result").inner_text()
     _shoot(page, "prepare")
 
     page.goto(a.url + "/repair/")

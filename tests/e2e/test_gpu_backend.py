@@ -51,7 +51,10 @@ def pair(start_module_node, weights) -> dict[str, NodeProcess]:
 
     def both_seen() -> bool:
         holders = cpu.result("tenzro_moeShardMap", {"model_id": MODEL})["holders"]
-        return len(holders) == N_EXPERTS and all(len(h["holders"]) == 2 for h in holders)
+        # announced: the planner goes by signed records; the shard map also lists this node's own holdings
+        # before a peer has dialed it back
+        return len(holders) == N_EXPERTS and all(len(h["holders"]) == 2 and all(x["announced"] for x in h["holders"])
+                                                 for h in holders)
 
     wait_for(both_seen, 60, "the cpu node to see both nodes' holdings")
     return {"cpu": cpu, "gpu": gpu}

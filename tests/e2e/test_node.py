@@ -122,6 +122,16 @@ def test_second_node_on_same_data_dir_or_port_is_refused(shared_node, tmp_path) 
     assert taken.returncode == 1 and "--http" in taken.stderr and "not available" in taken.stderr
 
 
+def test_a_memory_budget_above_the_host_is_refused_before_anything_starts(tmp_path) -> None:
+    argv = [sys.executable, "-m", "cli.main", "node", "run", "--data-dir", str(tmp_path / "x"),
+            "--memory-budget", "100T"]
+    refused = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--memory-budget" in refused.stderr
+    assert "is more than this host's" in refused.stderr and not (tmp_path / "x").exists()
+    malformed = subprocess.run([*argv[:-1], "lots"], capture_output=True, text=True, timeout=60)
+    assert malformed.returncode == 2 and "'lots' is not a size" in malformed.stderr
+
+
 def test_cli_talks_to_the_node_and_fails_in_one_line(shared_node) -> None:
     cli = [sys.executable, "-m", "cli.main", "--node", shared_node.url]
     info = subprocess.run([*cli, "node", "info"], capture_output=True, text=True, timeout=60, check=True)

@@ -4,10 +4,11 @@ Three nodes started by `tenzro node run` (testkit NodeProcess), each with its ow
 token in its data dir, which the CLI reads as the README says (TENZRO_NODE + TENZRO_DATA_DIR). A tiny
 whole Qwen3-MoE (testkit.checkpoints.qwen3_moe_whole: d_model = d_ff = 256, so q4_k_m really stores
 Q4_K/Q6_K blocks; 4 experts, top-2, 2 layers, vocabulary 64) is served over HTTP with Range
-(FileServer). The walkthrough: catalog-shape → prepare-experts (layer 0 q4_k_m, layer 1 q8_0) →
-prepare-status polled to done → load-expert by the printed blob URIs on two nodes each (replication
-2) → load-gate → status → shard-map until every expert shows replication 2 → plan-dispatch from a
-routings file → forward hidden.f32 → combined.f32 → load-dense → generate. Every CLI answer is
+(FileServer). The walkthrough: catalog-shape → prepare-experts --wait (layer 0 q4_k_m, layer 1
+q8_0) → place both jobs on the three nodes (replication 2 by the rendezvous rule; the gates on A),
+twice: the second run changes nothing → status → shard-map until every expert shows replication 2
+and none is uncovered → plan-dispatch from a routings file → forward hidden.f32 → combined.f32 →
+load-dense → generate. Every CLI answer is
 parsed and checked; a failing call prints its stderr and the nodes' logs.
 
 References, in this process: the same prepare code on the same checkpoint gives byte-identical
@@ -46,6 +47,7 @@ from apps.catalog.slicing import prepare_layer
 from apps.generation.model import WholeModel
 from apps.generation.spec import spec_from_config
 from apps.generation.weights import load_dense_weights
+from apps.repair.selection import placement
 from core.experts.runtime import ExpertRuntime
 from testkit.checkpoints import FileServer, qwen3_moe_whole
 from testkit.nodes import NodeProcess, free_port
@@ -72,11 +74,6 @@ TENZRO = Path(sys.executable).with_name("tenzro")  # the console script setup.py
 NOISE = re.compile(r"gossip_round|processes_announce|node\.heartbeat|Sending due task|Native peer close")
 
 
-def holders_of(expert: int) -> tuple[int, int]:
-    """Indices (into the three nodes) of the two holders of `expert`, in every layer."""
-    return expert % 3, (expert + 1) % 3
-
-
 class Operator:
     """Runs `tenzro …` as a subprocess against one node, as an operator's shell would."""
 
@@ -95,16 +92,21 @@ class Operator:
 
         return "\n".join(f"---- log of node {i} ({n.url}):\n{tail(n)}" for i, n in enumerate(self.nodes))
 
-    def __call__(self, node: NodeProcess, *args: str, timeout: float = 120) -> dict:
+    def text(self, node: NodeProcess, *args: str, timeout: float = 120) -> str:
+        """What `tenzro …` printed; the test fails with its stderr and the logs when it exits non-zero."""
         argv = [str(TENZRO), *args] if TENZRO.exists() else [sys.executable, "-m", "cli.main", *args]
         done = subprocess.run(argv, env=self.env(node), capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             pytest.fail(f"`tenzro {' '.join(args)}` against {node.url} exited {done.returncode}\n"
                         f"stderr:\n{done.stderr}\nstdout:\n{done.stdout[-2000:]}\n{self.logs()}")
+        return done.stdout
+
+    def __call__(self, node: NodeProcess, *args: str, timeout: float = 120) -> dict:
+        out = self.text(node, *args, timeout=timeout)
         try:
-            return json.loads(done.stdout)
+            return json.loads(out)
         except ValueError:
-            pytest.fail(f"`tenzro {' '.join(args)}` printed no JSON:\n{done.stdout[-2000:]}\n{done.stderr}")
+            pytest.fail(f"`tenzro {' '.join(args)}` printed no JSON:\n{out[-2000:]}")
 
     def many(self, calls: list[tuple[NodeProcess, tuple[str, ...]]]) -> list[dict]:
         """Several calls, one shell per node at once (each node's calls in order); answers in call order."""
@@ -196,19 +198,16 @@ def rel_error(got: np.ndarray, want: np.ndarray) -> float:
 
 
 def prepare_all(op: Operator, a: NodeProcess, url: str) -> dict[int, dict]:
-    """prepare-experts for both layers, then prepare-status polled until each job is done."""
+    """prepare-experts --wait for both layers, then prepare-status of each (done)."""
     jobs = {}
     for layer, quant in QUANT.items():
         job = op(a, "moe", "prepare-experts", "--model-id", MODEL, "--layer", str(layer),
-                 "--experts", ",".join(map(str, range(N_EXPERTS))), "--quant", quant, "--checkpoint", url)
-        assert job["state"] in ("queued", "running", "done") and job["progress"]["total"] == N_EXPERTS, job
+                 "--experts", ",".join(map(str, range(N_EXPERTS))), "--quant", quant, "--checkpoint", url, "--wait",
+                 timeout=180)
+        assert job["state"] == "done" and job["progress"]["total"] == N_EXPERTS, job
         jobs[layer] = job
-    deadline = time.monotonic() + 60
     for layer, job in jobs.items():
-        while job["state"] not in ("done", "failed"):
-            assert time.monotonic() < deadline, f"prepare job of layer {layer} still {job['state']}: {job}"
-            time.sleep(0.2)
-            job = op(a, "moe", "prepare-status", "--job-id", job["job_id"])
+        assert op(a, "moe", "prepare-status", "--job-id", job["job_id"]) == job
         assert job["state"] == "done" and job["error"] is None, job
         assert job["progress"] == {"done": N_EXPERTS, "total": N_EXPERTS}
         assert [e["expert"] for e in job["experts"]] == list(range(N_EXPERTS))
@@ -217,10 +216,10 @@ def prepare_all(op: Operator, a: NodeProcess, url: str) -> dict[int, dict]:
     return jobs
 
 
-def check_status(i: int, status: dict, uris: dict, backend: str) -> None:
+def check_status(i: int, status: dict, uris: dict, holders: dict, backend: str) -> None:
     """`tenzro moe status` of node i: what it holds, each Warm in memory, the budget, the backend."""
     held = sorted((r["layer"], r["expert"]) for r in status["experts"])
-    assert held == sorted(k for k in uris if i in holders_of(k[1])), (i, held)
+    assert held == sorted(k for k in uris if i in holders[k]), (i, held)
     for r in status["experts"]:
         formats = {f"{p}_proj": t for p, t in FORMATS[QUANT[r["layer"]]].items()}  # tensor names here
         assert (r["residency"], r["tier"], r["formats"]) == ("Warm", "memory", formats), r
@@ -260,31 +259,38 @@ def test_the_operator_walkthrough(nodes, checkpoint, reference, tmp_path) -> Non
         assert {k: parse_blob_uri(u) for k, u in uris.items()} == reference["hashes"]
         assert {layer: parse_blob_uri(job["gate"]["blob_uri"]) for layer, job in jobs.items()} == reference["gates"]
 
-        with op.step("load-expert x16, load-gate x2"):  # each node fetches from a peer and verifies the hash
-            loads = [(nodes[i], ("moe", "load-expert", "--model", MODEL, "--layer", str(layer), "--expert",
-                                 str(expert), "--blob", uri))
-                     for (layer, expert), uri in sorted(uris.items()) for i in holders_of(expert)]
-            gates = [(a, ("moe", "load-gate", "--model", MODEL, "--layer", str(layer), "--blob",
-                          job["gate"]["blob_uri"])) for layer, job in jobs.items()]  # on a: it gates the forwards
-            answers = op.many(loads + gates)
-        for (_, args), row in zip(loads, answers[:len(loads)], strict=True):
-            assert (row["model_id"], row["layer"], row["expert"], row["blob_uri"]) == (MODEL, int(args[5]),
-                                                                                      int(args[7]), args[9]), row
-        for layer, gate in zip(jobs, answers[len(loads):], strict=True):
-            assert (gate["layer"], gate["top_k"], gate["n_routed"], gate["router"]) == (layer, TOP_K, N_EXPERTS,
-                                                                                        "softmax"), gate
+        providers = [op(n, "node", "info")["provider_id"] for n in nodes]
+        # Who holds what: repair's rendezvous rule over the three, two holders each (the policy's min_replication)
+        holders = {(layer, e): [providers.index(p) for p in placement(MODEL, layer, e, providers, 2)]
+                   for layer, e in uris}
+        job_args = [arg for job in jobs.values() for arg in ("--job", job["job_id"])]
+        spread = ",".join(f"{n.url}={n.data_dir}" for n in nodes)
+        with op.step("place x2"):  # each node fetches its share from a peer and verifies the hash
+            table = op.text(a, "moe", "place", *job_args, "--nodes", spread, timeout=300)
+            again = op(a, "moe", "place", *job_args, "--nodes", spread, "--json")
+        print(table)
+        assert "replication 2 over 3 providers" in table and table.count("(loaded)") == 2 * len(uris) + 2
+        # idempotent: the second run finds everything where the first put it
+        assert [r["outcome"] for answer in again for r in answer["gates"]] == ["held", "held"]  # on a alone
+        for i, answer in enumerate(again):
+            mine = sorted((r["layer"], r["expert"]) for r in answer["rows"] if r["provider"] == providers[i])
+            assert mine == sorted(k for k, h in holders.items() if i in h)
+            assert {r["outcome"] for r in answer["rows"] if r["provider"] == providers[i]} == {"held"}
+            assert answer["replication"] == 2 and answer["providers"] == sorted(providers)
 
-        with op.step("status x3, node info x3"):
-            answers = op.many([(n, ("moe", "status")) for n in nodes] + [(n, ("node", "info")) for n in nodes])
-        for i, status in enumerate(answers[:3]):
-            check_status(i, status, uris, reference["runtime"].backend.name)
-        providers = [info["provider_id"] for info in answers[3:]]
+        with op.step("status x3"):
+            answers = op.many([(n, ("moe", "status")) for n in nodes])
+        for i, status in enumerate(answers):
+            check_status(i, status, uris, holders, reference["runtime"].backend.name)
 
-        want = {(layer, e): sorted(providers[i] for i in holders_of(e)) for layer, e in uris}
+        want = {key: sorted(providers[i] for i in held) for key, held in holders.items()}
         with op.step("shard-map until replication 2"):
             shard = wait_for_replication(op, a, want)
         assert shard["covered_experts"] == 2 * N_EXPERTS and shard["distinct_providers"] == 3
         assert shard["under_replicated_experts"] == [] and shard["policy"]["min_replication"] == 2
+        # catalog-shape read the model's shape: coverage counts against the whole model
+        assert shard["expected_experts"] == 2 * N_EXPERTS and shard["uncovered_experts"] == []
+        assert shard["unannounced"] is None
         assert all(h["replication"] == 2 for h in shard["holders"])
         assert all(x["blob_uri"] == uris[(h["layer"], h["expert"])] for h in shard["holders"] for x in h["holders"])
 

@@ -196,3 +196,21 @@ def test_model_dir_names_are_safe():
     assert "/" not in model_dir_name("Qwen/Qwen3-30B-A3B")
     assert model_dir_name("..") != ".." and not model_dir_name("..").startswith(".")
     assert model_dir_name("a/b") != model_dir_name("a_b")
+
+
+
+def test_a_smaller_budget_moves_the_least_recently_used_experts_to_disk(tmp_path):
+    """A node's host share can shrink while it runs: LRU experts go to disk, reservations stay."""
+    rt = ExpertRuntime(data_dir=tmp_path, memory_budget_bytes=int(3.5 * F32_BYTES))
+    _load(rt, 3)
+    x = np.random.default_rng(3).standard_normal((2, D_MODEL)).astype(np.float32)
+    rt.execute(model_id=MODEL, layer=0, expert=0, hidden=x)  # 1 is now the least recently used
+    rt.set_memory_budget(int(2.5 * F32_BYTES))
+    assert _tiers(rt) == {0: "memory", 1: "disk", 2: "memory"}
+    _check_bound(rt)
+    rt.reserve_memory("dense weights of m", F32_BYTES)
+    rt.set_memory_budget(F32_BYTES // 2)  # below the reservation: every expert goes, the reservation stays
+    status = rt.status()
+    assert set(_tiers(rt).values()) == {"disk"} and status["memory_used_bytes"] == F32_BYTES
+    with pytest.raises(ValueError):
+        rt.set_memory_budget(-1)

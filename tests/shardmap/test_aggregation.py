@@ -14,7 +14,7 @@ from testkit.shard_views import MODEL, POLICY, holding, provider, provider_id
 
 P = provider_id
 TOP_KEYS = {"model_id", "covered_experts", "distinct_providers", "expert_holders_role_count", "router_role_count",
-            "policy", "under_replicated_experts", "hot_experts", "holders"}
+            "policy", "under_replicated_experts", "hot_experts", "expected_experts", "uncovered_experts", "holders"}
 HOLDER_KEYS = {"provider", "residency", "committed_tps", "capacity_tps", "quic_endpoint", "quic_cert_sha256",
                "http_endpoint", "blob_uri", "reputation"}
 
@@ -44,6 +44,7 @@ def test_exact_shape_and_values():
         "policy": {"min_replication": 2, "max_replication": 8, "hot_threshold_tps": 1000},
         "under_replicated_experts": [{"layer": 3, "expert": 5}],
         "hot_experts": [{"layer": 0, "expert": 1}],  # 800 + 900 + 800; Cold counts too
+        "expected_experts": None, "uncovered_experts": [],  # the model's shape was not given
         "holders": [
             {"layer": 0, "expert": 1, "replication": 3, "holders": [
                 row(p1, "Warm", 800, "tenzro://blob/a"),  # Warm first, equal tps: provider id order
@@ -101,6 +102,8 @@ def test_expected_experts_without_holders_are_under_replicated():
     result = shard_map(MODEL, [provider(0)], holdings, policy, expected=expected)
     assert result["under_replicated_experts"] == [{"layer": 0, "expert": 1}, {"layer": 1, "expert": 3}]
     assert result["covered_experts"] == 2  # expected experts nobody holds are not covered
+    assert result["expected_experts"] == 4  # distinct pairs
+    assert result["uncovered_experts"] == [{"layer": 0, "expert": 1}, {"layer": 1, "expert": 3}]
     # Covered experts outside `expected` are still reported when under-replicated.
     result = shard_map(MODEL, [provider(0)], holdings, POLICY, expected=[(5, 5)])
     assert result["under_replicated_experts"] == [{"layer": 0, "expert": 0}, {"layer": 1, "expert": 2},
@@ -151,7 +154,7 @@ def test_empty_view():
     assert shard_map(MODEL, [], [], POLICY, expected=[(0, 0)]) == {
         "model_id": MODEL, "covered_experts": 0, "distinct_providers": 0, "expert_holders_role_count": 0,
         "router_role_count": 0, "policy": POLICY.to_dict(), "under_replicated_experts": [{"layer": 0, "expert": 0}],
-        "hot_experts": [], "holders": []}
+        "hot_experts": [], "expected_experts": 1, "uncovered_experts": [{"layer": 0, "expert": 0}], "holders": []}
 
 
 def test_result_keys_are_exactly_seed_000s():

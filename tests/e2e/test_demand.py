@@ -1,0 +1,161 @@
+"""Replication follows demand, on three real nodes: placed at 2, not hot at a low rate, raised by a load on
+one expert, back to 2 once the load has left the rolling window, and no flapping.
+
+a prepares a tiny Qwen3 layer; `tenzro_moePlace` on each node puts every expert on two of the three
+(rendezvous) and the gates on a. The meters' window is shortened to 10 s (TENZRO_METER_WINDOW_S) and
+the repair interval to 2 s, so demand comes and goes within the test:
+
+1. 200 forwards through a at a low rate: demand is rows served per wall second, far under the
+   policy's hot threshold (1,000), so nothing is hot and every expert stays at 2 after two passes.
+   (Metered as rows per second of compute, as before, every expert was "hot" and went to 3.)
+2. A load generator executes expert 0 on its two holders for a while. With the measured demand D and
+   capacity C, the policy's threshold is set to D/2 and its headroom to 2.8 C / D, so the target,
+   ceil(D x headroom / C), is 3 or 4: the third node fetches the expert (the cap of 3 providers is
+   reported as `capped` when the target is 4), and no pass ever targets max_replication (8).
+3. The load stops: once it has left the window the expert drops back to 2 (two stable passes), and
+   stays there.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from testkit.checkpoints import FileServer, qwen3_moe
+from testkit.nodes import TOKEN
+from tests.e2e.test_gossip import FAST, wait_for
+from tests.e2e.test_prepare_blobs import MODEL, prepare
+
+pytestmark = pytest.mark.e2e
+ENV = {**FAST, "TENZRO_REPAIR_TICK_S": "1", "TENZRO_METER_WINDOW_S": "10"}
+D_MODEL, HOT = 64, 0
+
+
+def propose(node, **changes) -> None:
+    proposal = node.result("tenzro_policyPropose", {"changes": changes}, token=TOKEN)
+    node.result("tenzro_policyApprove", {"policy_id": proposal["id"]}, token=TOKEN)
+
+
+def shard(node) -> dict:
+    return node.result("tenzro_moeShardMap", {"model_id": MODEL})
+
+
+def replication(node) -> dict[int, int]:
+    return {e["expert"]: e["replication"] for e in shard(node)["holders"]}
+
+
+def passes_after(node, started: str) -> list[dict]:
+    return [p for p in node.result("tenzro_moeRepairPasses", {"limit": 200})["passes"] if p["started_at"] > started]
+
+
+def latest_pass(nodes: list) -> str:
+    """When the newest repair pass of any of the nodes started ("" before the first)."""
+    return max((p["started_at"] for n in nodes for p in n.result("tenzro_moeRepairPasses", {"limit": 1})["passes"]),
+               default="")
+
+
+def b64(rows: np.ndarray) -> str:
+    return base64.b64encode(rows.astype("<f4").tobytes()).decode()
+
+
+class Load:
+    """Executes expert HOT on its holders, `rows` per call, `calls_per_s` calls a second, until stopped."""
+
+    def __init__(self, holders: list, *, rows: int, calls_per_s: float) -> None:
+        self.holders, self.rows, self.period = holders, rows, 1.0 / calls_per_s
+        self.stop = threading.Event()
+        self.calls = 0
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        hidden = b64(np.random.default_rng(1).standard_normal((self.rows, D_MODEL)))
+        at = time.monotonic()
+        while not self.stop.is_set():
+            node = self.holders[self.calls % len(self.holders)]
+            node.result("tenzro_moeExecute", {"model_id": MODEL, "layer": 0, "expert": HOT, "d_model": D_MODEL,
+                                              "hidden": hidden})
+            self.calls += 1
+            at += self.period
+            self.stop.wait(max(0.0, at - time.monotonic()))
+
+    def __enter__(self) -> Load:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def test_replication_follows_demand_up_and_back_down(start_node, tmp_path) -> None:
+    model = qwen3_moe(tmp_path / "ckpt", d_model=D_MODEL, d_ff=32, n_experts=4)
+    with FileServer(model.root) as server:
+        a = start_node(env=ENV)
+        job = prepare(a, experts=[0, 1, 2, 3], quant="q8_0", checkpoint=server.url)
+    b, c = start_node(env=ENV, peers=[a.url]), start_node(env=ENV, peers=[a.url])
+    nodes = [a, b, c]
+    ids = [n.result("tenzro_nodeInfo")["provider_id"] for n in nodes]
+    wait_for(lambda: all(n.result("tenzro_gossipStatus")["known_providers"] == 2 for n in nodes), 60,
+             "the three nodes to know each other")
+    experts = [{"model_id": MODEL, "layer": 0, "expert": e["expert"], "blob_uri": e["blob_uri"]}
+               for e in job["experts"]]
+    gates = [{"model_id": MODEL, "layer": 0, "blob_uri": job["gate"]["blob_uri"]}]
+    for node in nodes:
+        placed = node.result("tenzro_moePlace", {"experts": experts, "gates": gates, "providers": ids,
+                                                 "load_gates": node is a}, token=TOKEN)
+        assert placed["replication"] == 2 and {r["outcome"] for r in placed["rows"]} <= {"loaded", "elsewhere"}
+    wait_for(lambda: all(replication(n) == {0: 2, 1: 2, 2: 2, 3: 2} for n in nodes), 60,
+             "every node to see every expert placed twice")
+    for node in nodes:
+        propose(node, repair_interval_s=2)
+
+    # 1. 200 forwards at a low rate: nothing becomes hot, replication stays 2 after two passes.
+    hidden = np.random.default_rng(0).standard_normal((2, D_MODEL))
+    for _ in range(200):
+        a.result("tenzro_moeForward", {"model_id": MODEL, "layer": 0, "d_model": D_MODEL, "hidden": b64(hidden)})
+        time.sleep(0.02)
+    seen = shard(a)
+    demand = {e["expert"]: sum(h["committed_tps"] for h in e["holders"]) for e in seen["holders"]}
+    print(f"after 200 forwards: demand per expert {demand} rows/s, capacities "
+          f"{[h['capacity_tps'] for e in seen['holders'] for h in e['holders']]}")
+    assert seen["hot_experts"] == [] and 0 < sum(demand.values()) < 1000
+    mark = latest_pass(nodes)
+    wait_for(lambda: all(len(passes_after(n, mark)) >= 2 for n in nodes), 60, "two more repair passes everywhere")
+    assert all(replication(n) == {0: 2, 1: 2, 2: 2, 3: 2} for n in nodes)
+
+    # 2. Demand on one expert: its replication rises by demand.
+    holders = [nodes[ids.index(h["provider"])] for e in seen["holders"] if e["expert"] == HOT for h in e["holders"]]
+    third = next(n for n in nodes if n not in holders)
+    with Load(holders, rows=16, calls_per_s=20):
+        time.sleep(11)  # the window fills
+        entry = next(e for e in shard(a)["holders"] if e["expert"] == HOT)
+        d = sum(h["committed_tps"] for h in entry["holders"])
+        cap = float(np.median([h["capacity_tps"] for h in entry["holders"]]))
+        assert d > 100 and cap > 0, entry
+        headroom = 2.8 * cap / d
+        raised = latest_pass(nodes)
+        for node in nodes:
+            propose(node, hot_threshold_tps=d / 2, repair_headroom=headroom)
+        print(f"load: demand {d} rows/s, one holder's capacity {cap:g} rows/s, headroom set to {headroom:.3g}")
+        wait_for(lambda: replication(a).get(HOT) == 3, 60, "expert 0 to gain a third holder")
+        assert {e: r for e, r in replication(a).items() if e != HOT} == {1: 2, 2: 2, 3: 2}
+        rows = [r for p in passes_after(third, raised) for r in p["rows"] if r["expert"] == HOT]
+        assert "fetched" in [r["outcome"] for r in rows if r["action"] == "add"], rows
+        assert all(3 <= r["target"] <= 4 for r in rows if r["action"] == "add"), rows  # by demand, not to 8
+
+    # 3. The load has stopped: back to 2 once it has left the window, and it stays there.
+    stopped = time.monotonic()
+    wait_for(lambda: replication(a).get(HOT) == 2, 60, "expert 0 to drop back to two holders")
+    print(f"back to 2 holders {time.monotonic() - stopped:.1f} s after the load stopped")
+    history = []
+    for _ in range(6):  # three more passes: no flapping
+        time.sleep(1)
+        history.append(replication(a).get(HOT))
+    assert history == [2] * 6
+    drops = [r for n in nodes for p in passes_after(n, raised) for r in p["rows"] if r["action"] == "drop"]
+    assert "dropped" in [r["outcome"] for r in drops], drops
+    assert all(r["expert"] == HOT and r["target"] == 2 for r in drops), drops
