@@ -156,7 +156,8 @@ def test_a_seed_repeats_and_stop_strings_cut(served) -> None:
 
 def test_a_client_that_leaves_mid_stream_cancels_its_generation(served) -> None:
     a, key, _ = served
-    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 200, "temperature": 0, "stream": True}
+    # as long as the context allows (256 positions): the cancel must land before the end even on a loaded machine
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 240, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{a.url}/v1/chat/completions", json=body, timeout=60,
                       headers={"Authorization": f"Bearer {key}"}) as response:
         assert response.status_code == 200
@@ -167,7 +168,7 @@ def test_a_client_that_leaves_mid_stream_cancels_its_generation(served) -> None:
     done = wait_for(lambda: (g := a.result("tenzro_moeGeneration", {"generation_id": generation_id, "steps": False}))
                     ["state"] != "running" and g, 30, "the generation to end")
     assert done["state"] == "cancelled" and done["finish_reason"] == "cancelled"
-    assert 0 < len(done["tokens"]) < 200
+    assert 0 < len(done["tokens"]) < 240
 
 
 @pytest.mark.parametrize("body, status, param", [
