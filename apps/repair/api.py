@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from ninja import Field
-from pydantic import StringConstraints, model_validator
+from pydantic import StringConstraints
 
 from apps.api.registry import rpc_method
 from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams
@@ -94,12 +94,6 @@ class PlaceParams(Params):
     replication: Int | None = Field(None, ge=1, le=64, description="Holders per expert (default: the policy's "
                                                                    "min_replication; at most the providers).")
     load_gates: bool = Field(True, description="Load the gates here too (this node routes the model).")
-
-    @model_validator(mode="after")
-    def _something_to_place(self) -> PlaceParams:
-        if not (self.job_ids or self.experts):
-            raise ValueError("give job_ids or experts")
-        return self
 
 
 class PlaceRowOut(Out):

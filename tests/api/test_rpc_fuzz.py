@@ -201,7 +201,7 @@ REST_BODIES = {
     "a string": (b'"x"', 422, "invalid_params"),
     "null": (b"null", 422, "invalid_params"),
     "an object of wrong types": (b'{"model_id": 1, "layer": "0", "expert": [], "min_age_s": "x", "policy_id": 1.5, '
-                                 b'"receipt_id": true, "payload": 7, "routings": {}, "prompt_ids": "1"}',
+                                 b'"receipt_id": true, "payload": 7, "routings": {}, "prompt_ids": "1", "job_ids": 5}',
                                  422, "invalid_params"),
 }
 

@@ -1,12 +1,13 @@
 """Pull-based repair across three real nodes on loopback.
 
-a prepares a tiny Qwen3 layer and holds all four experts from its blobs; b and c hold experts
-0-2 (fetched from a), so expert 3 is held once. With the policy's repair interval shortened to
-2 s on every node, the scheduled passes raise expert 3 to min_replication (2): exactly one of
-b and c (the rendezvous winner) fetches a's blob over the network, verified by its hash, and
-announces it; the other discards the row. The node keys are chosen so that c wins; in the
-second case c's memory budget is too small for another expert, so c says so and skips, and b
-is not forced to take the slot instead.
+a prepares a tiny Qwen3 layer and holds all four experts from its blobs; c holds experts 0 and 1,
+b expert 2 (fetched from a), so experts 0-2 are at min_replication (2) and expert 3 is held once.
+With the policy's repair interval shortened to 2 s on every node, the scheduled passes raise
+expert 3 to 2: exactly one of b and c (the rendezvous winner) fetches a's blob over the network,
+verified by its hash, and announces it; the other discards the row. The node keys are chosen so
+that c wins; in the second case c's memory budget is too small for another expert, so c says so
+and skips, and b is not forced to take the slot instead. Then b loads expert 0 too: held three
+times with no demand, it is trimmed back to its two best-ranked holders after two stable passes.
 """
 
 from __future__ import annotations
@@ -64,21 +65,19 @@ def test_an_expert_held_once_is_raised_to_two_holders_by_a_scheduled_pass(start_
         job = prepare(a, experts=[0, 1, 2, 3], quant="q8_0", checkpoint=server.url)
     uris = {e["expert"]: e["blob_uri"] for e in job["experts"]}
     _keys_where_c_wins(tmp_path / "node1", tmp_path / "node2")  # start_node's data dirs for b and c
-    # c's memory tier: room for its three experts (~6.5 KB each in memory) and not a fourth (~7 KB)
-    c_env = {} if c_has_room else {"TENZRO_MEMORY_BUDGET_BYTES": str(3 * 7600)}
+    # c's memory tier: room for its two experts (~6.5 KB each in memory) and not a third (~7 KB)
+    c_env = {} if c_has_room else {"TENZRO_MEMORY_BUDGET_BYTES": str(2 * 7600)}
     b = start_node(env=ENV, peers=[a.url])
     c = start_node(env={**ENV, **c_env}, peers=[a.url])
     nodes = {"a": a, "b": b, "c": c}
     ids = {name: node.result("tenzro_nodeInfo")["provider_id"] for name, node in nodes.items()}
     for expert, uri in uris.items():
         a.result("tenzro_moeExpertLoad", {"blob_uri": uri}, token=TOKEN)
-        if expert < 3:
-            b.result("tenzro_moeExpertLoad", {"blob_uri": uri}, token=TOKEN)
-            c.result("tenzro_moeExpertLoad", {"blob_uri": uri}, token=TOKEN)
+        (c if expert < 2 else b if expert == 2 else a).result("tenzro_moeExpertLoad", {"blob_uri": uri}, token=TOKEN)
     assert rendezvous_order(MODEL, 0, 3, [ids["b"], ids["c"]])[0] == ids["c"]
     winner, loser = "c", "b"
-    wait_for(lambda: all(len(holders_of(n, 3)) == 1 and len(holders_of(n, 0)) == 3 for n in nodes.values()), 60,
-             "every node to see expert 3 held once and the others three times")
+    wait_for(lambda: all([len(holders_of(n, e)) for e in range(4)] == [2, 2, 2, 1] for n in nodes.values()), 60,
+             "every node to see expert 3 held once and the others twice")
     for node in nodes.values():
         shorten_interval(node, 2)
 
@@ -116,20 +115,16 @@ def test_an_expert_held_once_is_raised_to_two_holders_by_a_scheduled_pass(start_
     assert not any(r["expert"] == 3 for r in loser_rows)
     assert nodes[loser].result("tenzro_moeRepairPasses", {"limit": 1})["passes"], "the loser ran passes too"
 
-    # Over-replication: with max_replication lowered to 2, each of experts 0-2 (held by all three)
-    # loses its lowest-ranked holder, and only once the holders were the same for two passes.
-    for node in nodes.values():
-        proposal = node.result("tenzro_policyPropose", {"changes": {"max_replication": 2}}, token=TOKEN)
-        node.result("tenzro_policyApprove", {"policy_id": proposal["id"]}, token=TOKEN)
+    # Over-replication: b loads expert 0 too. Held three times with no demand (the keep is
+    # min_replication), it loses its lowest-ranked holder, and only once the holders were the same
+    # for two passes.
+    b.result("tenzro_moeExpertLoad", {"blob_uri": uris[0]}, token=TOKEN)
     by_id = {pid: name for name, pid in ids.items()}
-    for expert in range(3):
-        last = by_id[rendezvous_order(MODEL, 0, expert, list(ids.values()))[-1]]
-        keep = sorted(pid for pid in ids.values() if by_id[pid] != last)
-        wait_for(lambda expert=expert, keep=keep: holders_of(a, expert) == keep, 90,
-                 f"expert {expert} trimmed to its two best-ranked holders")
-        passes = nodes[last].result("tenzro_moeRepairPasses", {"limit": 200})["passes"]
-        outcomes = [r["outcome"] for p in reversed(passes) for r in p["rows"]
-                    if (r["expert"], r["action"]) == (expert, "drop")]
-        assert outcomes[-1] == "dropped" and "drop_pending" in outcomes[:-1], outcomes
+    last = by_id[rendezvous_order(MODEL, 0, 0, list(ids.values()))[-1]]
+    keep = sorted(pid for pid in ids.values() if by_id[pid] != last)
+    wait_for(lambda: holders_of(a, 0) == keep, 90, "expert 0 trimmed to its two best-ranked holders")
+    passes = nodes[last].result("tenzro_moeRepairPasses", {"limit": 200})["passes"]
+    outcomes = [r["outcome"] for p in reversed(passes) for r in p["rows"] if (r["expert"], r["action"]) == (0, "drop")]
+    assert outcomes[-1] == "dropped" and "drop_pending" in outcomes[:-1], outcomes
     time.sleep(5)
     assert [len(holders_of(a, e)) for e in range(4)] == [2, 2, 2, 2]  # and it stays so: no flapping
