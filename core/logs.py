@@ -193,6 +193,20 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
+class QuietNormalCloses(logging.Filter):
+    """qh3 logs every connection its peer closes at WARNING ("Native peer close"), ~35 a minute on a
+    gossiping node; a close with error code 0 is the normal end of a connection, so it becomes a
+    DEBUG record (kept only when the node logs at DEBUG). A close with an error stays a WARNING."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        native = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        if (record.msg == "Native peer close: %r" and isinstance(native, tuple) and len(native) >= 3
+                and native[2] == 0):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger().isEnabledFor(logging.DEBUG)
+        return True
+
+
 def logging_config(*, level: str, fmt: str) -> dict[str, Any]:
     """Settings LOGGING: one console handler (redacting, text or JSON) for every logger."""
     if fmt not in ("text", "json"):
@@ -203,7 +217,8 @@ def logging_config(*, level: str, fmt: str) -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"redact": {"()": "core.logs.RedactSecrets"}},
+        "filters": {"redact": {"()": "core.logs.RedactSecrets"},
+                    "normal_closes": {"()": "core.logs.QuietNormalCloses"}},
         "formatters": {"node": formatter},
         "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "node", "filters": ["redact"]}},
         "root": {"handlers": ["console"], "level": level},
@@ -211,6 +226,7 @@ def logging_config(*, level: str, fmt: str) -> dict[str, Any]:
             "django": {"level": "WARNING"},
             "aioquic": {"level": "WARNING"},
             "qh3": {"level": "WARNING"},
+            "quic": {"filters": ["normal_closes"]},  # qh3's connection logger
             # uvicorn and Celery configure handlers of their own before Django does: route them
             # to ours so their records are redacted and formatted like the rest.
             "uvicorn": {**routed, "level": "INFO"},

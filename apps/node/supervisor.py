@@ -5,7 +5,8 @@ supervisor migrates the database, creates the identity, then runs four children 
 ASGI web server, the expert worker, a Celery worker and Celery beat — each in its own
 process group so a stop reaches their own children too (Celery's pool). Child output is
 prefixed with the child's name. A child that dies is restarted with exponential backoff.
-SIGINT/SIGTERM stop every child (SIGTERM, then SIGKILL after a grace period).
+SIGINT/SIGTERM stop every child (SIGTERM to the child, then SIGKILL to its whole group after a
+grace period).
 
 Processes never outlive their node: each child is started through apps/node/parent_death.py,
 so the kernel kills it if the supervisor dies without stopping it (SIGKILL, the OOM killer).
@@ -308,7 +309,10 @@ class Supervisor:
         running = [c for c in self.children if c.process is not None and c.process.poll() is None]
         for child in running:
             child.state = "stopping"
-            _kill_group(child.process.pid, signal.SIGTERM)
+            # The child alone, not its group: Celery's main process stops its pool processes itself (a
+            # pool process that got SIGTERM too dies under its task, and the worker logs WorkerLostError).
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.process.pid, signal.SIGTERM)
         deadline = time.time() + STOP_GRACE_S
         for child in running:
             try:

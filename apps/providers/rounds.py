@@ -28,8 +28,9 @@ from typing import Any
 import httpx
 from django.conf import settings
 from django.utils import timezone
+from redis import RedisError
 
-from apps.node.selectors import node_identity
+from apps.node.selectors import node_identity, redis_client
 from apps.providers import services
 from apps.providers.models import Provider, Reachability
 from core.env import split_host_port
@@ -37,6 +38,9 @@ from core.transport.quic import QuicSettings, TransportError, quic_call
 
 logger = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 10.0
+# Peers whose last gossip call failed, in the node's Redis: a peer going down is logged once at
+# WARNING and its return once at INFO, however many rounds it stays away (each failure at DEBUG).
+DOWN_KEY = "tenzro:gossip:down"
 
 
 @dataclass(frozen=True)
@@ -103,9 +107,32 @@ async def _push(targets: list[PeerTarget], offer: dict[str, Any]) -> None:
                 wanted = await asyncio.to_thread(services.gossip_records_for, provider_ids=answer["want"])
                 await peer_call(target, "gossip/push", wanted)
         except TransportError as exc:
-            logger.info("gossip push to %s failed: %s", target.key[:24], exc)
+            await asyncio.to_thread(_peer_failed, target, "gossip push", exc)
+        else:
+            await asyncio.to_thread(_peer_answered, target)
 
     await asyncio.gather(*(one(t) for t in targets))
+
+
+def _peer_failed(target: PeerTarget, what: str, exc: TransportError) -> None:
+    try:
+        newly = bool(redis_client().sadd(DOWN_KEY, target.key))
+    except RedisError:  # no Redis: say it every time rather than never
+        newly = True
+    if newly:
+        logger.warning("peer %s does not answer (%s: %s); it stays in the view until its record expires",
+                       target.key[:24], what, exc)
+    else:
+        logger.debug("%s to %s failed again: %s", what, target.key[:24], exc)
+
+
+def _peer_answered(target: PeerTarget) -> None:
+    try:
+        back = bool(redis_client().srem(DOWN_KEY, target.key))
+    except RedisError:
+        back = False
+    if back:
+        logger.info("peer %s answers again", target.key[:24])
 
 
 async def _sync(target: PeerTarget) -> None:
@@ -127,8 +154,9 @@ async def _dialback(targets: list[PeerTarget]) -> None:
         try:
             answer = await peer_call(target, "gossip/dialback", params)
         except TransportError as exc:
-            logger.info("dial-back request to %s failed: %s", target.key[:24], exc)
+            await asyncio.to_thread(_peer_failed, target, "dial-back request", exc)
             continue
+        await asyncio.to_thread(_peer_answered, target)
         changed = await asyncio.to_thread(services.reachability_record, http_ok=bool(answer.get("http")),
                                           quic_ok=bool(answer.get("quic")), checked_by=target.key,
                                           detail=str(answer.get("detail", ""))[:2000])
@@ -167,7 +195,9 @@ async def _round(rng: random.Random) -> dict[str, Any]:
             await _sync(target)
             synced.append(target.key)
         except TransportError as exc:
-            logger.info("gossip sync with %s failed: %s", target.key[:24], exc)
+            await asyncio.to_thread(_peer_failed, target, "gossip sync", exc)
+        else:
+            await asyncio.to_thread(_peer_answered, target)
     return {"peers": len(targets), "pushed_to": len(fanout), "synced_with": synced, "expired": expired}
 
 

@@ -27,6 +27,11 @@ from core.transport.udp import tune_socket
 CANCELLED_STREAM = 0x11
 
 
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class _ClientConnection:
     """One client connection; mixed into the QUIC library's asyncio protocol class."""
 
@@ -56,6 +61,19 @@ class _ClientConnection:
     def datagrams_received(self, data: Any, addr: Any) -> None:  # qh3 hands over a batch (recvmmsg/GRO)
         self.last_received = time.monotonic()
         super().datagrams_received(data, addr)  # type: ignore[misc]
+
+    async def wait_connected(self) -> None:
+        """The library's, without its orphan: it awaits a shielded future, so a handshake given up (our
+        timeout) leaves that future behind, and when the connection then closes the library sets
+        ConnectionError on it with nobody to read it ("Future exception was never retrieved" at
+        ERROR on every unreachable peer). Marked read here."""
+        try:
+            await super().wait_connected()  # type: ignore[misc]
+        except asyncio.CancelledError:
+            waiter = getattr(self, "_connected_waiter", None)
+            if waiter is not None:
+                waiter.add_done_callback(_retrieved)
+            raise
 
     # -- calls --------------------------------------------------------------------------------
 

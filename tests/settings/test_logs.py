@@ -12,7 +12,7 @@ import logging.config
 import pytest
 
 from apps.node.supervisor import NodeOptions, Supervisor
-from core.logs import JsonFormatter, RedactSecrets, Secrets, logging_config, redact
+from core.logs import JsonFormatter, QuietNormalCloses, RedactSecrets, Secrets, logging_config, redact
 from testkit.secrets import assert_no_secrets
 
 TOKEN = "op-token-0123456789abcdef"
@@ -101,6 +101,24 @@ def test_the_settings_route_every_logger_through_the_redacting_handler() -> None
     # the running (test) settings did install it
     handlers = [h for h in logging.getLogger().handlers if any(isinstance(f, RedactSecrets) for f in h.filters)]
     assert handlers
+
+
+def test_normal_quic_closes_are_debug_and_closes_with_an_error_stay_warnings(caplog) -> None:
+    """qh3 logs every peer close at WARNING; the settings' filter keeps only the ones with an error code."""
+    assert logging_config(level="INFO", fmt="text")["loggers"]["quic"]["filters"] == ["normal_closes"]
+    quic = logging.getLogger("quic")
+    assert any(isinstance(f, QuietNormalCloses) for f in quic.filters)  # installed by the test settings too
+    with caplog.at_level(logging.INFO):
+        quic.warning("Native peer close: %r", ("peer_closed", True, 0, None, b""))
+        quic.warning("Native peer close: %r", ("peer_closed", False, 0x0A, 8, b"protocol violation"))
+        quic.warning("something else entirely")
+    assert [(r.levelname, r.getMessage()[:24]) for r in caplog.records if r.name == "quic"] == [
+        ("WARNING", "Native peer close: ('pee"), ("WARNING", "something else entirely")]
+    assert "protocol violation" in caplog.records[-2].getMessage()
+    record = logging.LogRecord("quic", logging.WARNING, "x", 1, "Native peer close: %r",
+                               (("peer_closed", True, 0, None, b""),), None)
+    with caplog.at_level(logging.DEBUG):
+        assert QuietNormalCloses().filter(record) and record.levelname == "DEBUG"
 
 
 def test_redact_leaves_ordinary_text_alone() -> None:
