@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Iterable
 from decimal import Decimal
@@ -72,6 +73,23 @@ def receipt_record_many(*, router_id: str, kept: Iterable[dict[str, Any]]) -> in
         transaction.on_commit(lambda: receipts_kept.send(sender=Receipt, receipts=[
             {**row, "created_at": row["created_at"].isoformat()} for row in receipts_list(commitment_hashes=new)]))
     return len(new)
+
+
+def receipts_prune(*, now: datetime.datetime | None = None) -> int:
+    """Forget kept receipts older than TENZRO_RECEIPT_RETENTION_DAYS, and beyond the newest
+    TENZRO_RECEIPT_KEEP_MAX; a receipt under a dispute is evidence and stays. Returns how many went."""
+    now = now or timezone.now()
+    undisputed = Receipt.objects.filter(dispute__isnull=True)
+    old = undisputed.filter(created_at__lt=now - datetime.timedelta(days=settings.TENZRO_RECEIPT_RETENTION_DAYS))
+    gone = old.delete()[0]
+    extra = list(undisputed.order_by("-created_at", "-id").values_list("id", flat=True)
+                 [settings.TENZRO_RECEIPT_KEEP_MAX:])
+    for start in range(0, len(extra), 5000):  # bounded IN lists
+        gone += Receipt.objects.filter(id__in=extra[start:start + 5000]).delete()[0]
+    if gone:
+        logger.info("pruned %d kept receipts (older than %s days or past the newest %d)", gone,
+                    settings.TENZRO_RECEIPT_RETENTION_DAYS, settings.TENZRO_RECEIPT_KEEP_MAX)
+    return gone
 
 
 def dispute_open(*, receipt_id: int) -> Dispute:

@@ -21,3 +21,8 @@ def dispute_run_task(dispute_id: int) -> None:
         if exc.reason == "expert_unavailable":
             raise ExpertUnavailable(exc.message) from exc
         raise
+
+
+@shared_task(name="tenzro.receipts.prune", ignore_result=True)
+def receipts_prune_task() -> None:
+    services.receipts_prune()

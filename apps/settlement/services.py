@@ -13,12 +13,14 @@ import logging
 import re
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from blake3 import blake3
 from celery import current_app
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from apps.governance.selectors import policy_active
 from apps.reputation.services import reputation_credit
@@ -79,11 +81,15 @@ def settlement_enqueue(*, forward_id: str, router_id: str, model_id: str, holder
     transaction.on_commit(lambda: current_app.send_task(SETTLE_TASK, args=[payload]))
 
 
-def settlements_resume() -> list[str]:
-    """Queue settle_forward again for every settlement still pending; called when this node's
-    Celery worker starts. A copy the broker still holds may run too: settlement_record pays a
-    forward_id once, whichever runs first."""
-    pending = list(PendingSettlement.objects.order_by("created_at").values_list("forward_id", "payload"))
+def settlements_resume(*, older_than_s: float = 0.0) -> list[str]:
+    """Queue settle_forward again for every settlement still pending (queued at least `older_than_s`
+    ago); called when this node's Celery worker starts, and by the periodic sweep (a message the
+    broker lost while the worker ran). A copy the broker still holds may run too: settlement_record
+    pays a forward_id once, whichever runs first."""
+    queued = PendingSettlement.objects.order_by("created_at")
+    if older_than_s > 0:
+        queued = queued.filter(created_at__lte=timezone.now() - timedelta(seconds=older_than_s))
+    pending = list(queued.values_list("forward_id", "payload"))
     for _, payload in pending:
         current_app.send_task(SETTLE_TASK, args=[payload])
     if pending:

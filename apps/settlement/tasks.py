@@ -4,6 +4,7 @@ from typing import Any
 
 from celery import shared_task
 from celery.signals import worker_ready
+from django.conf import settings
 from django.db import OperationalError
 
 from apps.settlement import services
@@ -34,3 +35,10 @@ def settle_forward(payload: dict[str, Any]) -> dict[str, Any]:
 @worker_ready.connect
 def resume_pending_settlements(**_: object) -> None:
     services.settlements_resume()
+
+
+@shared_task(name="tenzro.settlement.sweep")
+def sweep_pending_settlements() -> list[str]:
+    """The periodic sweep of the outbox: settlements pending longer than a sweep interval are queued
+    again (their message was lost: a Redis restart, a worker killed mid-task)."""
+    return services.settlements_resume(older_than_s=settings.TENZRO_SETTLEMENT_SWEEP_S)

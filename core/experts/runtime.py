@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from blake3 import blake3
 
 from core.durable_files import link_or_write_atomic, write_atomic
 from core.experts.backends import ComputeBackend
@@ -165,8 +166,10 @@ class ExpertRuntime:
                 if key[:2] == (spec.model_id, spec.layer):
                     _check_pair(spec, record.header)
             link_or_write_atomic(path, payload, existing=stored_at)
-            # The sidecar keeps the ids too: the payload itself may not carry them.
-            sidecar = {"blob_uri": blob_uri, "model_id": spec.model_id, "layer": spec.layer}
+            # The sidecar keeps the ids too (the payload itself may not carry them), and the payload's
+            # BLAKE3, checked when the file is read back at the next start.
+            sidecar = {"blob_uri": blob_uri, "model_id": spec.model_id, "layer": spec.layer,
+                       "blake3": blake3(payload).hexdigest()}
             write_atomic(path.with_suffix(".json"), json.dumps(sidecar).encode())
             self._gates[(spec.model_id, spec.layer)] = _Gate(spec, blob_uri, path)
             row = self._gate_row(self._gates[(spec.model_id, spec.layer)])
@@ -202,12 +205,21 @@ class ExpertRuntime:
         return gate.spec
 
     def _scan_gates(self) -> None:
+        """Register the gates on disk; one whose bytes no longer match the hash its sidecar recorded
+        (disk corruption, tampering) is forgotten, files and all, rather than routed with."""
         for path in sorted((self._root / "gates").glob("*/layer*.safetensors")):
             try:
                 sidecar = path.with_suffix(".json")
                 meta = json.loads(sidecar.read_text()) if sidecar.exists() else {}
-                spec = _read_gate(path.read_bytes(), model_id=meta.get("model_id"), layer=meta.get("layer"))
+                data = path.read_bytes()
                 blob_uri = meta.get("blob_uri")
+                if meta.get("blake3") and blake3(data).hexdigest() != meta["blake3"]:
+                    log.warning("gate payload %s does not match its hash; forgotten (load it again%s)", path,
+                                f": tenzro moe load-gate --blob {blob_uri}" if blob_uri else "")
+                    for stale in (path, sidecar):
+                        stale.unlink(missing_ok=True)
+                    continue
+                spec = _read_gate(data, model_id=meta.get("model_id"), layer=meta.get("layer"))
             except (OSError, ValueError, InvalidPayload) as exc:
                 log.warning("skipping unreadable gate payload %s: %s", path, exc)
                 continue

@@ -125,7 +125,13 @@ TENZRO_SIGN_RECEIPTS = env_bool("TENZRO_SIGN_RECEIPTS", True)
 # interval itself is the policy's), and the per-node jitter on that interval (a fraction).
 TENZRO_REPAIR_TICK_S = env_float("TENZRO_REPAIR_TICK_S", 5.0)
 TENZRO_REPAIR_JITTER = env_float("TENZRO_REPAIR_JITTER", 0.1)
+# Settlements still in the outbox this long after they were queued are queued again (apps/settlement/tasks.py).
+TENZRO_SETTLEMENT_SWEEP_S = env_float("TENZRO_SETTLEMENT_SWEEP_S", 60.0)
 TENZRO_RECEIPT_TOPK = env_int("TENZRO_RECEIPT_TOPK", 16)
+# Kept receipts (the 1 in receipt_sample_one_in stored whole) are forgotten after this many days, and past
+# this many (oldest first); one under a dispute stays (apps/receipts/services.receipts_prune, hourly).
+TENZRO_RECEIPT_RETENTION_DAYS = env_int("TENZRO_RECEIPT_RETENTION_DAYS", 30)
+TENZRO_RECEIPT_KEEP_MAX = env_int("TENZRO_RECEIPT_KEEP_MAX", 100_000)
 TENZRO_DISPUTE_COMPUTE_TOLERANCE = env_float("TENZRO_DISPUTE_COMPUTE_TOLERANCE", 0.05)
 # Largest JSON-RPC request body accepted, in bytes (base64 hidden rows make these big).
 TENZRO_RPC_MAX_BYTES = env_int("TENZRO_RPC_MAX_BYTES", 64 * 1024 * 1024)
@@ -308,6 +314,8 @@ CELERY_BEAT_SCHEDULE = {
     "gossip-round": {"task": "tenzro.providers.gossip_round", "schedule": TENZRO_GOSSIP_INTERVAL_S},
     # The repair interval is the governance policy's, read at every tick (apps/repair/services.py).
     "repair-tick": {"task": "tenzro.repair.tick", "schedule": TENZRO_REPAIR_TICK_S},
+    "settlement-sweep": {"task": "tenzro.settlement.sweep", "schedule": TENZRO_SETTLEMENT_SWEEP_S},
+    "receipts-prune": {"task": "tenzro.receipts.prune", "schedule": 3600.0},
 }
 
 # Every process of a node logs through one redacting handler (core/logs.py): text by

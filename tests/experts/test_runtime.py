@@ -156,6 +156,21 @@ def test_gates_survive_restart(tmp_path):
     assert ExpertRuntime(data_dir=tmp_path).status()["gates"] == []
 
 
+def test_a_gate_file_that_no_longer_matches_its_hash_is_forgotten_at_start(tmp_path, caplog):
+    rng = np.random.default_rng(48)
+    rt = ExpertRuntime(data_dir=tmp_path)
+    payload, _ = qwen_gate(rng, d_model=D_MODEL, n_routed=8, top_k=2, norm=True)
+    rt.gate_load(payload=payload, blob_uri="tenzro://blob/" + "cd" * 32)
+    (path,) = (tmp_path / "moe" / "gates").glob("*/layer0.safetensors")
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01  # one bit of a router weight: still a well-formed payload, a different gate
+    path.write_bytes(bytes(data))
+    with caplog.at_level("WARNING"):
+        again = ExpertRuntime(data_dir=tmp_path)
+    assert again.status()["gates"] == [] and not path.exists() and not path.with_suffix(".json").exists()
+    assert "does not match its hash" in caplog.text and "load-gate --blob tenzro://blob/" in caplog.text
+
+
 def test_status_and_holdings_shape(rt):
     rng = np.random.default_rng(47)
     w = expert_weights(rng, D_MODEL, D_FF)

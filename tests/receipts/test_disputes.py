@@ -190,3 +190,21 @@ def test_a_kept_batch_under_another_batchs_commitment_is_no_fraud_proof() -> Non
     Receipt.objects.filter(pk=kept.pk).update(batch=0)
     decided = services.dispute_run(dispute_id=services.dispute_open(receipt_id=kept.pk).pk)
     assert decided.state == "dismissed" and decided.signature_valid is False
+
+
+def test_kept_receipts_are_pruned_by_age_and_count_but_a_disputed_one_stays(settings) -> None:
+    import datetime
+
+    from django.utils import timezone
+
+    payload, uri = _store_expert()
+    key = SigningKey(bytes([3]) * 32)
+    kept = [_kept(key, payload, uri, seed=s) for s in range(5)]
+    now = timezone.now()
+    for age, receipt in zip((40, 35, 2, 1, 0), kept, strict=True):  # days old
+        Receipt.objects.filter(pk=receipt.pk).update(created_at=now - datetime.timedelta(days=age))
+    services.dispute_open(receipt_id=kept[0].pk)  # evidence: kept whatever its age
+    settings.TENZRO_RECEIPT_RETENTION_DAYS, settings.TENZRO_RECEIPT_KEEP_MAX = 30, 2
+    assert services.receipts_prune(now=now) == 2  # the 35-day-old one, then the oldest past the newest two
+    assert sorted(Receipt.objects.values_list("pk", flat=True)) == sorted([kept[0].pk, kept[3].pk, kept[4].pk])
+    assert services.receipts_prune(now=now) == 0

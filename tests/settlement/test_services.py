@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
 from blake3 import blake3
+from django.utils import timezone
 
 from apps.governance.services import policy_approve, policy_propose
 from apps.reputation.models import ReputationEvent
@@ -15,7 +17,7 @@ from apps.reputation.services import reputation_penalize
 from apps.settlement import services
 from apps.settlement.models import LedgerEntry, PendingSettlement, Settlement
 from apps.settlement.services import settlement_enqueue, settlement_record
-from apps.settlement.tasks import settle_forward
+from apps.settlement.tasks import settle_forward, sweep_pending_settlements
 from core.errors import InvalidInput
 
 pytestmark = pytest.mark.django_db
@@ -193,3 +195,17 @@ def test_a_queued_settlement_stays_in_the_outbox_until_recorded_and_a_worker_sta
     settle_forward.apply(args=[payload("fwd-2")]).get()  # the broker's own copy, redelivered late
     assert not PendingSettlement.objects.exists() and Settlement.objects.count() == 2
     assert services.settlements_resume() == []
+
+
+def test_the_periodic_sweep_requeues_only_settlements_pending_longer_than_its_interval(
+        django_capture_on_commit_callbacks, monkeypatch, settings) -> None:
+    sent: list[str] = []
+    monkeypatch.setattr(services.current_app, "send_task", lambda name, args: sent.append(args[0]["forward_id"]))
+    with django_capture_on_commit_callbacks(execute=True):
+        settlement_enqueue(**payload("old"))
+        settlement_enqueue(**payload("fresh"))
+    PendingSettlement.objects.filter(forward_id="old").update(created_at=timezone.now() - timedelta(seconds=120))
+    sent.clear()
+    settings.TENZRO_SETTLEMENT_SWEEP_S = 60
+    assert sweep_pending_settlements.apply().get() == ["old"]  # the fresh one's message is still in flight
+    assert sent == ["old"]
