@@ -79,7 +79,7 @@ def place(obj: CliContext, jobs: tuple[str, ...], replication: int | None, nodes
         print_json(answers)
     else:
         _print_table(answers, {pid: url for url, pid in ids.items()})
-    failed = [r for a in answers for r in (*a["rows"], *a["gates"]) if r["outcome"] == "failed"]
+    failed = [r for a in answers for r in (*a["rows"], *a["gates"]) if r["outcome"] in ("failed", "skipped")]
     if failed:
         click.echo(f"tenzro: {len(failed)} loads failed: {failed[0].get('why')}", err=True)
         sys.exit(1)

@@ -10,12 +10,13 @@ from ninja import Field
 from pydantic import StringConstraints
 
 from apps.api.registry import rpc_method
-from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams
+from apps.api.schemas import DB_INT_MAX, Int, Out, Params, QueryParams, absent_or
 from apps.repair import placement, selectors, services
 
 _MODEL_ID = {"min_length": 1, "max_length": 200}
 _BLOB_URI = r"^tenzro://blob/[0-9a-f]{64}$"
 _PROVIDER_ID = r"^[0-9a-f]{64}$"
+_UUID = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 
 
 class PassesParams(QueryParams):
@@ -83,16 +84,16 @@ class PlacedGate(Params):
 
 
 class PlaceParams(Params):
-    job_ids: list[str] = Field([], max_length=1024, description="Finished prepare jobs of this node: their "
-                                                                "experts and gates.")
+    job_ids: list[Annotated[str, StringConstraints(pattern=_UUID)]] = Field(
+        [], max_length=1024, description="Finished prepare jobs of this node: their experts and gates.")
     experts: list[PlacedExpert] = Field([], max_length=65536, description="Or the experts themselves (a job "
                                                                           "another node ran).")
     gates: list[PlacedGate] = Field([], max_length=4096)
     providers: list[Annotated[str, StringConstraints(pattern=_PROVIDER_ID)]] = Field(
         [], max_length=4096, description="Provider ids to place on (this node among them); default: this "
                     "node and every ExpertHolder of its gossip view.")
-    replication: Int | None = Field(None, ge=1, le=64, description="Holders per expert (default: the policy's "
-                                                                   "min_replication; at most the providers).")
+    replication: Int = absent_or(ge=1, le=64, description="Holders per expert (default: the policy's "
+                                                           "min_replication; at most the providers).")
     load_gates: bool = Field(True, description="Load the gates here too (this node routes the model).")
 
 
@@ -103,7 +104,8 @@ class PlaceRowOut(Out):
     blob_uri: str
     provider: str
     rank: int = Field(description="Position in the expert's rendezvous order over the providers.")
-    outcome: str = Field(description="loaded | held | failed (this node), elsewhere (another provider's share)")
+    outcome: str = Field(description="loaded | held | failed | skipped (this node: skipped after "
+                                     "consecutive failures), elsewhere (another provider's share)")
     why: str | None = None
 
 

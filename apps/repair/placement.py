@@ -25,6 +25,10 @@ from apps.worker.selectors import worker_status_published
 from core.errors import InvalidInput, TenzroError
 
 logger = logging.getLogger("tenzro.repair")
+# Loads that fail one after another (blobs nobody serves, a worker that does not answer) end the
+# placement's loading: the rest of this node's rows are `skipped`, so a call with thousands of bad
+# rows answers in seconds instead of trying each.
+FAILURES_IN_A_ROW = 4
 
 
 def job_pieces(job_ids: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -61,6 +65,7 @@ def place(*, experts: list[dict[str, Any]], gates: list[dict[str, Any]], provide
     published = worker_status_published()
     held = {(e["model_id"], e["layer"], e["expert"]) for e in published["experts"]}
     held_gates = {(g["model_id"], g["layer"]) for g in published["gates"]}
+    loader = _Loader()
     rows = []
     for piece in sorted(experts, key=lambda p: (p["model_id"], p["layer"], p["expert"])):
         key = (piece["model_id"], piece["layer"], piece["expert"])
@@ -71,22 +76,33 @@ def place(*, experts: list[dict[str, Any]], gates: list[dict[str, Any]], provide
             elif key in held:
                 rows.append({**row, "outcome": "held"})
             else:
-                rows.append({**row, **_load(worker.expert_load, piece, {"expert": piece["expert"]})})
+                rows.append({**row, **loader(worker.expert_load, piece, {"expert": piece["expert"]})})
     gate_rows = []
     for gate in sorted(gates, key=lambda g: (g["model_id"], g["layer"])) if load_gates else ():
         if (gate["model_id"], gate["layer"]) in held_gates:
             gate_rows.append({**gate, "outcome": "held"})
         else:
-            gate_rows.append({**gate, **_load(worker.gate_load, gate, {})})
+            gate_rows.append({**gate, **loader(worker.gate_load, gate, {})})
     return {"provider_id": me, "providers": chosen, "replication": copies, "requested_replication": wanted,
             "rows": rows, "gates": gate_rows}
 
 
-def _load(call: Any, piece: dict[str, Any], ids: dict[str, Any]) -> dict[str, Any]:
-    try:
-        async_to_sync(call)(source={"blob_uri": piece["blob_uri"]},
-                            expect={"model_id": piece["model_id"], "layer": piece["layer"], **ids})
-    except TenzroError as exc:
-        logger.warning("place: %s layer %s %s failed: %s", piece["model_id"], piece["layer"], ids, exc)
-        return {"outcome": "failed", "why": f"{exc.reason}: {exc.message}"}
-    return {"outcome": "loaded"}
+class _Loader:
+    """Loads one piece through the worker; after FAILURES_IN_A_ROW failures in a row, skips the rest."""
+
+    def __init__(self) -> None:
+        self.in_a_row, self.last_why = 0, ""
+
+    def __call__(self, call: Any, piece: dict[str, Any], ids: dict[str, Any]) -> dict[str, Any]:
+        if self.in_a_row >= FAILURES_IN_A_ROW:
+            return {"outcome": "skipped", "why": f"gave up after {FAILURES_IN_A_ROW} failed loads in a row "
+                                                 f"(the last: {self.last_why})"}
+        try:
+            async_to_sync(call)(source={"blob_uri": piece["blob_uri"]},
+                                expect={"model_id": piece["model_id"], "layer": piece["layer"], **ids})
+        except TenzroError as exc:
+            logger.warning("place: %s layer %s %s failed: %s", piece["model_id"], piece["layer"], ids, exc)
+            self.in_a_row, self.last_why = self.in_a_row + 1, f"{exc.reason}: {exc.message}"
+            return {"outcome": "failed", "why": self.last_why}
+        self.in_a_row = 0
+        return {"outcome": "loaded"}

@@ -81,7 +81,7 @@ jobs.addEventListener("submit", function (event) {
     });
     result.textContent = "replication " + answer.data.replication + " over " + answer.data.providers.length +
       " providers; here: " + Object.entries(count).map(function ([k, v]) { return v + " " + k; }).join(", ");
-    result.dataset.outcome = count.failed ? "failed" : "ok";
+    result.dataset.outcome = count.failed || count.skipped ? "failed" : "ok";
   });
 });
 

@@ -15,6 +15,7 @@ CONTENT_REASONS = {
     "dtype_unsupported", "tensor_missing", "short_read", "range_ignored", "fetch_failed", "invalid_routings",
     "expert_out_of_range",  # prepare: slice ids beyond dense_slices (a relation JSON Schema cannot state)
     "token_out_of_range", "shape_incomplete",  # generation: a vocabulary, a config only the checkpoint knows
+    "not_a_provider", "job_not_done",  # placement: this node among the providers named, a job's state
 }
 
 

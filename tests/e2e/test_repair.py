@@ -119,6 +119,7 @@ def test_an_expert_held_once_is_raised_to_two_holders_by_a_scheduled_pass(start_
     # min_replication), it loses its lowest-ranked holder, and only once the holders were the same
     # for two passes.
     b.result("tenzro_moeExpertLoad", {"blob_uri": uris[0]}, token=TOKEN)
+    wait_for(lambda: len(holders_of(a, 0)) == 3, 60, "a to see expert 0 held three times")
     by_id = {pid: name for name, pid in ids.items()}
     last = by_id[rendezvous_order(MODEL, 0, 0, list(ids.values()))[-1]]
     keep = sorted(pid for pid in ids.values() if by_id[pid] != last)
