@@ -63,6 +63,13 @@ class ReceiptFilter(forms.Form):
     holder = forms.CharField(required=False, max_length=64)
 
 
+def _refused(request: HttpRequest, exc: TenzroError) -> HttpResponse:
+    """An action the node refused: its reason as JSON to the page's script, else as plain text."""
+    if _wants_json(request):
+        return JsonResponse({"reason": exc.reason, "message": exc.message}, status=exc.http_status)
+    return HttpResponse(exc.message, status=exc.http_status, content_type="text/plain")
+
+
 @dashboard_page
 def receipts(request: HttpRequest) -> HttpResponse:
     query = ReceiptFilter(request.GET)
@@ -80,9 +87,7 @@ def receipt_dispute(request: HttpRequest, receipt_id: int) -> HttpResponse:
     try:
         dispute = dispute_open(receipt_id=receipt_id)
     except TenzroError as exc:
-        if _wants_json(request):
-            return JsonResponse({"reason": exc.reason, "message": exc.message}, status=exc.http_status)
-        return HttpResponse(exc.message, status=exc.http_status, content_type="text/plain")
+        return _refused(request, exc)
     if _wants_json(request):
         return JsonResponse(dispute_view(dispute))
     return redirect("dashboard-receipts")
@@ -158,9 +163,7 @@ def prepare_place(request: HttpRequest, job_id: str) -> HttpResponse:
         experts, gates = job_pieces([str(job_id)])
         placed = place(experts=experts, gates=gates, providers=None, replication=None, load_gates=True)
     except TenzroError as exc:
-        if _wants_json(request):
-            return JsonResponse({"reason": exc.reason, "message": exc.message}, status=exc.http_status)
-        return HttpResponse(exc.message, status=exc.http_status, content_type="text/plain")
+        return _refused(request, exc)
     if _wants_json(request):
         return JsonResponse(placed)
     return redirect("dashboard-prepare")
