@@ -38,6 +38,15 @@ from core.transport.quic import QuicSettings, TransportError, quic_call
 
 logger = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 10.0
+
+
+def round_call_timeout_s() -> float:
+    """How long one peer call of a round may take, QUIC and its HTTP fallback together: one gossip
+    interval (at least 2 s, at most CALL_TIMEOUT_S). A round waits for its slowest call, and rounds
+    run one after another: a dead peer answering nothing must not hold this node's heartbeats back
+    from the live ones for longer than an interval, or their views expire this node (and everything
+    it holds) while it is up. A live peer answers a gossip call in milliseconds."""
+    return min(CALL_TIMEOUT_S, max(2.0, float(settings.TENZRO_GOSSIP_INTERVAL_S)))
 # Peers whose last gossip call failed, in the node's Redis: a peer going down is logged once at
 # WARNING and its return once at INFO, however many rounds it stays away (each failure at DEBUG).
 DOWN_KEY = "tenzro:gossip:down"
@@ -68,25 +77,29 @@ def peer_targets(self_id: str) -> list[PeerTarget]:
     return known + configured
 
 
-async def peer_call(target: PeerTarget, method: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Call a peer method: QUIC (pinned) first, HTTP second. Raises TransportError when both fail."""
+async def peer_call(target: PeerTarget, method: str, params: dict[str, Any], *,
+                    timeout_s: float = CALL_TIMEOUT_S) -> dict[str, Any]:
+    """Call a peer method: QUIC (pinned) first, HTTP second, both within `timeout_s`. Raises
+    TransportError when both fail."""
     failures = []
+    deadline = time.monotonic() + timeout_s
     if target.quic_endpoint and target.quic_cert_sha256:
         host, port = split_host_port(target.quic_endpoint, what="quic endpoint")
         started = time.monotonic()
         try:
+            # with an HTTP door to fall back on, QUIC gets most of the time, not all of it
             result, _ = await quic_call(host=host, port=port, pin_sha256=target.quic_cert_sha256, method=method,
                                         params=params, settings=QuicSettings(max_body=settings.TENZRO_QUIC_MAX_BODY),
-                                        timeout_s=CALL_TIMEOUT_S)
+                                        timeout_s=timeout_s * (0.6 if target.http_endpoint else 1.0))
             if target.provider_id:
                 await asyncio.to_thread(services.provider_latency_record, provider_id=target.provider_id,
                                         latency_ms=(time.monotonic() - started) * 1000)
             return result
         except TransportError as exc:
             failures.append(f"quic: {exc.reason}: {exc}")
-    if target.http_endpoint:
+    if target.http_endpoint and (left := deadline - time.monotonic()) > 0:
         try:
-            async with httpx.AsyncClient(timeout=CALL_TIMEOUT_S) as client:
+            async with httpx.AsyncClient(timeout=left) as client:
                 answer = (await client.post(f"{target.http_endpoint.rstrip('/')}/peer/{method}",
                                             json={"params": params})).json()
         except (httpx.HTTPError, ValueError) as exc:
@@ -100,12 +113,14 @@ async def peer_call(target: PeerTarget, method: str, params: dict[str, Any]) -> 
 
 
 async def _push(targets: list[PeerTarget], offer: dict[str, Any]) -> None:
+    timeout_s = round_call_timeout_s()
+
     async def one(target: PeerTarget) -> None:
         try:
-            answer = await peer_call(target, "gossip/push", offer)
+            answer = await peer_call(target, "gossip/push", offer, timeout_s=timeout_s)
             if answer.get("want"):
                 wanted = await asyncio.to_thread(services.gossip_records_for, provider_ids=answer["want"])
-                await peer_call(target, "gossip/push", wanted)
+                await peer_call(target, "gossip/push", wanted, timeout_s=timeout_s)
         except TransportError as exc:
             await asyncio.to_thread(_peer_failed, target, "gossip push", exc)
         else:
@@ -136,14 +151,15 @@ def _peer_answered(target: PeerTarget) -> None:
 
 
 async def _sync(target: PeerTarget) -> None:
+    timeout_s = round_call_timeout_s()
     syn = await asyncio.to_thread(lambda: services.gossip_engine().sync_request())
-    ack = await peer_call(target, "gossip/sync", syn)
+    ack = await peer_call(target, "gossip/sync", syn, timeout_s=timeout_s)
     await asyncio.to_thread(services.gossip_receive, records=ack.get("records", []),
                             heartbeats=ack.get("heartbeats", []))
     if ack.get("want") or ack.get("want_beats"):
         ack2 = await asyncio.to_thread(services.gossip_records_for, provider_ids=ack.get("want", []),
                                        beats_for=ack.get("want_beats", []))
-        await peer_call(target, "gossip/push", ack2)
+        await peer_call(target, "gossip/push", ack2, timeout_s=timeout_s)
 
 
 async def _dialback(targets: list[PeerTarget]) -> None:
@@ -152,7 +168,7 @@ async def _dialback(targets: list[PeerTarget]) -> None:
               "quic": settings.TENZRO_PUBLIC_QUIC, "quic_cert_sha256": identity.cert_sha256}
     for target in targets:
         try:
-            answer = await peer_call(target, "gossip/dialback", params)
+            answer = await peer_call(target, "gossip/dialback", params, timeout_s=round_call_timeout_s())
         except TransportError as exc:
             await asyncio.to_thread(_peer_failed, target, "dial-back request", exc)
             continue
@@ -182,15 +198,15 @@ async def _round(rng: random.Random) -> dict[str, Any]:
         await _dialback(rng.sample(targets, len(targets)))
     push = await asyncio.to_thread(services.gossip_push_message)
     fanout = rng.sample(targets, min(settings.TENZRO_GOSSIP_FANOUT, len(targets)))
-    await _push(fanout, push)
-    synced = []
+    synced: list[str] = []
     chosen = [rng.choice(targets)] if targets else []
     # Now and then a configured peer too (Cassandra syncs with a seed so): groups that met no
     # one in common cannot stay apart.
     seeds = [t for t in targets if t.http_endpoint and t.http_endpoint.rstrip("/") in configured_urls()]
     if seeds and rng.random() < settings.TENZRO_GOSSIP_SEED_PROBABILITY:
         chosen.append(rng.choice(seeds))
-    for target in dict.fromkeys(chosen):
+
+    async def sync(target: PeerTarget) -> None:
         try:
             await _sync(target)
             synced.append(target.key)
@@ -198,6 +214,9 @@ async def _round(rng: random.Random) -> dict[str, Any]:
             await asyncio.to_thread(_peer_failed, target, "gossip sync", exc)
         else:
             await asyncio.to_thread(_peer_answered, target)
+
+    # the push and the syncs side by side: the round lasts as long as its slowest call, not their sum
+    await asyncio.gather(_push(fanout, push), *(sync(t) for t in dict.fromkeys(chosen)))
     return {"peers": len(targets), "pushed_to": len(fanout), "synced_with": synced, "expired": expired}
 
 

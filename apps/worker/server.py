@@ -322,10 +322,20 @@ class WorkerServer:
             limits=peer_limits(),
         )
         self._spawn(self._operator_door())
+        self._spawn(self._warm_held())
         for hook in self.parts.on_start:  # what other parts restore once the doors are open (a router's dense parts)
             self._spawn(hook())
         self.ready.set()
         logger.info("expert worker %s serving QUIC on %s:%s", self.identity.provider_id[:16], host, port)
+
+    async def _warm_held(self) -> None:
+        """Bring the experts this node held before its restart back into memory (within the budget),
+        on one compute thread while the doors are open: each one promoted is announced Warm, and
+        only Warm holders are planned on while others hold the expert (core/experts/tiered_cache.py)."""
+        started = time.monotonic()
+        promoted = await asyncio.get_running_loop().run_in_executor(self.executor, self.runtime.warm)
+        if promoted:
+            logger.info("%d experts promoted from the disk tier in %.2f s", promoted, time.monotonic() - started)
 
     async def shutdown(self) -> None:
         logger.info("expert worker stopping")

@@ -268,6 +268,11 @@ class ExpertRuntime:
         self._demand.record(key, x.shape[0])
         return y
 
+    def warm(self) -> int:
+        """Promote the Cold experts held here that fit in the memory budget's free room (after a
+        restart: every payload comes back Cold); returns how many (TieredCache.warm)."""
+        return self._cache.warm()
+
     def readahead(self, keys: Iterable[tuple[str, int, int]]) -> None:
         """Promote the listed experts this node holds to the memory tier; others are skipped
         (a routing decision names remote experts too)."""

@@ -299,6 +299,38 @@ class TieredCache:
                     continue
             self.get(key)
 
+    def warm(self, keys: Iterable[Key] | None = None) -> int:
+        """Promote Cold experts (in the order given; every registered one by default) into the memory
+        tier's free room, never evicting one to make room: it stops at the first that does not fit.
+        Returns how many were promoted.
+
+        A restart re-registers every payload as Cold, and a planner routes to Warm holders only (a
+        Cold one is asked only when nobody else holds the expert): a node brought back with room for
+        its experts would serve nothing until something happened to promote them. A payload that
+        fails its hash is forgotten as in `get` (on_corrupt fetches it again) and skipped."""
+        promoted = 0
+        for key in list(keys if keys is not None else self.keys()):
+            with self._lock:
+                record = self._records.get(key)
+                if record is None or key in self._memory or key in self._inflight:
+                    continue
+            try:
+                expert = self._load(key, record)
+            except (CorruptPayload, InvalidPayload) as exc:
+                log.warning("expert %s not warmed: %s", _fmt(key), exc)
+                continue
+            with self._lock:
+                room = self.budget_bytes - self._used - sum(self._reserved.values())
+                if expert.nbytes > room:
+                    break
+                current = self._records.get(key)
+                if current is None or current.generation != record.generation or key in self._memory:
+                    continue  # unloaded, replaced or promoted meanwhile
+                self._insert(key, expert)
+                promoted += 1
+            self._changed()
+        return promoted
+
     def _load(self, key: Key, record: Record) -> ResidentExpert:
         try:
             data = record.path.read_bytes()

@@ -35,9 +35,10 @@ Who may serve an expert (its candidates), strictly in this order:
 Score (lower is better): the estimated time at which the holder would finish this batch,
     finish(h, rows) = latency_s(h) + (load(h) + rows) / rate(h)
 ``load`` is the rows this plan already gave h (for any expert), ``rate`` its capacity_tps
-in tokens/s (at least 1, so a holder that measured nothing is a last resort, not a division
-by zero), ``latency_s`` its recent round trip (an unmeasured one counts as the slowest
-measured, core.shardmap.index). Latency is paid once per holder: its batches travel
+in tokens/s (a holder that measured nothing, new or just restarted, counts as the slowest
+measured one, so it is sent rows and measures; 1 when nobody measured: core.shardmap.spread),
+``latency_s`` its recent round trip (an unmeasured one counts as the slowest measured,
+core.shardmap.index). Latency is paid once per holder: its batches travel
 together. Equal scores go to the higher reputation, then the smaller provider id.
 
 Reputation breaks exact ties only; it does not enter the finish time. It is an amount

@@ -23,9 +23,19 @@ from core.shardmap.index import ShardIndex
 NO_HOLDER, HOLDERS_EXCLUDED, ONLY_COLD = "no_holder", "holders_excluded", "only_cold_holders"
 BELOW_FLOOR = "below_reputation_floor"
 
-# A holder that has measured nothing advertises capacity_tps 0; ranking it at 1 token/s keeps the
-# finish-time arithmetic finite and makes it the last resort among holders with numbers.
+# A holder that has measured nothing (new, or just restarted) advertises capacity_tps 0. It is
+# ranked as fast as the slowest measured holder: behind the ones with numbers, not shut out by them
+# (a holder that is never planned on never measures anything). With no measurement at all, every
+# holder counts 1 token/s, which keeps the finish-time arithmetic finite.
 MIN_RATE = 1.0
+
+
+def holder_rates(capacity: np.ndarray) -> np.ndarray:
+    """capacity int64 (n_holders,) -> rows/s f64 (n_holders,): a 0 (unmeasured) becomes the
+    smallest measured capacity of the index, or MIN_RATE when none is measured."""
+    measured = capacity[capacity > 0]
+    fill = float(measured.min()) if len(measured) else MIN_RATE
+    return np.where(capacity > 0, capacity, fill).astype(np.float64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +46,7 @@ class Columns:
     n_warm: list[int]  # (n_experts): its Warm holders are the first n_warm[e] rows (Warm sorts first)
     hot: list[bool]  # (n_experts)
     provider: list[int]  # (n_holders): provider index per holder row
-    rate: list[float]  # (n_holders): max(capacity_tps, MIN_RATE)
+    rate: list[float]  # (n_holders): capacity_tps, an unmeasured one's filled in (holder_rates)
     gpu: list[bool]  # (n_providers)
     latency: list[float]  # (n_providers): seconds
     rank: list[int]  # (n_providers): exact ties go to the smaller rank (higher reputation, then provider id)
@@ -61,7 +71,7 @@ def columns_of(shard: ShardIndex) -> Columns:
     if cols is None:
         warm = shard.holder_warm.astype(np.int64)
         n_warm = np.add.reduceat(warm, shard.offsets[:-1]) if shard.n_experts else np.zeros(0, np.int64)
-        rate = np.maximum(shard.holder_capacity, MIN_RATE).astype(np.float64)
+        rate = holder_rates(shard.holder_capacity)
         cols = Columns(
             offsets=shard.offsets.tolist(), n_warm=n_warm.tolist(), hot=shard.hot.tolist(),
             provider=shard.holder_provider.tolist(), rate=rate.tolist(), gpu=shard.provider_gpu.tolist(),

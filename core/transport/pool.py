@@ -3,9 +3,11 @@
 The distributed forward calls many peers, many times a second; a handshake per call would
 cost a round trip and a certificate check each. The pool opens one connection per peer
 lazily (concurrent first calls share its one handshake), multiplexes every call on its own
-stream, and notices a connection that died — closed by the peer, idle-timed out, or silent
-through a whole call or deaf to a PING after one — so the next call reconnects. Cancelling a call's task resets its
-stream (quic_client.py), which makes the server cancel the work.
+stream, and notices a connection that died — closed by the peer, idle-timed out, silent
+through a whole call, or deaf to a PING after a call that timed out or was cancelled unanswered
+(a peer restarted on the same address ignores the old connection) — so the next call
+reconnects. Cancelling a call's task resets its stream (quic_client.py), which makes the server
+cancel the work.
 
 The pool belongs to one event loop (the one its first call ran on). It knows nothing of
 what it carries: methods, params and bodies are the caller's.
@@ -27,8 +29,9 @@ from core.transport.quic_config import QuicSettings, TransportError
 
 logger = logging.getLogger(__name__)
 Key = tuple[str, int, str]  # host, port, certificate pin (lowercase hex)
-# After a call timed out: how long the peer has to acknowledge a PING before its connection is
-# dropped. Any live peer acknowledges within a few round trips, whatever its handler is doing.
+# After a call timed out, or was cancelled with nothing heard back: how long the peer has to
+# acknowledge a PING before its connection is dropped. Any live peer acknowledges within a few
+# round trips, whatever its handler is doing.
 PING_TIMEOUT_S = 1.0
 
 
@@ -96,6 +99,11 @@ class QuicPool:
                             frame = await pooled.connection.protocol.call(method, params, body)
                         except asyncio.CancelledError:  # our caller gave up, or the deadline hit: stream reset
                             self._counts["cancelled_streams"] += 1
+                            if pooled.connection.protocol.last_received < sent_at:
+                                # Raced out by a backup with not even an ACK back: a peer restarted
+                                # under the same address ignores the old connection's packets, and
+                                # every call would be raced out the same way until the idle timeout.
+                                self._check_soon(key, pooled)
                             raise
                         finally:
                             pooled.last_used = time.monotonic()
@@ -116,8 +124,12 @@ class QuicPool:
         if pooled.connection.protocol.last_received < sent_at:
             # Not one datagram (not even an ACK) came back during the whole call.
             self._drop(key, pooled, why="silent through a whole call")
-        elif pooled.checking is None or pooled.checking.done():
-            # Something came back, but perhaps only the tail of an earlier exchange: ask.
+        else:  # something came back, but perhaps only the tail of an earlier exchange: ask
+            self._check_soon(key, pooled)
+
+    def _check_soon(self, key: Key, pooled: _Pooled) -> None:
+        """PING the peer unless a check is running; no acknowledgement within PING_TIMEOUT_S drops it."""
+        if pooled.checking is None or pooled.checking.done():
             pooled.checking = asyncio.ensure_future(self._check_alive(key, pooled))
 
     async def _check_alive(self, key: Key, pooled: _Pooled) -> None:
@@ -128,7 +140,7 @@ class QuicPool:
             raise
         except Exception:  # no acknowledgement in time, or the connection ended meanwhile
             self._drop(key, pooled, why=f"no acknowledgement of a PING within {PING_TIMEOUT_S:g} s "
-                                        "after a timed-out call")
+                                        "after a call timed out or was raced out unanswered")
 
     async def _connection(self, key: Key) -> _Pooled:
         pooled = self._pooled.get(key)

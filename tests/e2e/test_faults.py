@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -109,16 +111,21 @@ def redis_server():
     server.close()
 
 
-@pytest.fixture(scope="module")
-def net(redis_server, tmp_path_factory) -> Network:
-    root = tmp_path_factory.mktemp("faults")
-    net = Network(redis_server, root)
+@contextlib.contextmanager
+def prepared_network(redis_server: RedisServer, root: Path, env: dict[str, str], *,
+                     node_env: dict[str, dict[str, str]] | None = None, net: Network | None = None
+                     ) -> Iterator[Network]:
+    """a, b and c started with `env` (and `node_env` by name, "c": {...}); a prepared the checkpoint
+    and holds the gate; b and c hold every expert (loaded by blob URI from a); a sees both holders
+    of every expert."""
+    net = net or Network(redis_server, root)  # one built already when a test needs its ports first
+    node_env = node_env or {}
     model = qwen3_moe(root / "ckpt", d_model=D_MODEL, d_ff=32, n_experts=N_EXPERTS, n_layers=1, shards=1)
     net.b.peers = net.c.peers = [net.a.url]  # a's ports are chosen already: all three start side by side
     started = time.monotonic()
     try:
         with ThreadPoolExecutor(3) as pool:
-            list(pool.map(lambda node: node.start(**ENV), net.nodes))
+            list(pool.map(lambda name: getattr(net, name).start(**env, **node_env.get(name, {})), "abc"))
         print(f"three nodes up in {time.monotonic() - started:.1f} s")
         job = net.a.result("tenzro_moePrepareExperts", {"model_id": MODEL, "layer": 0, "quant": "q8_0",
                                                         "experts": list(range(N_EXPERTS)),
@@ -144,6 +151,12 @@ def net(redis_server, tmp_path_factory) -> Network:
     finally:
         for node in net.nodes:
             node.stop()
+
+
+@pytest.fixture(scope="module")
+def net(redis_server, tmp_path_factory) -> Iterator[Network]:
+    with prepared_network(redis_server, tmp_path_factory.mktemp("faults"), ENV) as network:
+        yield network
 
 
 def test_a_holder_sigkilled_mid_forward(net, faults) -> None:
@@ -183,9 +196,9 @@ def test_a_holder_sigkilled_mid_forward(net, faults) -> None:
     penalties = net.a.result("tenzro_moeHolderPenalties")["by_provider"]
     fault.observe(f"{flying} forwards in flight at the kill; outcomes {dict(outcomes)}; "
                   f"penalties on b {penalties.get(pid_b, {})}")
-    wrong = outcomes["wrong"]
-    assert wrong == 0 and outcomes["correct"] >= 8, outcomes
-    fault.close(lost=wrong)
+    lost = sum(n for outcome, n in outcomes.items() if outcome != "correct")
+    assert lost == 0 and outcomes["correct"] >= 8, outcomes
+    fault.close(lost=lost)
 
 
 _PROVIDERS: dict[str, str] = {}
@@ -216,22 +229,20 @@ def test_a_holder_restarted_with_its_data_dir_after_a_blob_rotted(net, faults) -
     wait_for(lambda: all(pid_b not in p for p in net.holders().values()), 30, "b's record to expire at a")
 
     net.b.start(**ENV)
-    status = net.b.result("tenzro_moeExpertStatus")
-    tiers = sorted((e["expert"], e["tier"]) for e in status["experts"])
-    restart.observe(f"b's experts after the restart: {tiers}")
-    assert {e for e, _ in tiers} == set(range(N_EXPERTS)), tiers
-
-    # The next load of expert 0 from b's disk tier checks its hash: refused, never decoded.
-    hidden = hidden_rows(7)
-    probe = net.b.rpc("tenzro_moeExecute", {"model_id": MODEL, "layer": 0, "expert": 0, "d_model": D_MODEL,
-                                            "hidden": b64(hidden[:4].tobytes())})
+    # b's warm-up reads each payload back from its disk tier into memory and checks its hash first:
+    # expert 0's is refused (never decoded), forgotten, and its blob fetched again from a peer.
     calls = wait_for(lambda: (c := net.b.result("tenzro_workerStatus")["calls"]).get("disk_tier.refetched") and c,
                      60, "b to fetch expert 0's blob again from a peer")
-    rot.observe(f"execute of expert 0 on b answered {probe.get('error', {}).get('data', {}).get('reason')}; "
-                f"b's counters: corrupt {calls.get('disk_tier.corrupt')}, "
+    status = wait_for(lambda: len((s := net.b.result("tenzro_moeExpertStatus"))["experts"]) == N_EXPERTS and s, 30,
+                      "b to hold every expert again")
+    tiers = sorted((e["expert"], e["tier"]) for e in status["experts"])
+    restart.observe(f"b's experts after the restart: {tiers}")
+    rot.observe(f"b's counters: corrupt {calls.get('disk_tier.corrupt')}, "
                 f"refetched {calls.get('disk_tier.refetched')}, "
                 f"blob fetches {({k: v for k, v in calls.items() if k.startswith('blob_fetch')})}")
-    assert probe["error"]["data"]["reason"] == "payload_corrupt", probe
+    assert calls.get("disk_tier.corrupt") == 1, calls
+    assert tiers == [(e, "memory") for e in range(N_EXPERTS)], tiers
+    hidden = hidden_rows(7)
     again = net.b.result("tenzro_moeExecute", {"model_id": MODEL, "layer": 0, "expert": 0, "d_model": D_MODEL,
                                                "hidden": b64(hidden[:4].tobytes())})
     got = np.frombuffer(base64.b64decode(again["output"]), dtype="<f4").reshape(4, D_MODEL)
@@ -239,25 +250,14 @@ def test_a_holder_restarted_with_its_data_dir_after_a_blob_rotted(net, faults) -
     assert np.allclose(got, want, rtol=1e-5, atol=1e-6)
 
     # b announces itself again: a's shard map lists it as a holder of every expert, beside c (the
-    # other holder of every expert). Under load a holder's heartbeat can lapse past the gossip TTL for
-    # a moment (c then drops out of a's view and comes back; seen in CI as every expert planned with
-    # only b's Cold holdings): this test is about b's restart, so it starts its forwards from a view
-    # that has both, as a's worker reads it (kept up to TENZRO_WORKER_CONTROL_TTL_S, 5 s).
+    # other holder of every expert); every forward after that is answered exactly.
     pid_c = provider_of_cached(net, "c")
     wait_for(lambda: all({pid_b, pid_c} <= p for p in net.holders().values()), 30, "b's new record at a, beside c's")
-    time.sleep(5.5)
-    wait_for(lambda: all({pid_b, pid_c} <= p for p in net.holders().values()), 30, "b and c still at a")
     outcomes = [net.outcome(net.forward(hidden), hidden) for _ in range(3)]
     restart.observe(f"a sees b holding all {N_EXPERTS} experts again; 3 forwards after it: {outcomes}"
                     + (f" (last closed: {net.last_error})" if net.last_error else ""))
-    # On a failure, what a's planner says of expert 0 now (an intermittent forward_incomplete here
-    # with no holder failing is not understood yet: its unroutable reason is what to look at).
-    planned = {} if outcomes[-1] == "correct" else {
-        "plan": net.a.result("tenzro_moePlanDispatch", {"model_id": MODEL, "routings": [
-            {"token_index": 0, "experts": [{"layer": 0, "expert": 0}]}]}),
-        "holders of expert 0": [e for e in net.holders_detail() if e["expert"] == 0]}
-    assert "wrong" not in outcomes and outcomes[-1] == "correct", (net.last_error, planned)
-    restart.close(lost=outcomes.count("wrong"))
+    assert outcomes == ["correct"] * 3, net.last_error
+    restart.close(lost=3 - outcomes.count("correct"))
     rot.close(lost=0)
 
 

@@ -214,3 +214,36 @@ def test_a_smaller_budget_moves_the_least_recently_used_experts_to_disk(tmp_path
     assert set(_tiers(rt).values()) == {"disk"} and status["memory_used_bytes"] == F32_BYTES
     with pytest.raises(ValueError):
         rt.set_memory_budget(-1)
+
+
+def test_warm_brings_a_restarted_nodes_experts_back_without_evicting(tmp_path):
+    rt = ExpertRuntime(data_dir=tmp_path, memory_budget_bytes=3 * F32_BYTES)
+    _load(rt, 4)
+    x = np.random.default_rng(5).standard_normal((3, D_MODEL)).astype(np.float32)
+    before = {e: rt.execute(model_id=MODEL, layer=0, expert=e, hidden=x) for e in range(4)}
+    del rt
+    changes: list[int] = []
+    again = ExpertRuntime(data_dir=tmp_path, memory_budget_bytes=3 * F32_BYTES, on_change=lambda: changes.append(1))
+    assert set(_tiers(again).values()) == {"disk"}  # a restart: every payload Cold
+    again.execute(model_id=MODEL, layer=0, expert=3, hidden=x)  # served (promoted) before the warm-up reached it
+    assert again.warm() == 2  # 0 and 1 fit beside 3; 2 does not, and nothing is evicted for it
+    assert _tiers(again) == {0: "memory", 1: "memory", 2: "disk", 3: "memory"}
+    _check_bound(again)
+    assert changes  # each promotion is announced (the worker publishes its holdings again)
+    assert again.warm() == 0
+    for e in range(4):
+        assert np.array_equal(again.execute(model_id=MODEL, layer=0, expert=e, hidden=x), before[e])
+
+
+def test_warm_skips_a_corrupt_payload(tmp_path):
+    rt = ExpertRuntime(data_dir=tmp_path, memory_budget_bytes=4 * F32_BYTES)
+    _load(rt, 2)
+    path = next(tmp_path.rglob("expert0.safetensors"))
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x01
+    path.write_bytes(bytes(data))
+    told: list[tuple] = []
+    again = ExpertRuntime(data_dir=tmp_path, memory_budget_bytes=4 * F32_BYTES,
+                          on_corrupt=lambda key, uri: told.append(key))
+    assert again.warm() == 1
+    assert _tiers(again) == {1: "memory"} and told == [(MODEL, 0, 0)]

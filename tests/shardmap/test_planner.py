@@ -77,7 +77,7 @@ def test_empty_routings_plan_nothing():
     ({"tps": 1000}, {"tps": 100}, 1),  # more measured throughput
     ({"tps": 100, "latency_ms": 500.0}, {"tps": 100, "latency_ms": 5.0}, 2),  # same tps: lower latency
     ({"tps": 100}, {"tps": 100}, 1),  # a tie: the smaller provider id
-    ({"tps": 0}, {"tps": 2}, 2),  # a holder that measured nothing ranks as 1 token/s
+    ({"tps": 0}, {"tps": 2, "latency_ms": 9.0}, 2),  # one that measured nothing counts as the slowest measured
 ])
 def test_score_prefers_the_earliest_finish(a, b, winner):
     providers = [provider(1, latency_ms=a.get("latency_ms", 10.0)), provider(2, latency_ms=b.get("latency_ms", 10.0))]
@@ -92,6 +92,20 @@ def test_unmeasured_latency_counts_as_the_slowest_measured():
     assert plan_dispatch(one_token((0, 0)), index(providers, holdings))["batches"][0]["provider"] == P(1)
     holdings.append(holding(3, 0, 0, tps=1000))
     assert plan_dispatch(one_token((0, 0)), index(providers, holdings))["batches"][0]["provider"] == P(3)
+
+
+def test_an_unmeasured_holder_is_planned_like_the_slowest_measured_not_shut_out():
+    # A holder back from a restart advertises capacity 0 until it has been sent rows: ranked as the
+    # slowest measured holder (100 rows/s here), it shares the rows of a large batch with it.
+    providers = [provider(1), provider(2), provider(3)]
+    shard = index(providers, [holding(1, 0, 0, tps=1000), holding(2, 0, 0, tps=100), holding(3, 0, 0, tps=0)])
+    assert plan_dispatch(one_token((0, 0)), shard)["batches"][0]["provider"] == P(1)
+    load = rows_per_provider(plan_dispatch(routings_json(np.zeros((480, 1), np.int64)), shard, min_batch_rows=1))
+    assert load[P(3)] == load[P(2)] > 0 and load[P(1)] > 8 * load[P(3)], load
+    # nobody measured: every holder counts the same, and the rows are shared evenly
+    shard = index(providers[:2], [holding(1, 0, 0, tps=0), holding(2, 0, 0, tps=0)])
+    load = rows_per_provider(plan_dispatch(routings_json(np.zeros((64, 1), np.int64)), shard, min_batch_rows=1))
+    assert load == {P(1): 32, P(2): 32}, load
 
 
 def test_warm_beats_a_faster_cold_holder_and_cold_needs_allow_cold():

@@ -139,6 +139,34 @@ def test_a_peer_that_vanished_without_a_word_is_reconnected_to_after_a_timeout(i
     assert stats["reconnects"] == 1 and stats["failures"] == 1
 
 
+def test_a_peer_restarted_under_calls_raced_out_unanswered_is_reconnected_to(identity, library) -> None:
+    # A holder SIGKILLed and started again on the same port: the new process ignores the old
+    # connection's packets. The router's calls to it are raced out by backups (cancelled, never timing
+    # out); each leaves the connection suspect, a PING goes unanswered, and the next call reconnects.
+    async def scenario():
+        server = await Server(identity, library).start()
+        pool = _pool(library)
+        try:
+            await _call(pool, server, params={"n": 1})
+            server._server._transport.close()  # a crash: no CONNECTION_CLOSE
+            await asyncio.sleep(0.2)  # the socket is closed by the loop
+            server = await Server(identity, library, port=server.port).start()
+            for n in range(3):  # a backup wins after 50 ms, each time
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.05):
+                        await _call(pool, server, params={"n": n})
+            await asyncio.sleep(1.5)  # the PING's verdict
+            result, _ = await _call(pool, server, params={"n": 9}, timeout_s=5)
+            assert result == {"n": 9}
+            return pool.stats()
+        finally:
+            await pool.close()
+            server.stop()
+
+    stats = asyncio.run(scenario())
+    assert stats["reconnects"] == 1 and stats["cancelled_streams"] >= 1, stats
+
+
 def test_a_wrong_pin_is_refused_before_any_request(identity, library, tmp_path) -> None:
     other = load_or_create_identity(tmp_path / "other")
 
