@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from apps.blobs.store import blob_uri
 from apps.catalog.checkpoint import CheckpointError, CheckpointReader
-from apps.catalog.models import KnownShape, PrepareJob
+from apps.catalog.models import JobState, KnownShape, PrepareJob
 from apps.catalog.shapes import CatalogError, ModelShape, catalog_shape, shape_from_config, shape_to_dict
 from core.errors import InvalidInput, NotFound
 
@@ -121,3 +122,29 @@ def referenced_blob_hashes() -> set[str]:
             hashes.add(results["gate"]["hash"])
         hashes.update(entry["hash"] for entry in results.get("experts", {}).values())
     return hashes
+
+
+@dataclass(frozen=True)
+class PreparedExpert:
+    """An expert a prepare job on this node published: where it came from and the blob it became."""
+
+    layer: int
+    expert: int
+    blob_hash: str
+    checkpoint: str
+    quant: Any
+
+
+def prepared_experts(model_id: str | None = None) -> dict[str, dict[tuple[int, int], PreparedExpert]]:
+    """{model_id: {(layer, expert): PreparedExpert}} of the MoE experts prepare jobs here published,
+    the latest job's entry when several published the same expert. This node can publish them again
+    (same checkpoint, same quant: the same bytes, the same blob hash) if every copy is lost."""
+    jobs = PrepareJob.objects.filter(state=JobState.DONE, dense_slices__isnull=True).order_by("finished_at")
+    if model_id is not None:
+        jobs = jobs.filter(model_id=model_id)
+    out: dict[str, dict[tuple[int, int], PreparedExpert]] = {}
+    for job in jobs.only("model_id", "layer", "quant", "checkpoint", "results"):
+        for expert, entry in (job.results.get("experts") or {}).items():
+            out.setdefault(job.model_id, {})[(job.layer, int(expert))] = PreparedExpert(
+                job.layer, int(expert), entry["hash"], job.checkpoint, job.quant)
+    return out

@@ -38,15 +38,16 @@ from core.transport.quic import QuicSettings, TransportError, quic_call
 
 logger = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 10.0
+DIALBACK_TRIES = 3
 
 
 def round_call_timeout_s() -> float:
     """How long one peer call of a round may take, QUIC and its HTTP fallback together: one gossip
-    interval (at least 2 s, at most CALL_TIMEOUT_S). A round waits for its slowest call, and rounds
+    interval (at least 5 s, at most CALL_TIMEOUT_S). A round waits for its slowest call, and rounds
     run one after another: a dead peer answering nothing must not hold this node's heartbeats back
     from the live ones for longer than an interval, or their views expire this node (and everything
     it holds) while it is up. A live peer answers a gossip call in milliseconds."""
-    return min(CALL_TIMEOUT_S, max(2.0, float(settings.TENZRO_GOSSIP_INTERVAL_S)))
+    return min(CALL_TIMEOUT_S, max(5.0, float(settings.TENZRO_GOSSIP_INTERVAL_S)))
 # Peers whose last gossip call failed, in the node's Redis: a peer going down is logged once at
 # WARNING and its return once at INFO, however many rounds it stays away (each failure at DEBUG).
 DOWN_KEY = "tenzro:gossip:down"
@@ -168,7 +169,8 @@ async def _dialback(targets: list[PeerTarget]) -> None:
               "quic": settings.TENZRO_PUBLIC_QUIC, "quic_cert_sha256": identity.cert_sha256}
     for target in targets:
         try:
-            answer = await peer_call(target, "gossip/dialback", params, timeout_s=round_call_timeout_s())
+            # the peer dials this node's endpoints back before it answers: the plain call's timeout
+            answer = await peer_call(target, "gossip/dialback", params)
         except TransportError as exc:
             await asyncio.to_thread(_peer_failed, target, "dial-back request", exc)
             continue
@@ -194,8 +196,10 @@ async def _round(rng: random.Random) -> dict[str, Any]:
     await asyncio.to_thread(services.local_record_refresh)
     expired = await asyncio.to_thread(services.gossip_expire)
     targets = await asyncio.to_thread(peer_targets, self_id)
-    if await asyncio.to_thread(_dialback_due):
-        await _dialback(rng.sample(targets, len(targets)))
+    # at most DIALBACK_TRIES peers a round (the next round asks others): each may take the plain
+    # call's timeout, and the next round (this node's next heartbeat) waits for this one to end
+    dialback = (_dialback(rng.sample(targets, min(DIALBACK_TRIES, len(targets))))
+                if await asyncio.to_thread(_dialback_due) else None)
     push = await asyncio.to_thread(services.gossip_push_message)
     fanout = rng.sample(targets, min(settings.TENZRO_GOSSIP_FANOUT, len(targets)))
     synced: list[str] = []
@@ -215,8 +219,10 @@ async def _round(rng: random.Random) -> dict[str, Any]:
         else:
             await asyncio.to_thread(_peer_answered, target)
 
-    # the push and the syncs side by side: the round lasts as long as its slowest call, not their sum
-    await asyncio.gather(_push(fanout, push), *(sync(t) for t in dict.fromkeys(chosen)))
+    # the push, the syncs and a due dial-back side by side: the round lasts as long as its slowest
+    # call, not their sum, and heartbeats never wait for a dial-back
+    await asyncio.gather(_push(fanout, push), *(sync(t) for t in dict.fromkeys(chosen)),
+                         *([dialback] if dialback is not None else []))
     return {"peers": len(targets), "pushed_to": len(fanout), "synced_with": synced, "expired": expired}
 
 

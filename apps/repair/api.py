@@ -27,15 +27,18 @@ class RepairRowOut(Out):
     model_id: str
     layer: int
     expert: int
-    action: str = Field(description="add | drop")
-    rank: int = Field(description="Position in the expert's rendezvous order.")
+    action: str = Field(description="add | drop | recover (an expert this node prepared that nobody holds any more)")
+    rank: int | None = Field(description="Position in the expert's rendezvous order; null on a recover row.")
     holders: int
-    target: int
+    target: int | None = Field(description="The replication the expert should have; null on a recover row.")
     blob_uri: str | None
-    outcome: str = Field(description="fetched | deferred | skipped | drop_pending | dropped")
+    outcome: str = Field(description="fetched | deferred | skipped | drop_pending | dropped; on a recover row "
+                                     "lost_pending | recovered | reprepare_queued | reprepare_running | deferred "
+                                     "| skipped")
     why: str | None = None
     bytes: int | None = None
     tier: str | None = None
+    job_id: str | None = Field(None, description="The prepare job publishing a lost expert again (recover rows).")
 
 
 class PassOut(Out):

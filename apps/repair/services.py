@@ -1,7 +1,8 @@
 """Repair passes: pull-based re-replication (docs/specification.md, "Repair").
 
-A pass covers the models this node holds experts of. For each, the gossip view (with this
-node's own published holdings, which may not be announced yet) goes through the pure selection
+A pass covers the models this node holds experts of, and those its prepare jobs published. For
+each, the gossip view (with this node's own published holdings, which may not be announced yet)
+goes through the pure selection
 (apps.repair.selection: rendezvous hashing over the providers declaring holdings of the model),
 which names this node's rows; every other node computes the rows naming it from the same rule,
 so nobody allocates memory on a peer and two nodes that share a view never race for a slot.
@@ -10,6 +11,8 @@ so nobody allocates memory on a peer and two nodes that share a view never race 
   fetched from a holder's blob_uri (the worker verifies it by hash, stores and loads it, and
   publishes the holding; the next heartbeat announces it). A row whose expert does not fit the
   memory tier's free budget is skipped and says so; another candidate is not forced.
+* An expert this node prepared that nobody holds any more (two passes running) is loaded again
+  from this node's blob store, or prepared again from its checkpoint (apps/repair/recovery.py).
 * A "drop" row (this node is a lowest-ranked holder of an expert above max_replication) unloads
   only at the second consecutive pass that sees the same holders with the same residency, so
   views that disagree for a moment do not make copies flap; nothing is ever dropped to make room.
@@ -38,10 +41,12 @@ from django.utils import timezone
 
 from apps.blobs.peers import blob_holders
 from apps.blobs.store import parse_blob_uri
+from apps.catalog.selectors import prepared_experts
 from apps.governance.selectors import policy_active
 from apps.node.selectors import node_identity
 from apps.providers.selectors import holding_views
 from apps.repair.models import RepairPass, RepairSchedule, TrimWatch
+from apps.repair.recovery import lost_experts, lost_last_pass, recover
 from apps.repair.selection import ExpertView, RepairRow, RepairRules, admit, select_repairs
 from apps.repair.signals import repair_pass_done
 from apps.worker import client as worker
@@ -157,15 +162,17 @@ def repair_pass_run(*, trigger: str) -> RepairPass:
     record = RepairPass(started_at=started, trigger=trigger, interval_s=policy.repair_interval_s,
                         max_admissions=policy.repair_max_experts_per_pass)
     mine = _own_holdings()
-    record.model_ids = sorted(mine)
+    prepared = prepared_experts()  # what this node can publish again when nobody holds it (recovery.py)
+    record.model_ids = sorted(set(mine) | set(prepared))
     unrepairable: list[list[Any]] = []
     capped: list[list[Any]] = []
     outcomes: list[dict[str, Any]] = []
     budget = _free_memory_bytes()
     left = policy.repair_max_experts_per_pass
+    recover_left = policy.repair_max_experts_per_pass  # recoveries have a limit of their own, beside the adds
     try:
         for model_id in record.model_ids:
-            experts, candidates, digests = _model_view(model_id, self_id, mine[model_id])
+            experts, candidates, digests = _model_view(model_id, self_id, mine.get(model_id, {}))
             chosen = select_repairs(model_id, experts, candidates, rules, only=self_id)
             record.considered += chosen.considered
             unrepairable += [[model_id, layer, expert, why] for layer, expert, why in chosen.unrepairable]
@@ -180,13 +187,18 @@ def repair_pass_run(*, trigger: str) -> RepairPass:
                 outcomes.append(outcome)
             outcomes += [{**_row(model_id, row), "outcome": "deferred",
                           "why": f"over this pass's limit of {policy.repair_max_experts_per_pass}"} for row in deferred]
+            if model_id in prepared:
+                lost = lost_experts(prepared[model_id], ((e.layer, e.expert) for e in experts if e.blob_uri))
+                recovered, recover_left = recover(model_id, lost, self_id=self_id,
+                                                  lost_before=lost_last_pass(model_id), limit=recover_left)
+                outcomes += recovered
             TrimWatch.objects.filter(model_id=model_id).exclude(
                 pk__in=[o["watch"] for o in outcomes if o.get("watch")]).delete()
     except Exception as exc:  # the record says the pass broke off; the next one starts afresh
         logger.exception("repair pass failed")
         record.error = f"{type(exc).__name__}: {exc}"
     record.rows = [{k: v for k, v in o.items() if k != "watch"} for o in outcomes]
-    record.fetched = sum(o["outcome"] == "fetched" for o in outcomes)
+    record.fetched = sum(o["outcome"] in ("fetched", "recovered") for o in outcomes)
     record.dropped = sum(o["outcome"] == "dropped" for o in outcomes)
     record.unrepairable_count = len(unrepairable)
     record.unrepairable = unrepairable[:UNREPAIRABLE_LISTED]

@@ -25,9 +25,11 @@ evicted meanwhile, so eviction never blocks on or breaks a running forward.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -149,6 +151,11 @@ class TieredCache:
             if record is None:
                 raise ExpertNotLoaded(f"expert {_fmt(key)} is not loaded on this node")
             self._drop_memory(key)
+        # The payload is a hard link to its blob when it came from one: touching it dates the blob
+        # from this unload, so garbage collection keeps it for its grace period and peers can
+        # still fetch it (the last copy of an expert may be this one).
+        with contextlib.suppress(OSError):
+            os.utime(record.path)
         for p in (record.path, record.path.with_suffix(".json")):
             p.unlink(missing_ok=True)
         self._changed()

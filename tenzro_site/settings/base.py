@@ -185,6 +185,9 @@ TENZRO_BLOB_MAX_BYTES = env_int("TENZRO_BLOB_MAX_BYTES", 4 * 1024**3)
 TENZRO_BLOB_ASK_PROVIDERS = env_int("TENZRO_BLOB_ASK_PROVIDERS", 8)
 # Blobs younger than this are never garbage-collected (a job may not have recorded them yet).
 TENZRO_BLOB_GC_MIN_AGE_S = env_int("TENZRO_BLOB_GC_MIN_AGE_S", 600)
+# A blob nothing names any more (its expert unloaded here) is kept this long after the unload, so
+# peers can still fetch it: the last holder of an expert may have just dropped it.
+TENZRO_BLOB_GRACE_S = env_int("TENZRO_BLOB_GRACE_S", 86400)
 # Seconds a prepare job's lock lives without progress (renewed after every expert).
 TENZRO_PREPARE_LOCK_TTL_S = env_int("TENZRO_PREPARE_LOCK_TTL_S", 120)
 # Dashboard pushes of a running prepare job's progress: at most one per this many seconds per job

@@ -80,14 +80,16 @@ def test_published_holdings_follow_loads_evictions_unloads_and_a_worker_restart(
     assert holdings(stale) == holdings(before_kill) and stale["worker_pid"] == worker["pid"]
     assert node.rpc("tenzro_moeExpertStatus", {"live": True})["error"]["data"]["reason"] == "worker_unavailable"
     process.kill()
-    # the supervisor restarts it; it publishes what it finds on disk (every expert Cold now)
+    # the supervisor restarts it; it publishes what it finds on disk (every expert Cold), then each
+    # expert its warm-up promotes back into the memory tier's room (two of the three)
     node.wait_ready()
-    restarted = wait_for(lambda: (s := node.result("tenzro_moeExpertStatus"))["worker_pid"] != worker["pid"] and s,
-                         30, "the restarted worker's publish")
+    restarted = wait_for(lambda: (s := node.result("tenzro_moeExpertStatus"))["worker_pid"] != worker["pid"]
+                         and s["counts"]["warm"] == 2 and s, 30, "the restarted worker's publish of its warmed experts")
     assert restarted["stale"] is False
-    assert [(e["expert"], e["tier"]) for e in restarted["experts"]] == [(0, "disk"), (1, "disk"), (2, "disk")]
+    assert [(e["expert"], e["tier"]) for e in restarted["experts"]] == [(0, "memory"), (1, "memory"), (2, "disk")]
     assert_published_equals_live(node)
-    fault.observe("reads answered stale from the last publish; the restarted worker published its 3 experts, Cold")
+    fault.observe("reads answered stale from the last publish; the restarted worker published its 3 experts, "
+                  "the two that fit promoted from its disk tier")
     fault.close(lost=0)
 
 

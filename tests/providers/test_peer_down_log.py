@@ -42,10 +42,10 @@ def test_a_peer_that_answers_nothing_costs_a_round_one_interval_at_most(settings
     """QUIC datagrams into a socket nobody reads, HTTP into a listener that never answers: the call
     gives up after the round's timeout (QUIC and HTTP together), not 10 s for each."""
     settings.TENZRO_GOSSIP_INTERVAL_S = 1
-    assert round_call_timeout_s() == 2.0  # at least 2 s
+    assert round_call_timeout_s() == 5.0  # at least 5 s
     settings.TENZRO_GOSSIP_INTERVAL_S = 60
     assert round_call_timeout_s() == 10.0  # at most the plain call's timeout
-    settings.TENZRO_GOSSIP_INTERVAL_S = 3
+    settings.TENZRO_GOSSIP_INTERVAL_S = 6
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp, socket.socket() as tcp:
         udp.bind(("127.0.0.1", 0))
         tcp.bind(("127.0.0.1", 0))
@@ -57,4 +57,4 @@ def test_a_peer_that_answers_nothing_costs_a_round_one_interval_at_most(settings
             asyncio.run(peer_call(deaf, "gossip/push", {}, timeout_s=round_call_timeout_s()))
         took = time.monotonic() - started
     assert info.value.reason == "unreachable" and "quic" in str(info.value) and "http" in str(info.value)
-    assert 3.0 <= took < 4.5, took  # the deadline is kept: both legs within the one timeout
+    assert 6.0 <= took < 7.5, took  # the deadline is kept: both legs within the one timeout

@@ -27,7 +27,13 @@ holder announces a blob for) holds at least min_replication; once views converge
 demand's target, and none holds more than the keep of its demand (the target at twice the demand).
 During churn an expert whose holders just left can be below target through no fault of
 the repair, so that is measured (printed per round) but not asserted; an expert all of whose holders
-leave in one round is lost (no longer repairable), which is why the repairable count falls during churn.
+leave in one round is lost (no longer repairable), which is why the repairable count falls during churn
+— unless the network has source nodes: nodes whose prepare jobs published the model (they keep the
+checkpoint and never leave here). Each source's pass recovers, up to the per-pass limit (beside its
+adds), the experts its view shows no blob of (no holder, or inline copies only) two passes running
+(apps/repair/recovery.py), and then no expert is lost at all
+(test_no_expert_is_lost_to_churn_while_its_source_is_reachable prints how many are lost with and
+without them).
 
 Over-replication: skewed views under-count holders, so a hot expert keeps gaining an extra copy now
 and then while the views stay skewed (the drop gate needs the same drop row in two consecutive passes,
@@ -44,6 +50,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from apps.repair.recovery_order import recovery_order
 from apps.repair.selection import (
     ADD,
     DROP,
@@ -64,7 +71,6 @@ PER_PASS = 2  # policy repair_max_experts_per_pass
 LAYERS, EXPERTS = 4, 64
 NODES, CHURN = 100, 10
 CHURN_ROUNDS, QUIET_ROUNDS, CONVERGED_ROUNDS = 20, 6, 4  # 30 passes in all
-ROUNDS = CHURN_ROUNDS + QUIET_ROUNDS + CONVERGED_ROUNDS
 OVER_BOUND = 4  # replicas above max_replication the skewed phases may reach (measured: see the test's print)
 BLOB = "tenzro://blob/"
 
@@ -78,6 +84,11 @@ class Network:
     holdings: dict[str, dict[Expert, bool]] = field(default_factory=dict)  # node -> {expert: announces a blob}
     last_drops: dict[str, set[Expert]] = field(default_factory=dict)  # node -> drop rows of its previous pass
     joined: int = 0
+    # Nodes whose prepare jobs published every expert of the model (they keep the checkpoint): they
+    # never leave, and each pass recovers the experts nobody holds (apps/repair/recovery.py).
+    sources: set[str] = field(default_factory=set)
+    last_lost: dict[str, set[Expert]] = field(default_factory=dict)  # source -> experts its previous pass found lost
+    recovered: int = 0
 
     def new_node(self) -> str:
         self.joined += 1
@@ -103,7 +114,7 @@ class Network:
         return {e for held in self.holdings.values() for e, blob in held.items() if blob}
 
     def churn(self) -> None:
-        nodes = sorted(self.holdings)
+        nodes = sorted(set(self.holdings) - self.sources)
         for node in self.rng.choice(nodes, size=CHURN, replace=False):
             del self.holdings[node]
             self.last_drops.pop(node, None)
@@ -134,7 +145,7 @@ class Network:
         drops: list[tuple[str, Expert]] = []
         admitted_most = 0
         for node in sorted(self.holdings):
-            if not self.holdings[node]:
+            if not self.holdings[node] and node not in self.sources:
                 continue  # holds nothing of the model: no pass for it
             views, candidates = self.view_of(node, holders, skewed)
             selection = select_repairs(MODEL, views, candidates, RULES, only=node)
@@ -142,6 +153,12 @@ class Network:
             mine = [(r.layer, r.expert) for r in admitted if r.action == ADD]
             admitted_most = max(admitted_most, len(mine))
             assert len(mine) <= PER_PASS
+            if node in self.sources:  # lost two passes running: published again, up to the per-pass limit
+                lost = {(v.layer, v.expert) for v in views if v.blob_uri is None}  # no blob to fetch it from
+                again = recovery_order(MODEL, node, lost & self.last_lost.get(node, set()))[:PER_PASS]
+                self.last_lost[node] = lost
+                self.recovered += len(again)
+                mine += again
             adds += [(node, e) for e in mine]
             drop_rows = {(r.layer, r.expert) for r in admitted if r.action == DROP}
             drops += [(node, e) for e in drop_rows & self.last_drops.get(node, set())]
@@ -154,12 +171,13 @@ class Network:
                 "same_slot_twice": sum(c > 1 for c in Counter(e for _, e in adds).values())}
 
 
-def initial_network(seed: int) -> Network:
+def initial_network(seed: int, *, sources: int = 0) -> Network:
     rng = np.random.default_rng(seed)
     experts = [(layer, expert) for layer in range(LAYERS) for expert in range(EXPERTS)]
     hot = {e: float(rng.choice(HOT_DEMANDS)) for e in experts if rng.random() < 0.05}
     net = Network(rng=rng, hot=hot)
     nodes = [net.new_node() for _ in range(NODES)]
+    net.sources = set(nodes[:sources])
     net.holdings = {n: {} for n in nodes}
     for expert in experts:
         count = int(rng.choice([0, 1, 2, 3], p=[0.05, 0.55, 0.25, 0.15]))
@@ -191,16 +209,18 @@ def replication_by_demand(net: Network) -> dict[float, tuple[int, int, int]]:
     return {d: (replication_target(d, CAPACITY, RULES), min(c), max(c)) for d, c in sorted(seen.items())}
 
 
-def run(seed: int, *, log: bool) -> dict[str, object]:
-    """Play the three phases; return what the assertions need."""
-    net = initial_network(seed)
+def run(seed: int, *, log: bool, sources: int = 0, converged_rounds: int = CONVERGED_ROUNDS) -> dict[str, object]:
+    """Play the three phases; return what the assertions need. `sources`: nodes that prepared the
+    model and recover what nobody holds (they never leave)."""
+    net = initial_network(seed, sources=sources)
+    at_start = net.repairable()
     short, repairable = deficit(net)
     if log:
         print(f"\nstart: {repairable} repairable of {LAYERS * EXPERTS} experts, {short} below target, "
               f"{len(net.hot)} hot")
     most_hot = most_cold = admitted_most = 0
     converged_in = None  # quiet passes after churn stopped until no repairable expert was below target
-    for r in range(ROUNDS):
+    for r in range(CHURN_ROUNDS + QUIET_ROUNDS + converged_rounds):
         phase = "churn" if r < CHURN_ROUNDS else "quiet" if r < CHURN_ROUNDS + QUIET_ROUNDS else "converged"
         if phase == "churn":
             net.churn()
@@ -223,7 +243,12 @@ def run(seed: int, *, log: bool) -> dict[str, object]:
     if log:
         print("replication against demand at the end (demand rows/s: target, fewest-most holders): " + ", ".join(
             f"{d:g}: {t}, {lo}-{hi}" for d, (t, lo, hi) in by_demand.items()))
-    return {"admitted_most": admitted_most, "most_hot": most_hot, "most_cold": most_cold, "converged_in": converged_in,
+    lost = len(at_start - net.repairable())  # repairable at the start, held by nobody with a blob at the end
+    if log:
+        print(f"experts lost to churn: {lost} of {len(at_start)} ({sources} source nodes; "
+              f"{net.recovered} recoveries by them)")
+    return {"lost": lost, "recovered": net.recovered,
+            "admitted_most": admitted_most, "most_hot": most_hot, "most_cold": most_cold, "converged_in": converged_in,
             "short_after_quiet": short_after_quiet, "short_final": short, "final_max": max(final.values()),
             "above_keep": sum(c > net.keep(e) for e, c in final.items()), "by_demand": by_demand}
 
@@ -258,3 +283,19 @@ def test_bounds_hold_for_other_seeds() -> None:
         assert result["above_keep"] == 0, (seed, result)
         assert result["most_hot"] <= RULES.max_replication + OVER_BOUND, (seed, result)
         assert result["final_max"] <= RULES.max_replication, (seed, result)
+
+
+def test_no_expert_is_lost_to_churn_while_its_source_is_reachable() -> None:
+    """Two nodes that prepared the model stay up: whatever churn takes, they publish again (after two
+    passes seeing no holder), and the network converges as without churn. Without them, churn loses
+    every expert whose holders all left in one round."""
+    with_source = run(seed=2024, log=True, sources=2, converged_rounds=8)
+    without = run(seed=2024, log=False)
+    print(f"experts lost: {with_source['lost']} with the source reachable, {without['lost']} without it")
+    assert with_source["lost"] == 0 and with_source["recovered"] > 0
+    assert without["lost"] > 0  # what the last resort is for
+    # the recovered experts start from one copy (some recovered only in the last quiet passes: the
+    # sources also publish the experts nobody held at the start); a few passes after views converge,
+    # all are at target
+    assert with_source["short_final"] == 0, with_source
+    assert with_source["above_keep"] == 0 and with_source["admitted_most"] <= PER_PASS
