@@ -196,10 +196,10 @@ async def _round(rng: random.Random) -> dict[str, Any]:
     await asyncio.to_thread(services.local_record_refresh)
     expired = await asyncio.to_thread(services.gossip_expire)
     targets = await asyncio.to_thread(peer_targets, self_id)
-    # at most DIALBACK_TRIES peers a round (the next round asks others): each may take the plain
-    # call's timeout, and the next round (this node's next heartbeat) waits for this one to end
-    dialback = (_dialback(rng.sample(targets, min(DIALBACK_TRIES, len(targets))))
-                if await asyncio.to_thread(_dialback_due) else None)
+    if await asyncio.to_thread(_dialback_due):
+        # at most DIALBACK_TRIES peers a round (the next round asks others): each may take the plain
+        # call's timeout, and the next round (this node's next heartbeat) waits for this one to end
+        await _dialback(rng.sample(targets, min(DIALBACK_TRIES, len(targets))))
     push = await asyncio.to_thread(services.gossip_push_message)
     fanout = rng.sample(targets, min(settings.TENZRO_GOSSIP_FANOUT, len(targets)))
     synced: list[str] = []
@@ -219,10 +219,8 @@ async def _round(rng: random.Random) -> dict[str, Any]:
         else:
             await asyncio.to_thread(_peer_answered, target)
 
-    # the push, the syncs and a due dial-back side by side: the round lasts as long as its slowest
-    # call, not their sum, and heartbeats never wait for a dial-back
-    await asyncio.gather(_push(fanout, push), *(sync(t) for t in dict.fromkeys(chosen)),
-                         *([dialback] if dialback is not None else []))
+    # the push and the syncs side by side: the round lasts as long as its slowest call, not their sum
+    await asyncio.gather(_push(fanout, push), *(sync(t) for t in dict.fromkeys(chosen)))
     return {"peers": len(targets), "pushed_to": len(fanout), "synced_with": synced, "expired": expired}
 
 

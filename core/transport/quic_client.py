@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import socket
 import ssl
 import time
@@ -22,6 +23,8 @@ from core.transport.framing import KIND_RESPONSE, Body, Frame, FrameDecoder, Fra
 from core.transport.pinning import certificate_sha256
 from core.transport.quic_config import QuicSettings, TransportError
 from core.transport.udp import tune_socket
+
+logger = logging.getLogger(__name__)
 
 # QUIC application error code of a stream the client gave up (RESET_STREAM and STOP_SENDING).
 CANCELLED_STREAM = 0x11
@@ -112,6 +115,28 @@ class _ClientConnection:
         finally:
             self._waiters.pop(stream_id, None)
 
+    def transmit(self) -> None:
+        """The library's transmit, with its core's own failure turned into a dead connection.
+
+        qh3's packet core can raise from a timer ("packet builder capacity exhausted", seen once
+        under restart churn behind a relay): the asyncio adapter does not catch it, so the loop
+        logged an ERROR traceback and the connection lingered half-dead. Here it ends the
+        connection like a ConnectionTerminated would: its calls fail with `connection_closed`,
+        the pool drops it, and the next call reconnects."""
+        try:
+            super().transmit()  # type: ignore[misc]
+        except self._lib.connection_error as exc:
+            if self.terminated is None:
+                logger.warning("QUIC connection closed by the library itself (%s): dropped", exc)
+            self._terminate(f"closed by the library: {exc}")
+
+    def _terminate(self, why: str) -> None:
+        """Mark the connection dead and fail every call waiting on it."""
+        self.terminated = self.terminated or why
+        for _, future in self._waiters.values():
+            if not future.done():
+                future.set_exception(TransportError("connection_closed", f"connection closed: {self.terminated}"))
+
     def _abandon(self, stream_id: int) -> None:
         """Give a stream up: RESET_STREAM stops our request, STOP_SENDING the server's answer.
 
@@ -150,10 +175,8 @@ class _ClientConnection:
                 waiter[1].set_exception(TransportError("stream_reset", f"the server reset the stream "
                                                                        f"(code {event.error_code})"))
         elif isinstance(event, events.ConnectionTerminated):
-            self.terminated = event.reason_phrase or f"error {event.error_code}"
-            for _, future in self._waiters.values():
-                if not future.done():
-                    future.set_exception(TransportError("connection_closed", f"connection closed: {self.terminated}"))
+            self.terminated = event.reason_phrase or f"error {event.error_code}"  # the peer's word stands
+            self._terminate(self.terminated)
 
     @property
     def in_flight(self) -> int:

@@ -352,3 +352,39 @@ def test_a_connection_the_library_closed_itself_is_dropped_and_the_next_call_rec
 
     stats = asyncio.run(scenario())
     assert stats["handshakes"] == 2 and stats["open_connections"] == 1
+
+
+def test_a_connection_the_librarys_core_fails_in_a_timer_is_dropped_not_left_half_dead(identity, library) -> None:
+    # qh3's packet core can raise from a timer's transmit ("packet builder capacity exhausted"):
+    # the connection is then closed as if the peer had closed it, no traceback escapes to the loop,
+    # and the next call reconnects.
+    async def scenario():
+        server = await Server(identity, library).start()
+        pool = _pool(library)
+        loop = asyncio.get_running_loop()
+        escaped: list[dict] = []
+        loop.set_exception_handler(lambda _, context: escaped.append(context))
+        try:
+            await _call(pool, server, params={"n": 1})
+            protocol = next(iter(pool._pooled.values())).connection.protocol
+            error = protocol._lib.connection_error
+
+            def broken(*args, **kwargs):
+                raise error(1, 0, "packet builder capacity exhausted") if library == "qh3" else error(
+                    error_code=1, frame_type=0, reason_phrase="packet builder capacity exhausted")
+
+            original = protocol._quic.datagrams_to_send
+            protocol._quic.datagrams_to_send = broken
+            loop.call_soon(protocol.transmit)  # as the library's timer calls it
+            await asyncio.sleep(0.05)
+            protocol._quic.datagrams_to_send = original  # so that closing the dropped connection ends
+            assert protocol.terminated and "capacity exhausted" in protocol.terminated
+            result, _ = await _call(pool, server, params={"n": 2})
+            assert result == {"n": 2} and escaped == []
+            return pool.stats()
+        finally:
+            await pool.close()
+            server.stop()
+
+    stats = asyncio.run(scenario())
+    assert stats["reconnects"] == 1, stats
