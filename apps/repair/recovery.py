@@ -45,13 +45,14 @@ def lost_experts(prepared: dict[Key, PreparedExpert], fetchable: Iterable[Key]) 
     return [p for key, p in sorted(prepared.items()) if key not in announced]
 
 
-def lost_last_pass(model_id: str) -> set[Key]:
-    """The experts of `model_id` the previous pass found lost (its "recover" rows, whatever their outcome)."""
+def lost_last_pass() -> dict[str, set[Key]]:
+    """{model_id: experts} the previous pass found lost (its "recover" rows, whatever their outcome)."""
     last = RepairPass.objects.order_by("-started_at").only("rows").first()
-    if last is None:
-        return set()
-    return {(r["layer"], r["expert"]) for r in last.rows
-            if r.get("action") == RECOVER and r.get("model_id") == model_id}
+    lost: dict[str, set[Key]] = {}
+    for r in last.rows if last is not None else ():
+        if r.get("action") == RECOVER:
+            lost.setdefault(r["model_id"], set()).add((r["layer"], r["expert"]))
+    return lost
 
 
 def recover(model_id: str, lost: list[PreparedExpert], *, self_id: str, lost_before: set[Key], limit: int,

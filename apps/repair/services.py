@@ -163,6 +163,7 @@ def repair_pass_run(*, trigger: str) -> RepairPass:
                         max_admissions=policy.repair_max_experts_per_pass)
     mine = _own_holdings()
     prepared = prepared_experts()  # what this node can publish again when nobody holds it (recovery.py)
+    lost_before = lost_last_pass() if prepared else {}  # read once: the previous pass, not one per model
     record.model_ids = sorted(set(mine) | set(prepared))
     unrepairable: list[list[Any]] = []
     capped: list[list[Any]] = []
@@ -190,7 +191,8 @@ def repair_pass_run(*, trigger: str) -> RepairPass:
             if model_id in prepared:
                 lost = lost_experts(prepared[model_id], ((e.layer, e.expert) for e in experts if e.blob_uri))
                 recovered, recover_left = recover(model_id, lost, self_id=self_id,
-                                                  lost_before=lost_last_pass(model_id), limit=recover_left)
+                                                  lost_before=lost_before.get(model_id, set()),
+                                                  limit=recover_left)
                 outcomes += recovered
             TrimWatch.objects.filter(model_id=model_id).exclude(
                 pk__in=[o["watch"] for o in outcomes if o.get("watch")]).delete()
