@@ -45,6 +45,18 @@ def expected(name: str) -> tuple[dict, np.ndarray]:
     return meta, np.load(FIXTURES / name / meta["logits_file"])
 
 
+def long_context_copy(name: str, folder: Path, positions: int) -> Path:
+    """The fixture's checkpoint in `folder` with room for `positions` positions, so that a generation can
+    run long enough to still be running however fast the machine is (its RoPE has no scaling: the
+    weights and every shorter generation's tokens are the same)."""
+    folder.mkdir()
+    shutil.copy(FIXTURES / name / "model.safetensors", folder / "model.safetensors")
+    config = json.loads((FIXTURES / name / "config.json").read_text())
+    assert config.get("rope_scaling") is None, config["rope_scaling"]
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": positions}))
+    return folder
+
+
 @pytest.fixture(scope="module")
 def network(start_module_node) -> list[NodeProcess]:
     a = start_module_node(env=ENV)
@@ -242,14 +254,16 @@ def test_dense_weights_that_do_not_fit_the_memory_budget_are_refused(start_node)
     assert node.result("tenzro_moeExpertStatus", {"live": True})["memory_used_bytes"] == 0
 
 
-def test_admission_refuses_past_the_kv_budget_and_queues_past_it_until_the_queue_is_full(start_node) -> None:
+def test_admission_refuses_past_the_kv_budget_and_queues_past_it_until_the_queue_is_full(start_node, tmp_path) -> None:
     """Admission (docs/operations.md, "Generation"): a generation whose KV cache cannot fit even alone is
     refused, nothing of it started; one that fits alone but not beside the running ones waits its turn
     and then generates its tokens; past the queue, busy."""
     meta, _ = expected("qwen3_moe")
-    model_id, folder = MODELS["qwen3_moe"], FIXTURES / "qwen3_moe"
+    budget = 1500  # positions: the long generation below takes seconds even on a fast machine
+    model_id, folder = MODELS["qwen3_moe"], long_context_copy("qwen3_moe", tmp_path / "checkpoint", budget + 8)
     per_position = 3 * (2 * 16 + 2 * 16) * 4  # the fixture's layers x (k + v floats) x 4 bytes
-    node = start_node(env={**ENV, "TENZRO_GENERATE_KV_BUDGET_BYTES": str(100 * per_position),
+    node = start_node(env={**ENV, "TENZRO_GENERATE_KV_BUDGET_BYTES": str(budget * per_position),
+                           "TENZRO_GENERATE_MAX_NEW_TOKENS": str(budget + 8),
                            "TENZRO_GENERATE_QUEUE": "1"})
     # a lone node announces no holdings until a peer has dialed it back: one that holds nothing
     start_node(env=ENV, peers=[node.url])
@@ -264,11 +278,11 @@ def test_admission_refuses_past_the_kv_budget_and_queues_past_it_until_the_queue
             "model_id": model_id, "prompt_ids": prompt, "max_new_tokens": new, "stop_at_eos": False, "wire": "f32",
             "wait": False}, headers=headers, timeout=60)
 
-    too_big = generate(meta["prompt_ids"], 101 - len(meta["prompt_ids"]))  # 101 positions > the budget's 100
+    too_big = generate(meta["prompt_ids"], budget + 1 - len(meta["prompt_ids"]))  # one position past the budget
     assert too_big.status_code == 413 and too_big.json()["reason"] == "kv_budget_exceeded", too_big.text
     assert "KV budget" in too_big.json()["detail"], too_big.text
     assert node.result("tenzro_moeGenerations")["generations"] == []  # no record, nothing half-started
-    long = generate([5, 6], 98)  # 100 positions: the whole budget
+    long = generate([5, 6], budget - 2)  # the whole budget
     assert long.status_code == 200, long.text
     n = len(meta["greedy_ids"])
     queued = generate(meta["prompt_ids"], n)  # fits alone, not beside it: it waits
@@ -276,7 +290,7 @@ def test_admission_refuses_past_the_kv_budget_and_queues_past_it_until_the_queue
     assert busy.status_code == 429 and busy.json()["reason"] == "busy", busy.text
     first, second = _finished(node, [long.json()["generation_id"], queued.json()["generation_id"]])
     assert first["state"] == second["state"] == "done", [first.get("error"), second.get("error")]
-    assert second["tokens"] == meta["greedy_ids"] and len(first["tokens"]) == 98
+    assert second["tokens"] == meta["greedy_ids"] and len(first["tokens"]) == budget - 2
     # it ran only once the first had ended: it never shared an iteration with it
     assert {layer["batch"] for step in second["steps"] for layer in step["layers"]} == {1}
 
@@ -288,12 +302,11 @@ def test_a_router_whose_expert_worker_dies_closes_its_generation_and_generates_a
     the record says interrupted (its tokens kept), and the dense part is back, loaded again from where it
     came, with no operator step."""
     meta, _ = expected("qwen3_moe")
-    model_id, folder = MODELS["qwen3_moe"], tmp_path / "checkpoint"
-    folder.mkdir()
-    for name in ("config.json", "model.safetensors"):  # the fixture with a tokenizer, for the /v1 client
-        shutil.copy(FIXTURES / "qwen3_moe" / name, folder / name)
-    write_text_files(folder, vocab_size=256)
-    node = start_node(env=ENV)
+    max_tokens = 4000  # seconds of decoding even on a fast machine: the kill lands mid-stream
+    model_id = MODELS["qwen3_moe"]
+    folder = long_context_copy("qwen3_moe", tmp_path / "checkpoint", max_tokens + 8)
+    write_text_files(folder, vocab_size=256)  # with a tokenizer, for the /v1 client
+    node = start_node(env={**ENV, "TENZRO_GENERATE_MAX_NEW_TOKENS": str(max_tokens)})
     start_node(env=ENV, peers=[node.url])  # a peer to dial the router back, so it announces its holdings
     shape = load_every_expert(node, folder, model_id)
     node.result("tenzro_moeLoadDense", {"model_id": model_id, "checkpoint": str(folder)}, token=TOKEN)
@@ -303,19 +316,19 @@ def test_a_router_whose_expert_worker_dies_closes_its_generation_and_generates_a
     chunks: list[dict] = []
 
     def read_stream() -> None:  # a client of the OpenAI API, as docs/openai.md describes it
-        body = {"model": model_id, "prompt": "ba", "max_tokens": 250, "temperature": 0, "stream": True}
+        body = {"model": model_id, "prompt": "ba", "max_tokens": max_tokens, "temperature": 0, "stream": True}
         with httpx.stream("POST", f"{node.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"},
                           timeout=120) as answer:
             for line in answer.iter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]":
                     chunks.append(json.loads(line[6:]))
 
+    worker_pid = node.result("tenzro_workerStatus")["pid"]
     reader = threading.Thread(target=read_stream)
     reader.start()
     wait_for(lambda: chunks, 60, "the stream's first tokens")
-    gid = node.result("tenzro_moeGenerations", {"limit": 1})["generations"][0]["generation_id"]
-    worker_pid = node.result("tenzro_workerStatus")["pid"]
     psutil.Process(worker_pid).kill()
+    gid = node.result("tenzro_moeGenerations", {"limit": 1})["generations"][0]["generation_id"]
 
     def restarted() -> int | None:
         try:  # while no worker answers, the web process may hold the call past the client's timeout
@@ -331,7 +344,7 @@ def test_a_router_whose_expert_worker_dies_closes_its_generation_and_generates_a
                       ["state"] != "running" and r, 30, "the interrupted generation to be closed")
     assert time.monotonic() - seen <= 5.0
     assert record["state"] == "failed" and record["error"]["reason"] == "interrupted", record
-    assert 0 < len(record["tokens"]) < 250 and record["finish_reason"] == "error"
+    assert 0 < len(record["tokens"]) < max_tokens and record["finish_reason"] == "error"
     reader.join(30)  # the client heard the end from the new worker, not after its 300 s idle timeout
     assert not reader.is_alive() and chunks[-1]["error"]["code"] == "interrupted", chunks[-1]
 
