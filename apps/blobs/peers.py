@@ -17,6 +17,8 @@ class PeerBlobEndpoint:
     quic_endpoint: str | None
     quic_cert_sha256: str | None
     http_endpoint: str | None
+    provider_id: str | None = None
+    announces: bool = False  # its record announces the blob (a holding); else a provider merely worth asking
 
 
 Lookup = Callable[[str], list[PeerBlobEndpoint]]

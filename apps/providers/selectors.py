@@ -125,10 +125,12 @@ def blob_holder_endpoints(blob_hash: str) -> list[PeerBlobEndpoint]:
     announcing = (Provider.objects.filter(holdings__blob_uri=f"tenzro://blob/{blob_hash}", is_self=False)
                   .distinct().values_list(*fields))
     ranked = sorted(announcing, key=lambda r: (r[1] is None, r[4] is None, r[4] or 0.0))
+    holders = {r[0] for r in ranked}
     others = (Provider.objects.filter(is_self=False, quic_endpoint__isnull=False, quic_cert_sha256__isnull=False)
-              .exclude(provider_id__in=[r[0] for r in ranked]).values_list(*fields))
+              .exclude(provider_id__in=holders).values_list(*fields))
     ranked += sorted(others, key=lambda r: (r[4] is None, r[4] or 0.0, r[0]))[:settings.TENZRO_BLOB_ASK_PROVIDERS]
-    return [PeerBlobEndpoint(quic, pin, http) for _, quic, pin, http, _ in ranked if (quic and pin) or http]
+    return [PeerBlobEndpoint(quic, pin, http, provider_id=pid, announces=pid in holders)
+            for pid, quic, pin, http, _ in ranked if (quic and pin) or http]
 
 
 def announcement() -> tuple[dict[str, Any], str | None]:

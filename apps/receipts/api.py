@@ -60,6 +60,10 @@ class DisputeOut(Out):
     signature_valid: bool | None
     penalty: float | None = Field(description="Reputation taken from the signer when upheld.")
     error: str = Field(description="Why the last re-execution could not run (it is retried).")
+    verifier_id: str = Field(description="The other holder whose signed verdict the dispute holds, or empty.")
+    verdict: dict[str, Any] | None = Field(description=(
+        "That holder's signed verdict (docs/protocol.md, \"Disputes by another holder\"), or null."))
+    reexecuted_here: bool = Field(description="This node re-executed the batch itself (always before a penalty).")
     attempts: int
     opened_at: datetime
     decided_at: datetime | None

@@ -226,7 +226,7 @@ def verify_receipt(wire: Any, expect: Expected, rows: np.ndarray, answer: bytes 
         sketch = sketch_bytes(rows, expect.k)
     if body["sketch_hash"] != blake3_hex(sketch):
         raise ReceiptError("the receipt's commitment does not match the returned rows")
-    return _signed(wire, body, expect.provider_id), sketch
+    return signed_receipt(wire, body, expect.provider_id), sketch
 
 
 def _checked_body(wire: Any, expect: Expected | ExpectedBatches, fields: tuple[str, ...], version: int
@@ -258,7 +258,7 @@ def _checked_body(wire: Any, expect: Expected | ExpectedBatches, fields: tuple[s
     return body
 
 
-def _signed(wire: Mapping[str, Any], body: dict[str, Any], provider_id: str) -> SignedReceipt:
+def signed_receipt(wire: Mapping[str, Any], body: dict[str, Any], provider_id: str) -> SignedReceipt:
     """The body's commitment hash and the holder's signature over it, checked; the signed receipt."""
     text = canonical_text(body).encode("ascii")
     commitment = blake3_hex(text)
@@ -319,7 +319,7 @@ def verify_batches_receipt(wire: Any, expect: ExpectedBatches,
             raise ReceiptError(f"the receipt's commitment for expert {expert} does not match the returned rows")
         sketches.append(sketch)
     body["batches"] = [dict(item) for item in listed]
-    return _signed(wire, body, expect.provider_id), sketches
+    return signed_receipt(wire, body, expect.provider_id), sketches
 
 
 def signature_valid(receipt: SignedReceipt) -> bool:

@@ -52,6 +52,13 @@ class Dispute(models.Model):
                                           help_text="The receipt's signature checked again at the verdict.")
     penalty = models.FloatField(null=True, blank=True, help_text="Reputation taken from the signer (upheld).")
     error = models.TextField(blank=True, default="", help_text="Why the last re-execution could not run.")
+    verifier_id = models.CharField(max_length=64, blank=True, default="", help_text=(
+        "The other holder of the expert whose signed verdict this dispute holds (empty: none answered, or "
+        "none was asked because this node had its own copy)."))
+    verdict = models.JSONField(null=True, blank=True, help_text=(
+        "That holder's signed verdict as it came (docs/protocol.md, \"Disputes by another holder\")."))
+    reexecuted_here = models.BooleanField(default=False, help_text=(
+        "This node re-executed the batch itself (always before a penalty)."))
     attempts = models.PositiveIntegerField(default=0)
     opened_at = models.DateTimeField(auto_now_add=True)
     decided_at = models.DateTimeField(null=True, blank=True)

@@ -37,4 +37,5 @@ def dispute_view(dispute: Dispute) -> dict[str, Any]:
     return {"receipt_id": dispute.receipt_id, "dispute_id": dispute.pk, "state": dispute.state,
             "difference": dispute.difference, "tolerance": dispute.tolerance, "detail": dispute.detail,
             "signature_valid": dispute.signature_valid, "penalty": dispute.penalty, "error": dispute.error,
+            "verifier_id": dispute.verifier_id, "verdict": dispute.verdict, "reexecuted_here": dispute.reexecuted_here,
             "attempts": dispute.attempts, "opened_at": dispute.opened_at, "decided_at": dispute.decided_at}

@@ -3,10 +3,12 @@
 * `receipt_record_many`: the batches a forward's sampling kept, persisted in full.
 * `dispute_open`: idempotent; opens (or returns) the dispute of a receipt and queues its
   re-execution after commit.
-* `dispute_run`: the Celery task's service: re-execute the stored request against a local copy
-  of the expert (its blob, from this node's store or fetched from a peer and verified by hash),
-  compare with the committed sketch, record the verdict; an upheld one is a fraud proof (the
-  signature verifies, the recomputation does not match) and takes the policy's fraud penalty.
+* `dispute_run`: the Celery task's service: without a copy of the expert of its own, ask another
+  holder of the same blob for a signed verdict (apps/receipts/verifiers.py); then, unless that
+  verdict dismisses, re-execute the stored request against a local copy of the expert (its blob,
+  from this node's store or fetched from a peer and verified by hash), compare with the committed
+  sketch, record the verdict; an upheld one is a fraud proof (the signature verifies, this node's
+  own recomputation does not match) and takes the policy's fraud penalty.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import datetime
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -39,7 +42,8 @@ from apps.receipts.commitment import (
 from apps.receipts.models import Dispute, DisputeState, Receipt
 from apps.receipts.selectors import receipts_list
 from apps.receipts.signals import dispute_decided, receipts_kept
-from apps.receipts.verdict import compare_sketch
+from apps.receipts.verdict import Comparison, compare_sketch
+from apps.receipts.verifiers import SecondOpinion, second_opinion
 from apps.reputation.services import reputation_penalize
 from core import metrics
 from core.errors import NotFound, TenzroError
@@ -165,26 +169,76 @@ def _signed_commitment(receipt: Receipt) -> bool:
             and signature_valid(SignedReceipt(body, signed_hash, receipt.signature)))
 
 
+def _local_copy(receipt: Receipt) -> bool:
+    """This node's blob store holds the expert the holder announced (it holds the expert, or did)."""
+    try:
+        return bool(receipt.blob_uri) and blob_store().has(parse_blob_uri(str(receipt.blob_uri)))
+    except BlobError:
+        return False
+
+
+@dataclass(frozen=True)
+class _Decision:
+    comparison: Comparison
+    opinion: SecondOpinion | None
+    reexecuted_here: bool
+    note: str  # what the other holders said, for the dispute's detail
+
+
+def _decide(receipt: Receipt) -> _Decision:
+    """The comparison a dispute is decided on. Without a copy of its own, this node asks other holders of
+    the blob first: a verdict that dismisses is taken as it is (recorded, signed by its verifier; nothing
+    is penalized on it); one that upholds is evidence, not authority: this node then re-executes the
+    batch itself, and only its own recomputation can uphold the dispute. TenzroError: it could not."""
+    body = receipt.body
+    opinion, passed = (None, []) if _local_copy(receipt) else second_opinion(receipt)
+    note = "".join(f"; {p}" for p in passed)
+    if opinion is not None and not opinion.verdict["upheld"]:
+        v = opinion.verdict
+        return _Decision(Comparison(False, v["difference_ppm"] / 1e6, v["tolerance_ppm"] / 1e6, v["worst_row"],
+                                    f"re-executed by holder {opinion.verifier_id[:16]}…: row {v['worst_row']} differs "
+                                    f"by {v['difference_ppm'] / 1e6:.4g} of the row's scale (tolerance "
+                                    f"{v['tolerance_ppm'] / 1e6:.4g})"), opinion, False, note)
+    recomputed = recompute(receipt)
+    indices, values = sketch_rows(bytes(receipt.sketch), tokens=receipt.tokens, k=body["k"])
+    comparison = compare_sketch(indices, values, recomputed, output_encoding=body["output_encoding"],
+                                compute_tolerance=settings.TENZRO_DISPUTE_COMPUTE_TOLERANCE)
+    if opinion is not None:
+        row = opinion.verdict["worst_row"]
+        ours = recomputed[row] if 0 <= row < len(recomputed) else np.zeros(0, np.float32)
+        scale = max(float(np.abs(ours).max(initial=0.0)), float(np.finfo(np.float32).tiny))
+        tolerance = settings.TENZRO_DISPUTE_COMPUTE_TOLERANCE
+        same = ours.shape == opinion.worst_row.shape and \
+            float(np.abs(ours - opinion.worst_row).max(initial=0.0)) / scale <= tolerance
+        if comparison.upheld and same:
+            note += f"; holder {opinion.verifier_id[:16]}… found the same"
+        else:
+            note += (f"; holder {opinion.verifier_id[:16]}…'s upheld verdict was not confirmed here (its row "
+                     f"{row} {'matches' if same else 'differs from'} this node's recomputation)")
+            logger.warning("holder %s upheld a dispute of receipt %s that this node's own re-execution %s",
+                           opinion.verifier_id[:16], receipt.commitment_hash[:16],
+                           "upholds with another row" if comparison.upheld else "dismisses")
+    return _Decision(comparison, opinion, True, note)
+
+
 def dispute_run(*, dispute_id: int) -> Dispute:
-    """Re-execute and decide. Runs at most once to a verdict: a decided dispute is returned as is."""
+    """Re-execute (or have another holder re-execute) and decide. Runs at most once to a verdict: a decided
+    dispute is returned as is."""
     dispute = Dispute.objects.select_related("receipt").get(pk=dispute_id)
     if dispute.state != DisputeState.PENDING:
         return dispute
     receipt = dispute.receipt
     Dispute.objects.filter(pk=dispute_id).update(attempts=dispute.attempts + 1)
     try:
-        recomputed = recompute(receipt)
+        decision = _decide(receipt)
     except TenzroError as exc:
         Dispute.objects.filter(pk=dispute_id).update(error=f"{exc.reason}: {exc.message}")
         raise
-    body = receipt.body
-    indices, values = sketch_rows(bytes(receipt.sketch), tokens=receipt.tokens, k=body["k"])
-    verdict = compare_sketch(indices, values, recomputed, output_encoding=body["output_encoding"],
-                             compute_tolerance=settings.TENZRO_DISPUTE_COMPUTE_TOLERANCE)
+    verdict = decision.comparison
     signed = _signed_commitment(receipt)
     # A fraud proof needs both halves: the holder's own signature over the commitment, and a
     # recomputation that does not match it. Without the signature nothing binds the holder.
-    upheld = verdict.upheld and signed
+    upheld = verdict.upheld and signed and decision.reexecuted_here
     with transaction.atomic():
         locked = Dispute.objects.select_for_update().get(pk=dispute_id)
         if locked.state != DisputeState.PENDING:
@@ -192,10 +246,13 @@ def dispute_run(*, dispute_id: int) -> Dispute:
         locked.state = DisputeState.UPHELD if upheld else DisputeState.DISMISSED
         locked.difference = verdict.difference if np.isfinite(verdict.difference) else None
         locked.tolerance = verdict.tolerance
-        locked.detail = verdict.detail + ("" if signed else "; the receipt's signature does not verify")
+        locked.detail = verdict.detail + decision.note + ("" if signed else "; the receipt's signature does not verify")
         locked.signature_valid = signed
         locked.error = ""
         locked.decided_at = timezone.now()
+        locked.reexecuted_here = decision.reexecuted_here
+        if decision.opinion is not None:
+            locked.verifier_id, locked.verdict = decision.opinion.verifier_id, decision.opinion.verdict
         if upheld:
             penalty = policy_active().fraud_penalty
             locked.penalty = penalty

@@ -24,17 +24,19 @@ REPLY_PREFIX = "tenzro:worker:reply:"
 
 
 async def worker_call(
-    method: str, params: dict[str, Any], *, body: bytes = b"", timeout_s: float | None = None, door: str = "operator"
+    method: str, params: dict[str, Any], *, body: bytes = b"", timeout_s: float | None = None, door: str = "operator",
+    peer: str | None = None,
 ) -> tuple[dict[str, Any], bytes]:
     """Ask the expert worker; raise Unavailable when it does not answer in time.
 
     `door` "peer" relays a call that reached this web process through the HTTP fallback of the
-    peer door (apps/worker/views.py): the worker serves it exactly as if it came over QUIC."""
+    peer door (apps/worker/views.py): the worker serves it exactly as if it came over QUIC, `peer`
+    (the caller's address) counted as that peer."""
     timeout = settings.TENZRO_WORKER_TIMEOUT_S if timeout_s is None else timeout_s
     reply = REPLY_PREFIX + uuid.uuid4().hex
     try:
         await mailbox.post(WORKER_CALLS, {"method": method, "params": params, "body": body, "reply": reply,
-                                          "deadline": time.time() + timeout, "door": door})
+                                          "deadline": time.time() + timeout, "door": door, "peer": peer})
         answer = await mailbox.take(reply, timeout)
     except (RedisError, OSError) as exc:
         # The mailboxes are this node's Redis: down or restarting, no call reaches the worker.

@@ -1,7 +1,8 @@
 """The expert worker's two doors, and the one table that says which door serves each method.
 
 * The **peer door** is the QUIC endpoint: anyone on the network may call it, so it serves
-  only what any peer may ask — status, execute, blob reads (and, later, gossip and receipts).
+  only what any peer may ask — status, execute, blob reads, gossip and receipts (a verdict
+  on another holder's kept batch).
 * The **operator door** is a Redis mailbox from this node's own web process, which has
   already checked the operator token where the method needs it. It serves every method.
 
@@ -53,6 +54,7 @@ METHOD_DOORS: dict[str, frozenset[Door]] = {
     "gossip/push": PEER_AND_OPERATOR,
     "gossip/sync": PEER_AND_OPERATOR,
     "gossip/dialback": PEER_AND_OPERATOR,
+    "receipt/verify": PEER_AND_OPERATOR,  # re-executes another holder's kept batch: a signed verdict, rate-limited
     "moe/expert_load": OPERATOR_ONLY,
     "moe/expert_unload": OPERATOR_ONLY,
     "moe/gate_load": OPERATOR_ONLY,

@@ -31,6 +31,7 @@ from apps.blobs.store import parse_blob_uri
 from apps.node.selectors import node_identity
 from apps.receipts.commitment import ReceiptSigner
 from apps.receipts.sampling import sampling_key
+from apps.receipts.verify_method import VerifyMethod
 from apps.worker import mailbox, services
 from apps.worker.client import WORKER_CALLS
 from apps.worker.control_plane import ControlPlaneView
@@ -151,6 +152,10 @@ class WorkerServer:
         self.methods = MethodTable({
             **experts.table(),
             **BlobHandlers(store=store, executor=self.executor).table(),
+            **VerifyMethod(runtime=self.runtime, executor=self.executor, signing_key=self.identity.signing_key,
+                           compute_tolerance=settings.TENZRO_DISPUTE_COMPUTE_TOLERANCE,
+                           max_rows=settings.TENZRO_VERIFY_MAX_ROWS,
+                           rate_per_min=settings.TENZRO_VERIFY_RATE_PER_MIN).table(),
             **contributed_handlers(self.parts),
             "moe/status": self.moe_status,
         })
@@ -216,7 +221,9 @@ class WorkerServer:
             return
         deadline = message.get("deadline")
         door = Door.PEER if message.get("door") == "peer" else Door.OPERATOR  # HTTP fallback of the peer door
-        ctx = CallContext(door, deadline=float(deadline) if isinstance(deadline, int | float) else None)
+        peer = message.get("peer") if door is Door.PEER and isinstance(message.get("peer"), str) else None
+        ctx = CallContext(door, peer=(peer, 0) if peer else None,
+                          deadline=float(deadline) if isinstance(deadline, int | float) else None)
         params = message.get("params") if isinstance(message.get("params"), dict) else {}
         call = self.methods.call(str(message.get("method")), params, message.get("body") or b"", ctx)
         try:

@@ -1,4 +1,4 @@
-"""The HTTP fallback of the peer door for the data plane: `POST /peer/moe/execute`.
+"""The HTTP fallback of the peer door for binary methods: `POST /peer/moe/execute`, `POST /peer/receipt/verify`.
 
 For peers that cannot reach this node over QUIC. The body is exactly the request frame a
 QUIC stream would carry (docs/protocol.md, "Frames": a 16-byte prefix, a JSON header, raw
@@ -47,7 +47,8 @@ async def peer_frame(request: HttpRequest, method: str) -> HttpResponse:
         if refusal is not None:
             return _answer(Reply.error(refusal.reason, refusal.message))
         try:
-            result, body = await worker_call(method, header["params"], body=bytes(frame.body), door="peer")
+            result, body = await worker_call(method, header["params"], body=bytes(frame.body), door="peer",
+                                             peer=request.META.get("REMOTE_ADDR"))
         except TenzroError as exc:
             return _answer(Reply.error(exc.reason, exc.message, exc.details))
     return _answer(Reply.ok(result, body))

@@ -258,14 +258,23 @@ class ExpertRuntime:
             out.append((self._run(key, x), time.perf_counter() - start))
         return out
 
-    def _run(self, key: Key, x: np.ndarray) -> np.ndarray:
+    def recompute(self, *, model_id: str, layer: int, expert: int, hidden: np.ndarray) -> np.ndarray:
+        """One held expert over hidden f32 [t, d_model] -> f32 [t, d_model], unmetered: a dispute's
+        re-execution is neither demand for the expert nor a measure of this node's rate."""
+        key = (model_id, int(layer), int(expert))
+        if key not in set(self._cache.keys()):
+            raise ExpertNotLoaded(f"expert {key} is not held on this node", experts=[int(expert)])
+        return self._run(key, check_hidden(hidden, self._cache.record(key).header.d_model), metered=False)
+
+    def _run(self, key: Key, x: np.ndarray, *, metered: bool = True) -> np.ndarray:
         resident = self._cache.get(key)  # promotes a Cold expert; not metered (not compute)
         if x.shape[0] == 0:
             return np.zeros((0, resident.d_model), dtype=np.float32)
         start = time.perf_counter()
         y = self.backend.forward(resident.prepared, x)
-        self._meter.record(x.shape[0], time.perf_counter() - start)
-        self._demand.record(key, x.shape[0])
+        if metered:
+            self._meter.record(x.shape[0], time.perf_counter() - start)
+            self._demand.record(key, x.shape[0])
         return y
 
     def warm(self) -> int:

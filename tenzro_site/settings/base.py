@@ -133,6 +133,14 @@ TENZRO_RECEIPT_TOPK = env_int("TENZRO_RECEIPT_TOPK", 16)
 TENZRO_RECEIPT_RETENTION_DAYS = env_int("TENZRO_RECEIPT_RETENTION_DAYS", 30)
 TENZRO_RECEIPT_KEEP_MAX = env_int("TENZRO_RECEIPT_KEEP_MAX", 100_000)
 TENZRO_DISPUTE_COMPUTE_TOLERANCE = env_float("TENZRO_DISPUTE_COMPUTE_TOLERANCE", 0.05)
+# Disputes by another holder (docs/protocol.md): a router without its own copy of the expert asks up to this
+# many other holders of the same blob for a signed verdict before it fetches the blob to re-execute itself,
+# each within this many seconds; as a verifier, this node re-executes at most this many kept batches a minute
+# for one peer, each of at most this many carrier rows.
+TENZRO_DISPUTE_VERIFIERS = env_int("TENZRO_DISPUTE_VERIFIERS", 2)
+TENZRO_DISPUTE_VERIFY_TIMEOUT_S = env_float("TENZRO_DISPUTE_VERIFY_TIMEOUT_S", 30.0)
+TENZRO_VERIFY_RATE_PER_MIN = env_int("TENZRO_VERIFY_RATE_PER_MIN", 30)
+TENZRO_VERIFY_MAX_ROWS = env_int("TENZRO_VERIFY_MAX_ROWS", 4096)
 # Largest JSON-RPC request body accepted, in bytes (base64 hidden rows make these big).
 TENZRO_RPC_MAX_BYTES = env_int("TENZRO_RPC_MAX_BYTES", 64 * 1024 * 1024)
 # Most calls in one JSON-RPC batch; a larger batch is refused whole (batch_too_large).

@@ -10,7 +10,8 @@ import pytest
 from apps.worker.doors import METHOD_DOORS, OPERATOR_ONLY, CallContext, Door, MethodTable
 from core.errors import NotFound
 
-PEER_METHODS = {"moe/status", "moe/execute", "blob/get", "gossip/push", "gossip/sync", "gossip/dialback"}
+PEER_METHODS = {"moe/status", "moe/execute", "blob/get", "gossip/push", "gossip/sync", "gossip/dialback",
+                "receipt/verify"}
 
 
 def _table(**overrides):
@@ -20,7 +21,7 @@ def _table(**overrides):
     return MethodTable({**dict.fromkeys(METHOD_DOORS, ok), **overrides})
 
 
-def test_the_peer_door_serves_exactly_status_execute_blob_reads_and_gossip() -> None:
+def test_the_peer_door_serves_exactly_status_execute_blob_reads_gossip_and_verify() -> None:
     assert {m for m, doors in METHOD_DOORS.items() if Door.PEER in doors} == PEER_METHODS
     assert all(Door.OPERATOR in doors for doors in METHOD_DOORS.values())
 
