@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 REDIS_URL ?= redis://127.0.0.1:6379/0
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-e2e test-postgres test-fast bench lint install install-gpu-wgsl install-gpu-cuda lavapipe redis chromium superuser clean
+.PHONY: run test test-e2e test-long test-postgres test-fast bench lint install install-gpu-wgsl install-gpu-cuda lavapipe redis chromium superuser clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,13 @@ test: install install-gpu-wgsl lavapipe chromium
 test-e2e: install install-gpu-wgsl lavapipe chromium
 	REDIS_URL=redis://127.0.0.1:6379/15 scripts/ensure-redis.sh
 	TENZRO_TEST_REQUIRE_WGSL=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -p testkit.xdist_redis -m e2e
+
+## The long runs CI has no time for (~19 min, two workers): the restart loop with 20 restarts, three runs
+## over, beside a node running 10 minutes with its peer killed and restarted twice (no ERROR in its log).
+test-long: install
+	REDIS_URL=redis://127.0.0.1:6379/15 scripts/ensure-redis.sh
+	TENZRO_TEST_RESTARTS=20 TENZRO_TEST_RESTART_RUNS=3 TENZRO_TEST_LOG_RUN_S=600 $(BIN)/python -m pytest -n 2 \
+		--dist loadfile -p testkit.xdist_redis tests/e2e/test_restart_loop.py tests/e2e/test_quiet_logs.py
 
 ## The database-touching in-process tests again on PostgreSQL (needs a server at POSTGRES_URL).
 POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/tenzro

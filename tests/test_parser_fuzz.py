@@ -1,7 +1,8 @@
 """Fuzzing of the parsers that read bytes from peers and files, with hypothesis, time-boxed.
 
 Targets: expert and gate payloads (safetensors header, dtypes, shapes, metadata, GGML block rows),
-the QUIC frame decoder, provider records and heartbeats, holders' receipts, and a checkpoint
+the QUIC frame decoder, provider records and heartbeats, holders' receipts, a kept batch handed to
+`receipt/verify` (apps/receipts/evidence.py), and a checkpoint
 folder (safetensors shard headers, the index, config.json). Inputs are random bytes and valid
 inputs mutated (bit flips, truncation, length fields rewritten, bytes spliced in, the JSON
 header replaced). Each parser must return an object or raise the project's error for it —
@@ -34,6 +35,7 @@ from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.sources import CheckpointError
 from apps.providers.records import RecordError, verify_heartbeat, verify_record
 from apps.receipts.commitment import Expected, ReceiptError, receipt_body, sign_receipt, sketch_bytes, verify_receipt
+from apps.receipts.evidence import carrier_bytes, kept_batch
 from core.errors import TenzroError
 from core.experts.ffn import parse_payload, read_header
 from core.formats.gate_payload import read_gate_payload
@@ -42,7 +44,7 @@ from testkit.checkpoints import qwen3_moe
 from testkit.records import heartbeat, new_key, signed_record
 from tests.experts.factories import expert_payload, expert_weights, qwen_gate
 
-TARGETS = ("expert_payload", "gate_payload", "frame", "record", "receipt", "checkpoint")
+TARGETS = ("expert_payload", "gate_payload", "frame", "record", "receipt", "kept_batch", "checkpoint")
 BUDGET_S = float(os.environ.get("TENZRO_FUZZ_SECONDS", "60")) / len(TARGETS)
 # What one input may make a parser allocate at its peak, past a few times its own size: a
 # lying length field must be refused before anything of the size it claims is allocated.
@@ -243,6 +245,44 @@ def test_receipts() -> None:
 
     fuzz("receipt", receipts(), lambda value: _raises_only((ReceiptError,), lambda: verify_receipt(value, expect,
                                                                                                       rows)))
+
+
+def test_kept_batches() -> None:
+    """What `receipt/verify` reads from any peer: the receipt's fields, the batch index, and the body split
+    into carrier and sketch by the receipt's own numbers."""
+    key = new_key(7)
+    rows = np.random.default_rng(3).standard_normal((3, 8)).astype(np.float32)
+    carrier = rows.tobytes()
+    sketch = sketch_bytes(rows, 4)
+    body = receipt_body(provider_id=key.verify_key.encode().hex(), model_id="m", layer=0, expert=1,
+                        token_indices=[0, 1, 2], d_model=8, input_encoding="f32", input_carrier=carrier,
+                        output_encoding="f32", k=4, sketch=sketch)
+    signed = sign_receipt(body, key)
+    wire = {**signed.body, "commitment_hash": signed.commitment_hash, "signature": signed.signature}
+    assert kept_batch(wire, None, carrier, sketch).expert == 1  # the unmutated batch binds
+    json_values = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=70) \
+        | st.lists(st.integers(-2, 2**40), max_size=5) | st.lists(st.dictionaries(st.text(max_size=6), st.integers()))
+
+    @st.composite
+    def batches(draw: st.DrawFn) -> object:
+        changed = dict(wire)
+        for _ in range(draw(st.integers(0, 3))):
+            changed[draw(st.sampled_from(sorted(wire)))] = draw(json_values)
+        data = draw(st.sampled_from([carrier + sketch, b""]) | st.binary(max_size=256))
+        if draw(st.booleans()) and data:
+            flip = draw(st.integers(0, len(data) - 1))
+            data = data[:flip] + bytes([data[flip] ^ 0x40]) + data[flip + 1:]
+        return changed, draw(st.none() | st.integers(-1, 3) | json_values), data
+
+    def check(value: object) -> None:
+        receipt, batch, data = value
+
+        def split() -> object:
+            at = carrier_bytes(receipt)
+            return kept_batch(receipt, batch, data[:at], data[at:])
+        _raises_only((ReceiptError,), split)
+
+    fuzz("kept_batch", batches(), check)
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,8 @@ def decided(a, receipt_id: int) -> dict:
                     ["state"] != "pending" and d, 90, f"the dispute of receipt {receipt_id} to be decided")
 
 
-def test_a_router_without_the_expert_has_another_holder_verify_and_falls_back_to_itself(start_node, tmp_path):
+def test_a_router_without_the_expert_has_another_holder_verify_and_falls_back_to_itself(start_node, tmp_path,
+                                                                                          faults):
     model = qwen3_moe(tmp_path / "ckpt", d_model=64, d_ff=32, n_experts=4)
     with FileServer(model.root) as server:
         b = start_node(env=FAST)
@@ -85,6 +86,7 @@ def test_a_router_without_the_expert_has_another_holder_verify_and_falls_back_to
     assert not (a.data_dir / "blobs" / blob[:2] / blob).exists()  # a never fetched the expert
 
     # The verifier gone: a passes over it and re-executes the next dispute itself, from the accused's blob.
+    fault = faults.inject("dispute verifier killed", "SIGKILL of the holder a asks for a verdict, before a dispute")
     os.killpg(ids[verifier].process.pid, signal.SIGKILL)  # the node's processes: web, worker, Celery
     ids[verifier].process.wait()
     other = next(r for r in receipts if r["provider_id"] == accused and r["id"] != first["id"])
@@ -95,6 +97,8 @@ def test_a_router_without_the_expert_has_another_holder_verify_and_falls_back_to
     assert 0 <= again["difference"] <= again["tolerance"] and time.monotonic() - started < 60
     fetched = blob_hash(job, other)
     assert (a.data_dir / "blobs" / fetched[:2] / fetched).exists()
+    fault.observe(f"decided {again['state']} by a itself after {time.monotonic() - started:.1f} s")
+    fault.close(lost=int(again["state"] != "dismissed"))
 
 
 def blob_hash(job: dict, receipt: dict) -> str:

@@ -30,7 +30,9 @@ from tests.e2e.test_faults import ENV, Network, hidden_rows, prepared_network, p
 from tests.e2e.test_gossip import wait_for
 
 pytestmark = pytest.mark.e2e
+# CI runs 10 restarts once (its 30 minutes); `make test-long` 20 restarts, three runs over.
 RESTARTS = int(os.environ.get("TENZRO_TEST_RESTARTS", "10"))
+RUNS = int(os.environ.get("TENZRO_TEST_RESTART_RUNS", "1"))
 # b is planned on again soon after it comes back (a short cooldown), so every kill finds it serving.
 LOOP_ENV = {**ENV, "TENZRO_FORWARD_FAILURE_COOLDOWN_S": "2"}
 SERVE_WAIT_S = 5.0
@@ -97,7 +99,9 @@ def b_rejoins(stream: Stream, *, since: float, what: str) -> bool:
 
 
 @pytest.mark.timeout(1200)
-def test_a_holder_restarted_again_and_again_under_a_stream_of_forwards(redis_server, tmp_path_factory, faults) -> None:
+@pytest.mark.parametrize("run", range(RUNS))
+def test_a_holder_restarted_again_and_again_under_a_stream_of_forwards(redis_server, tmp_path_factory, faults,
+                                                                       run) -> None:
     root = tmp_path_factory.mktemp("restarts")
     with RelayThread() as relays, contextlib.ExitStack() as stack:
         # c's QUIC door behind a relay adding 2 ms each way: b, when up, is the better holder and a plans
