@@ -53,8 +53,8 @@ RECEIPT_DOMAIN = b"tenzro/receipt/v1\n"
 BATCHES_VERSION = 2
 BATCHES_DOMAIN = b"tenzro/receipt/v2\n"
 _DOMAINS = {RECEIPT_VERSION: RECEIPT_DOMAIN, BATCHES_VERSION: BATCHES_DOMAIN}
-_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
-_HEX128 = re.compile(r"[0-9a-f]{128}\Z")
+HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+HEX128 = re.compile(r"[0-9a-f]{128}\Z")
 BODY_FIELDS = ("v", "provider_id", "model_id", "layer", "expert", "token_indices", "d_model", "input_encoding",
                "input_hash", "output_encoding", "k", "sketch_hash")
 BATCHES_FIELDS = ("v", "provider_id", "model_id", "layer", "token_indices", "d_model", "input_encoding",
@@ -265,7 +265,7 @@ def signed_receipt(wire: Mapping[str, Any], body: dict[str, Any], provider_id: s
     if wire.get("commitment_hash") != commitment:
         raise ReceiptError("the receipt's commitment hash is not the hash of its body")
     signature = wire.get("signature")
-    if not isinstance(signature, str) or not _HEX128.match(signature) or not _HEX64.match(provider_id):
+    if not isinstance(signature, str) or not HEX128.match(signature) or not HEX64.match(provider_id):
         raise ReceiptError("the receipt's signature is not 128 lowercase hex digits")
     try:
         VerifyKey(bytes.fromhex(provider_id)).verify(_DOMAINS[body["v"]] + text, bytes.fromhex(signature))

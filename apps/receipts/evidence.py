@@ -21,7 +21,6 @@ bytes travel with the verdict, so the router can hold them against its own recom
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +33,8 @@ from apps.receipts.commitment import (
     BATCHES_FIELDS,
     BATCHES_VERSION,
     BODY_FIELDS,
+    HEX64,
+    HEX128,
     RECEIPT_VERSION,
     ReceiptError,
     SignedReceipt,
@@ -51,8 +52,6 @@ VERDICT_DOMAIN = b"tenzro/verdict/v1\n"
 VERDICT_FIELDS = ("v", "verifier_id", "provider_id", "commitment", "model_id", "layer", "expert", "blob_uri",
                   "upheld", "difference_ppm", "tolerance_ppm", "worst_row", "worst_row_hash")
 PPM_CAP = 2**53  # an infinite or absurd difference is reported as this many millionths
-_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
-_HEX128 = re.compile(r"[0-9a-f]{128}\Z")
 
 
 def _int(value: Any, name: str, *, low: int = 0, high: int = 2**31) -> int:
@@ -100,7 +99,7 @@ def kept_batch(wire: Any, batch: Any, carrier: bytes | bytearray | memoryview,
         raise ReceiptError(f"receipt version {version!r}: this node checks versions 1 and 2")
     body = {name: wire.get(name) for name in (BODY_FIELDS if version == RECEIPT_VERSION else BATCHES_FIELDS)}
     provider = body["provider_id"]
-    if not isinstance(provider, str) or not _HEX64.match(provider):
+    if not isinstance(provider, str) or not HEX64.match(provider):
         raise ReceiptError("the receipt's provider_id must be 64 lowercase hex digits")
     if not isinstance(body["model_id"], str) or not body["model_id"]:
         raise ReceiptError("the receipt's model_id must be a non-empty string")
@@ -111,8 +110,8 @@ def kept_batch(wire: Any, batch: Any, carrier: bytes | bytearray | memoryview,
         raise ReceiptError("the receipt's token_indices must be a list of non-negative integers")
     if body["output_encoding"] not in WIRE_CODECS:
         raise ReceiptError(f"the receipt's output_encoding must be one of {list(WIRE_CODECS)}")
-    if len(carrier) != carrier_bytes(body):
-        raise ReceiptError(f"the carrier has {len(carrier)} bytes, the receipt's rows take {carrier_bytes(body)}")
+    if len(carrier) != (expected := carrier_bytes(body)):
+        raise ReceiptError(f"the carrier has {len(carrier)} bytes, the receipt's rows take {expected}")
     if version == RECEIPT_VERSION:
         if batch is not None:
             raise ReceiptError("a version 1 receipt has one batch: send batch null")
@@ -183,7 +182,7 @@ def verify_verdict(wire: Any, *, verifier_id: str, provider_id: str, commitment:
         raise ReceiptError("the verdict's upheld, difference_ppm, tolerance_ppm and worst_row are malformed",
                            reason="bad_verdict")
     signature = wire.get("signature")
-    if not isinstance(signature, str) or not _HEX128.match(signature) or not _HEX64.match(verifier_id):
+    if not isinstance(signature, str) or not HEX128.match(signature) or not HEX64.match(verifier_id):
         raise ReceiptError("the verdict's signature is not 128 lowercase hex digits", reason="bad_verdict")
     try:
         VerifyKey(bytes.fromhex(verifier_id)).verify(VERDICT_DOMAIN + canonical_text(body).encode("ascii"),

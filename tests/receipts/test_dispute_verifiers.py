@@ -37,6 +37,7 @@ from core.experts.runtime import ExpertRuntime
 from core.transport.framing import Reply
 from core.transport.quic import PeerRequest, QuicSettings, start_server
 from testkit.checkpoints import FileServer
+from testkit.nodes import free_port
 from tests.experts.factories import expert_payload, expert_weights
 from tests.receipts.test_disputes import D_FF, D_MODEL, MODEL, _kept
 
@@ -44,17 +45,11 @@ pytestmark = pytest.mark.django_db
 Handler = Callable[[PeerRequest], "asyncio.Future[Reply]"]
 
 
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @contextlib.contextmanager
 def verifier_server(data_dir: Path, handler: Callable[..., object]) -> Iterator[tuple[object, int]]:
     """A QUIC server on its own thread and loop (the router's dispute runs its own loop): handler(request, key)."""
     identity = load_or_create_identity(data_dir)
-    loop, port, ready = asyncio.new_event_loop(), _free_udp_port(), threading.Event()
+    loop, port, ready = asyncio.new_event_loop(), free_port(socket.SOCK_DGRAM), threading.Event()
 
     async def handle(request: PeerRequest) -> Reply:
         try:
