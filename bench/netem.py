@@ -1,6 +1,6 @@
 """The distributed forward under network conditions: latency against the clean forward and the path's RTT.
 
-    .venv/bin/python -m bench.netem [--quick] [--loopback] [--repeats N]
+    .venv/bin/python -m bench.netem [--quick] [--loopback] [--repeats N] [--transports qh3,aioquic:reno]
 
 What is measured, and how. Three real nodes (`tenzro node run`), each in a network namespace of
 its own on one bridge (testkit/netns.py; `--loopback`, or a machine where namespaces cannot be
@@ -9,13 +9,18 @@ no netem qdisc) in front of each node's QUIC door, which the node advertises as 
 endpoint (testkit/impaired.py). A router holds only the gate; two holders hold every expert of
 a 16-expert top-4 softmax layer (d_model 1024, d_ff 512, f32 payloads), so every (token, expert)
 pair crosses one relay, impaired both ways. For each condition (the relays' delay, jitter and
-loss, switched live), the run measures:
+loss, switched live; where the delay changed, 10 s pass first, as long as the tolerant
+controller remembers a path's base RTT), the run measures:
 
 * the reference: a plain UDP ping (64-byte datagrams every 5 ms) through a relay of its own with
   the same impairment, i.e. the RTT the condition adds to one exchange;
 * `tenzro_moeForward` on the router (JSON-RPC, client wall clock) for 64 tokens with Q8_0 and
   with f32 on the wire: p50 and p99, beside the same forward with the relays passing through
   unimpaired ("clean"), and the relative error against `forward_local` in this process.
+
+The whole run is repeated for each QUIC transport (`--transports`; default qh3, the node's default,
+then aioquic with its default controller, "tolerant": core/transport/quic_tolerant.py), each with
+fresh nodes, so the loss targets are read per transport.
 
 "RTTs added" = (p50 − clean p50) / ping p50: how many round trips of the path the forward pays
 (one exchange per holder, in parallel, is 1; loss recovery, congestion windows growing from
@@ -40,6 +45,8 @@ import httpx
 import numpy as np
 
 from bench.forward import Forwarder, Layer, local_runtime, rel_error, write_layer
+from core.transport import quic_lib
+from core.transport.loss_signals import CongestionSignal
 from testkit.impaired import impaired_network
 from testkit.netem import Impairment
 from testkit.nodes import TOKEN, NodeProcess
@@ -59,6 +66,8 @@ CONDITIONS = {
 }
 # The loss-recovery target: at 1 % loss and at 1 % reorder, forward p50 within 2x the clean p50 plus 2 RTTs.
 TARGETED = ("30 ms RTT ±5, 1% loss", "30 ms RTT ±5, 1% loss, 1% reorder", "30 ms RTT ±5, 1% reorder")
+PATH_SETTLE_S = CongestionSignal.base_window_s
+WARMUP = 3
 NODE_ENV = {
     "TENZRO_GOSSIP_INTERVAL_S": "1", "TENZRO_GOSSIP_HEARTBEAT_S": "2", "TENZRO_GOSSIP_TTL_S": "120",
     "TENZRO_REACHABILITY_CHECK_S": "120",
@@ -93,12 +102,14 @@ def wait_converged(router: NodeProcess, timeout_s: float = 120.0) -> float:
 
 
 def measure(forward: Forwarder, bodies: dict[str, bytes], want: np.ndarray, repeats: int) -> dict[str, Any]:
-    """Forwards of each wire, interleaved; one warm-up each (the hedging book learns the new latencies)."""
+    """Forwards of each wire, interleaved, after WARMUP untimed ones each (the hedging book learns the new
+    latencies: with the clean path's, hedges fire on every forward of the first lossy condition)."""
     samples: dict[str, list[float]] = {w: [] for w in bodies}
     errors: dict[str, float] = dict.fromkeys(bodies, 0.0)
     failures, hedges, retries = 0, 0, 0
-    for body in bodies.values():
-        forward(LAYER, body)
+    for _ in range(WARMUP):
+        for body in bodies.values():
+            forward(LAYER, body)
     for _ in range(repeats):
         for wire, body in bodies.items():
             try:
@@ -115,23 +126,33 @@ def measure(forward: Forwarder, bodies: dict[str, bytes], want: np.ndarray, repe
             "retries": retries}
 
 
-def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def run(args: argparse.Namespace, work: Path, transport: tuple[str, str]) -> dict[str, Any]:
+    """Every condition with the nodes on one QUIC transport: (library, congestion control or "")."""
     rng = np.random.default_rng(0)
     gate, experts = write_layer(LAYER, work / "payloads", rng)
     runtime = local_runtime({LAYER: (gate, experts)}, work / "local")
     hidden = rng.standard_normal((TOKENS, LAYER.d_model), dtype=np.float32)
     want = runtime.forward_local(model_id=LAYER.model_id, layer=0, hidden=hidden)
-    with impaired_network(3, work / "nodes", NODE_ENV, use_namespaces=not args.loopback) as network:
+    env = {**NODE_ENV, "TENZRO_QUIC_LIB": transport[0], "TENZRO_QUIC_CONGESTION": transport[1]}
+    with impaired_network(3, work / "nodes", env, use_namespaces=not args.loopback) as network:
         print(f"topology: {network.topology}; relays on {network.relay_host}")
         load(network.nodes, gate, experts)
         print(f"every expert seen at both holders {wait_converged(network.nodes[0]):.0f} s after loading")
         results: dict[str, Any] = {"topology": network.topology, "tokens": TOKENS, "repeats": args.repeats,
+                                   "transport": transport_name(transport),
                                    "layer": LAYER.__dict__, "conditions": {}}
         with httpx.Client(timeout=120) as client:
             forward = Forwarder(network.nodes[0], client)
             bodies = {wire: forward.body(LAYER, hidden, wire) for wire in ("q8_0", "f32")}
+            delay_ms = 0.0
             for name, impairment in CONDITIONS.items():
                 network.set(impairment)
+                if impairment.delay_ms != delay_ms:
+                    # The path's delay jumped (the relays switch live; real paths do not): give the
+                    # senders' controllers the time they take to forget the old path's RTT (the
+                    # tolerant controller's base window) before anything is timed.
+                    time.sleep(PATH_SETTLE_S)
+                    delay_ms = impairment.delay_ms
                 ping = network.ping(impairment, count=300)
                 before = network.relays.counters()
                 measured = measure(forward, bodies, want, args.repeats)
@@ -141,6 +162,20 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     "relay_datagrams": after.received - before.received, "relay_lost": after.lost - before.lost}
                 print(f"{name}: ping p50 {ping.percentile(50):.2f} ms, forwards done")
     return results
+
+
+def parse_transport(text: str) -> tuple[str, str]:
+    """"aioquic:reno" -> ("aioquic", "reno"); "qh3" -> ("qh3", ""): the library's default controller."""
+    library, _, congestion = text.partition(":")
+    if library not in quic_lib.LIBRARIES:
+        raise argparse.ArgumentTypeError(f"unknown QUIC library {library!r}; choose from {quic_lib.LIBRARIES}")
+    return library, congestion
+
+
+def transport_name(transport: tuple[str, str]) -> str:
+    lib = quic_lib.load(transport[0])
+    congestion = transport[1] or next(iter(lib.congestion_controls), "its own")
+    return f"{lib.name} {lib.version}, congestion control {congestion}"
 
 
 def table(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -163,24 +198,27 @@ def table(results: dict[str, Any]) -> list[dict[str, Any]]:
                          f"{bound:.0f} {met}" if name in TARGETED else "-", c["failures"],
                          f"{c['rel_error'][wire]:.1e}", f"{c['hedges_fired']}/{c['retries']}"])
             if name != "clean (relays pass through)":
-                heads.append(headline(f"forward p50, {TOKENS} tokens, {wire} wire, {name}", p50, "ms",
+                heads.append(headline(f"forward p50, {TOKENS} tokens, {wire} wire, {name}, {results['transport']}",
+                                      p50, "ms",
                                       reference="clean forward p50 (relays pass through)",
                                       reference_value=clean[wire],
                                       target=f"<= 2x clean p50 + 2 RTT = {bound:.0f} ms" if name in TARGETED
                                       else "—"))
-                heads.append(headline(f"latency added by {name} ({wire} wire; ratio = RTTs added)",
+                heads.append(headline(f"latency added by {name} ({wire} wire, {results['transport']}; "
+                                      "ratio = RTTs added)",
                                       p50 - clean[wire], "ms", reference="relay ping RTT p50",
                                       reference_value=ping["p50_ms"]))
     print_table(
-        f"Distributed forward under network conditions ({results['topology']}; router holds the gate, 2 holders "
+        f"Distributed forward under network conditions ({results['topology']}; QUIC: {results['transport']}; "
+        f"router holds the gate, 2 holders "
         f"hold all {LAYER.n_routed} experts, top-{LAYER.top_k}, d_model {LAYER.d_model}, d_ff {LAYER.d_ff}; "
         f"{TOKENS} tokens, "
         f"{results['repeats']} forwards per wire per condition); ms; RTTs added = (p50 - clean p50) / ping p50",
         ["condition", "wire", "ping p50", "ping p99", "ping lost", "forward p50", "forward p99", "/clean",
          "RTTs added", "target (ms) met", "failed", "rel error (max)", "hedges/retries"], rows)
-    heads.append(headline("forwards failed, all conditions", sum(c["failures"] for c in conditions.values()),
-                          "forwards", target="0"))
-    heads.append(headline("relative error of f32-wire forwards, worst of all conditions",
+    heads.append(headline(f"forwards failed, all conditions, {results['transport']}",
+                          sum(c["failures"] for c in conditions.values()), "forwards", target="0"))
+    heads.append(headline(f"relative error of f32-wire forwards, worst of all conditions, {results['transport']}",
                           max(c["rel_error"]["f32"] for c in conditions.values()), "",
                           reference="forward_local in this process", target="< 1e-5"))
     return heads
@@ -191,17 +229,26 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="5 forwards per wire per condition")
     parser.add_argument("--repeats", type=int, default=None, help="forwards per wire per condition (default 20)")
     parser.add_argument("--loopback", action="store_true", help="no network namespaces (nodes on 127.0.0.1)")
+    parser.add_argument("--transports", default="qh3,aioquic",
+                        help="the nodes' QUIC library[:congestion control], comma-separated, each a run of every "
+                             "condition (TENZRO_QUIC_LIB, TENZRO_QUIC_CONGESTION; default controller: the "
+                             "library's, aioquic's is 'tolerant')")
     args = parser.parse_args()
     args.repeats = args.repeats or (5 if args.quick else 20)
-    work = Path(tempfile.mkdtemp(prefix="tenzro-bench-netem-"))
-    try:
-        results = run(args, work)
-    except BaseException:
-        print(f"failed: node logs kept under {work}")
-        raise
-    shutil.rmtree(work, ignore_errors=True)
-    results["headline"] = table(results)
-    write_results("netem", results)
+    transports = [parse_transport(t) for t in args.transports.split(",") if t]
+    runs, heads = [], []
+    for transport in transports:
+        work = Path(tempfile.mkdtemp(prefix="tenzro-bench-netem-"))
+        try:
+            results = run(args, work, transport)
+        except BaseException:
+            print(f"failed: node logs kept under {work}")
+            raise
+        shutil.rmtree(work, ignore_errors=True)
+        runs.append(results)
+    for results in runs:  # the tables together, after every run
+        heads += table(results)
+    write_results("netem", {"runs": runs}, heads)
 
 
 if __name__ == "__main__":

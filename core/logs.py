@@ -226,7 +226,9 @@ def logging_config(*, level: str, fmt: str) -> dict[str, Any]:
             "django": {"level": "WARNING"},
             "aioquic": {"level": "WARNING"},
             "qh3": {"level": "WARNING"},
-            "quic": {"filters": ["normal_closes"]},  # qh3's connection logger
+            # Both libraries' connection logger: aioquic says every handshake, ALPN and close at
+            # INFO (~6 lines per connection), which are a node's normal traffic; shown at DEBUG.
+            "quic": {"filters": ["normal_closes"], "level": "DEBUG" if level.upper() == "DEBUG" else "WARNING"},
             # uvicorn and Celery configure handlers of their own before Django does: route them
             # to ours so their records are redacted and formatted like the rest.
             "uvicorn": {**routed, "level": "INFO"},

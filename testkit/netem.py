@@ -134,6 +134,7 @@ class DelayLine:
 
 SOCKET_BUFFER = 4 << 20  # bursts of large QUIC datagrams overflow the kernel's ~208 KiB default
 MAX_DATAGRAM = 65535
+UPSTREAM_IDLE_S = 90.0  # longer than the nodes' QUIC idle timeout (60 s): the connection is gone
 
 
 def _udp_socket(host: str, port: int) -> socket.socket:
@@ -179,6 +180,7 @@ class UdpRelay:
         self.up = DelayLine(impairment, random.Random(seeds.random()))  # clients -> server
         self._front: socket.socket | None = None
         self._upstreams: dict[Address, socket.socket] = {}
+        self._last_heard: dict[Address, float] = {}  # per client: when it last sent
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -223,8 +225,21 @@ class UdpRelay:
                 upstream = _udp_socket(self.upstream_host, 0)
                 self._upstreams[client] = upstream
                 self._loop.add_reader(upstream, self._from_server, client, upstream)
+                if len(self._upstreams) % 64 == 0:
+                    self._forget_idle(now)
+            self._last_heard[client] = now
             self.up.push(now, (self._upstreams[client], data, self.target))
         self._reschedule()
+
+    def _forget_idle(self, now: float) -> None:
+        """Close the sockets of clients silent for UPSTREAM_IDLE_S: every QUIC connection a node opens
+        comes from a port of its own, and a long run would otherwise pass the process's fd limit."""
+        for client, heard in list(self._last_heard.items()):
+            if now - heard > UPSTREAM_IDLE_S:
+                upstream = self._upstreams.pop(client)
+                self._loop.remove_reader(upstream)
+                upstream.close()
+                del self._last_heard[client]
 
     def _from_server(self, client: Address, upstream: socket.socket) -> None:
         now = time.monotonic()
@@ -366,14 +381,16 @@ def udp_ping(target: Address, *, count: int = 200, interval_s: float = 0.005, ti
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind((source_host, 0))
     sock.setblocking(False)
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
     sent_at: dict[int, float] = {}
     rtts: list[float] = []
     padding = b"\0" * max(0, size - 8)
 
     def collect_until(deadline: float) -> None:
-        # select, not sleep-and-poll: an answer is timed when it arrives, not at the next poll
+        # poll, not sleep-and-poll: an answer is timed when it arrives, not at the next poll
         while (remaining := deadline - time.monotonic()) > 0 and (sent_at or seq_next < count):
-            if not select.select([sock], [], [], remaining)[0]:
+            if not poller.poll(remaining * 1e3):  # poll, not select: a busy process's fds pass 1024
                 return
             now = time.monotonic()
             for data, _ in _drain(sock):

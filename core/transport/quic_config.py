@@ -62,7 +62,8 @@ class QuicSettings:
     idle_timeout_s: float = 60.0
     connection_window: int = field(default_factory=lambda: _env_int("TENZRO_QUIC_CONNECTION_WINDOW", 64 * MIB))
     stream_window: int = field(default_factory=lambda: _env_int("TENZRO_QUIC_STREAM_WINDOW", 64 * MIB))
-    # "" = the library's own (aioquic: reno; qh3's native core is not configurable).
+    # "" = the library's default (aioquic: "tolerant", core/transport/quic_tolerant.py; qh3's
+    # native core is not configurable).
     congestion_control: str = field(default_factory=lambda: _env_str("TENZRO_QUIC_CONGESTION", ""))
     # Receive and send buffer asked for on each UDP socket; 0 = the kernel's default.
     socket_buffer_bytes: int = field(default_factory=lambda: _env_int("TENZRO_QUIC_SOCKET_BUFFER", 4 * MIB))
@@ -103,5 +104,6 @@ class QuicSettings:
         """The settings as plain values (benchmarks print them)."""
         return {"library": f"{self.library} {self.lib.version}", "max_datagram_size": self.max_datagram_size or "path",
                 "connection_window": self.connection_window, "stream_window": self.stream_window,
-                "congestion_control": self.congestion_control or "library default",
+                "congestion_control": self.congestion_control or next(iter(self.lib.congestion_controls),
+                                                                      "the library's own"),
                 "socket_buffer_bytes": self.socket_buffer_bytes}

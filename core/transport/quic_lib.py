@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from . import quic_tolerant
+
 LIBRARIES = ("qh3", "aioquic")
 DEFAULT_LIBRARY = "qh3"
 
@@ -33,8 +35,9 @@ DEFAULT_LIBRARY = "qh3"
 # whose kernel limit is 64 KiB of payload per send, and caps one datagram at 65,000 bytes.
 _MAX_DATAGRAM = {"aioquic": 16_384, "qh3": 65_000}
 # Congestion controllers selectable through the configuration; qh3's native core has one
-# controller that is not configurable from Python.
-_CONGESTION = {"aioquic": ("reno", "cubic"), "qh3": ()}
+# controller that is not configurable from Python. "tolerant" is ours (quic_tolerant.py), and
+# aioquic's default here: random loss and reordering do not stall it (docs/performance.md).
+_CONGESTION = {"aioquic": (quic_tolerant.NAME, "reno", "cubic"), "qh3": ()}
 
 
 def default_library() -> str:
@@ -83,8 +86,9 @@ class QuicLibrary:
         return (host.removeprefix("::ffff:"), int(address[1]))
 
     def configuration(self, *, congestion_control: str | None, **kwargs: Any) -> Any:
-        """A QuicConfiguration; `congestion_control` only where the library offers a choice."""
-        if congestion_control and self.congestion_controls:
+        """A QuicConfiguration; `congestion_control` (default: the first offered) where there is a choice."""
+        if self.congestion_controls:
+            congestion_control = congestion_control or self.congestion_controls[0]
             if congestion_control not in self.congestion_controls:
                 raise ValueError(f"{self.name} offers congestion control {self.congestion_controls}, "
                                  f"not {congestion_control!r}")
@@ -142,6 +146,10 @@ def load(name: str | None = None) -> QuicLibrary:
     events = importlib.import_module(f"{name}.quic.events")
     if name == "qh3":
         _advertise_receive_size(importlib.import_module("qh3.quic.tls_bridge"))
+    else:
+        quic_tolerant.install(recovery=importlib.import_module("aioquic.quic.recovery"),
+                              congestion=importlib.import_module("aioquic.quic.congestion.base"),
+                              connection=importlib.import_module("aioquic.quic.connection"))
     return QuicLibrary(
         name=name, version=str(getattr(package, "__version__", "?")),
         configuration_class=configuration.QuicConfiguration, protocol_class=asyncio_api.QuicConnectionProtocol,

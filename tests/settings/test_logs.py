@@ -121,6 +121,13 @@ def test_normal_quic_closes_are_debug_and_closes_with_an_error_stay_warnings(cap
         assert QuietNormalCloses().filter(record) and record.levelname == "DEBUG"
 
 
+def test_aioquic_connection_chatter_is_debug_unless_the_node_logs_at_debug() -> None:
+    """aioquic says every handshake, ALPN and close on the "quic" logger at INFO: a node's normal traffic."""
+    assert logging_config(level="INFO", fmt="text")["loggers"]["quic"]["level"] == "WARNING"
+    assert logging_config(level="debug", fmt="text")["loggers"]["quic"]["level"] == "DEBUG"
+    assert not logging.getLogger("quic").isEnabledFor(logging.INFO)  # the running (test) settings
+
+
 def test_redact_leaves_ordinary_text_alone() -> None:
     text = "forward of 12 tokens over quic://127.0.0.1:4433 took 3.2 ms (http://node:8000/rpc)"
     assert redact(text, ["unrelated-secret-value"]) == text

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from testkit import netem
 from testkit.netem import DelayLine, Impairment, RelayThread, UdpEcho, udp_ping
 
 
@@ -61,5 +62,20 @@ def test_a_relay_adds_its_delay_to_a_ping() -> None:
             assert ping.lost == 0 and ping.percentile(50) >= 20.0  # 10 ms each way
             relays.set_impairment(Impairment(loss=1.0))
             assert udp_ping(relay.listen, count=5, timeout_s=0.2).lost == 5
+    finally:
+        echo.close()
+
+
+def test_a_relay_closes_the_sockets_of_clients_gone_silent(monkeypatch) -> None:
+    """Every QUIC connection a node opens comes from a port of its own; a relay that kept a socket per
+    client for ever passed the benchmark's fd limit over a long run."""
+    monkeypatch.setattr(netem, "UPSTREAM_IDLE_S", 0.0)
+    echo = UdpEcho()
+    try:
+        with RelayThread() as relays:
+            relay = relays.add(listen=("127.0.0.1", 0), target=echo.address)
+            for _ in range(130):  # each ping is a client of its own (a fresh source port)
+                assert udp_ping(relay.listen, count=1, timeout_s=0.5).lost == 0
+            assert 0 < relays.call(lambda: len(relay._upstreams)) < 70
     finally:
         echo.close()
