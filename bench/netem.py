@@ -164,17 +164,18 @@ def run(args: argparse.Namespace, work: Path, transport: tuple[str, str]) -> dic
     return results
 
 
-def parse_transport(text: str) -> tuple[str, str]:
-    """"aioquic:reno" -> ("aioquic", "reno"); "qh3" -> ("qh3", ""): the library's default controller."""
-    library, _, congestion = text.partition(":")
-    if library not in quic_lib.LIBRARIES:
-        raise argparse.ArgumentTypeError(f"unknown QUIC library {library!r}; choose from {quic_lib.LIBRARIES}")
-    return library, congestion
+def parse_transports(text: str) -> list[tuple[str, str]]:
+    """"qh3,aioquic:reno" -> [("qh3", ""), ("aioquic", "reno")] ("": the library's default controller)."""
+    transports = [tuple(item.partition(":")[::2]) for item in text.split(",") if item]
+    for library, _ in transports:
+        if library not in quic_lib.LIBRARIES:
+            raise argparse.ArgumentTypeError(f"unknown QUIC library {library!r}; choose from {quic_lib.LIBRARIES}")
+    return transports
 
 
 def transport_name(transport: tuple[str, str]) -> str:
     lib = quic_lib.load(transport[0])
-    congestion = transport[1] or next(iter(lib.congestion_controls), "its own")
+    congestion = transport[1] or lib.default_congestion_control or "its own"
     return f"{lib.name} {lib.version}, congestion control {congestion}"
 
 
@@ -229,15 +230,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="5 forwards per wire per condition")
     parser.add_argument("--repeats", type=int, default=None, help="forwards per wire per condition (default 20)")
     parser.add_argument("--loopback", action="store_true", help="no network namespaces (nodes on 127.0.0.1)")
-    parser.add_argument("--transports", default="qh3,aioquic",
+    parser.add_argument("--transports", type=parse_transports, default="qh3,aioquic",
                         help="the nodes' QUIC library[:congestion control], comma-separated, each a run of every "
                              "condition (TENZRO_QUIC_LIB, TENZRO_QUIC_CONGESTION; default controller: the "
                              "library's, aioquic's is 'tolerant')")
     args = parser.parse_args()
     args.repeats = args.repeats or (5 if args.quick else 20)
-    transports = [parse_transport(t) for t in args.transports.split(",") if t]
     runs, heads = [], []
-    for transport in transports:
+    for transport in args.transports:
         work = Path(tempfile.mkdtemp(prefix="tenzro-bench-netem-"))
         try:
             results = run(args, work, transport)

@@ -11,7 +11,7 @@ repeatable for a seed, and costs only the CPU of the two connections.
 
 `transfer(...)` sends `size` bytes on one stream from client to server and answers what
 happened: when the last byte arrived, what the path dropped at its queue and at random, and the
-sender's recovery state (`tolerance`, the controller's counters).
+sender's recovery state (its `reordering` thresholds, the controller's counters).
 """
 
 from __future__ import annotations

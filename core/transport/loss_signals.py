@@ -104,7 +104,7 @@ class CongestionSignal:
     reordered datagram's short sample move only some; and a route whose delay grew is a new
     base within that window (as BBR expires its min_rtt), not a queue for ever.
 
-    The loss rate is measured over the last `horizon` bytes or so (the counts halve whenever
+    The loss rate is measured over the last `horizon_bytes` or so (the counts halve whenever
     they pass it) and judged only once half a horizon has been seen: at 1 %
     random loss, a handful of datagrams would read as 5 % by chance.
     """
@@ -112,6 +112,7 @@ class CongestionSignal:
     queue_fraction: float = 0.5  # the recent RTT this far above its base (as a fraction of it) ...
     queue_floor_s: float = 0.005  # ... and at least this far above: a queue, not noise
     heavy_loss: float = 0.05  # fraction of bytes lost lately above which loss is congestion
+    horizon_bytes: int = 256 * 1_350  # the loss rate's memory: a few hundred datagrams
     window: int = 32  # RTT samples the queue estimate reads
     quantile: float = 0.5  # the median: reordered datagrams and ACKs (1-2 % of samples) stay below it
     base_window_s: float = 10.0
@@ -120,7 +121,6 @@ class CongestionSignal:
     _lows: deque[tuple[float, float]] = field(default_factory=deque)  # (time, recent RTT), rising: a sliding minimum
     _acked_bytes: float = 0.0
     _lost_bytes: float = 0.0
-    _horizon: int = 0
     _heavy_since: float | None = None  # when heavy loss was first seen, not yet confirmed
 
     def rtt_sample(self, sample_s: float, now: float) -> None:
@@ -143,13 +143,13 @@ class CongestionSignal:
         """The lowest recent RTT of the last `base_window_s` (inf before enough samples)."""
         return self._lows[0][1] if self._lows else float("inf")
 
-    def acked(self, size: int, horizon: int) -> None:
+    def acked(self, size: int) -> None:
         self._acked_bytes += size
-        self._age(horizon)
+        self._age()
 
-    def lost(self, size: int, horizon: int) -> None:
+    def lost(self, size: int) -> None:
         self._lost_bytes += size
-        self._age(horizon)
+        self._age()
 
     def not_lost(self, size: int) -> None:
         """Bytes declared lost that were acknowledged after all (reordered, not dropped)."""
@@ -157,9 +157,8 @@ class CongestionSignal:
         self._lost_bytes -= moved
         self._acked_bytes += moved
 
-    def _age(self, horizon: int) -> None:
-        self._horizon = horizon
-        if self._acked_bytes + self._lost_bytes > horizon:
+    def _age(self) -> None:
+        if self._acked_bytes + self._lost_bytes > self.horizon_bytes:
             self._acked_bytes *= 0.5
             self._lost_bytes *= 0.5
 
@@ -170,7 +169,7 @@ class CongestionSignal:
 
     def loss_heavy(self) -> bool:
         seen = self._acked_bytes + self._lost_bytes
-        return seen >= self._horizon / 2 and self.loss_rate > self.heavy_loss
+        return seen >= self.horizon_bytes / 2 and self.loss_rate > self.heavy_loss
 
     @property
     def queue_delay_s(self) -> float:

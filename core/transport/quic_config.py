@@ -104,6 +104,6 @@ class QuicSettings:
         """The settings as plain values (benchmarks print them)."""
         return {"library": f"{self.library} {self.lib.version}", "max_datagram_size": self.max_datagram_size or "path",
                 "connection_window": self.connection_window, "stream_window": self.stream_window,
-                "congestion_control": self.congestion_control or next(iter(self.lib.congestion_controls),
-                                                                      "the library's own"),
+                "congestion_control": self.congestion_control or self.lib.default_congestion_control
+                or "the library's own",
                 "socket_buffer_bytes": self.socket_buffer_bytes}

@@ -85,10 +85,15 @@ class QuicLibrary:
         host = str(address[0])
         return (host.removeprefix("::ffff:"), int(address[1]))
 
+    @property
+    def default_congestion_control(self) -> str | None:
+        """The controller a configuration gets unless one is named (None: the library's own, fixed)."""
+        return self.congestion_controls[0] if self.congestion_controls else None
+
     def configuration(self, *, congestion_control: str | None, **kwargs: Any) -> Any:
         """A QuicConfiguration; `congestion_control` (default: the first offered) where there is a choice."""
         if self.congestion_controls:
-            congestion_control = congestion_control or self.congestion_controls[0]
+            congestion_control = congestion_control or self.default_congestion_control
             if congestion_control not in self.congestion_controls:
                 raise ValueError(f"{self.name} offers congestion control {self.congestion_controls}, "
                                  f"not {congestion_control!r}")

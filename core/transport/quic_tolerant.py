@@ -60,7 +60,7 @@ def _controller_class(congestion: ModuleType) -> type:
             self._recovery_start = 0.0
             self._stash = 0
             self._rtt_monitor = congestion.QuicRttMonitor()
-            self.signal = CongestionSignal()
+            self.signal = CongestionSignal(horizon_bytes=256 * max_datagram_size)
             self.reductions = 0  # loss events taken as congestion
             self.tolerated = 0  # loss events that left the window as it was
             self.undone = 0  # reductions taken back: their losses proved spurious
@@ -69,12 +69,9 @@ def _controller_class(congestion: ModuleType) -> type:
             self._reduction_spurious = 0  # ... and of those, or since, acknowledged after all
             self._slow_start_paused = False  # slow start left on heavy loss not yet confirmed
 
-        def _horizon(self) -> int:
-            return 256 * self._datagram
-
         def on_packet_acked(self, *, now: float, packet: Any) -> None:
             self.bytes_in_flight -= packet.sent_bytes
-            self.signal.acked(packet.sent_bytes, self._horizon())
+            self.signal.acked(packet.sent_bytes)
             if self._slow_start_paused and not self.signal.loss_heavy():
                 self.ssthresh, self._slow_start_paused = None, False  # the loss was not a queue's
             if packet.sent_time <= self._recovery_start:
@@ -98,7 +95,7 @@ def _controller_class(congestion: ModuleType) -> type:
             latest_sent, lost_bytes = 0.0, 0
             for packet in packets:
                 self.bytes_in_flight -= packet.sent_bytes
-                self.signal.lost(packet.sent_bytes, self._horizon())
+                self.signal.lost(packet.sent_bytes)
                 latest_sent = max(latest_sent, packet.sent_time)
                 lost_bytes += packet.sent_bytes
             if latest_sent <= self._recovery_start:

@@ -46,10 +46,9 @@ def _samples(signal: CongestionSignal, rtt_s: float, count: int = 32, *, start: 
 
 def test_random_loss_on_an_idle_path_is_not_congestion() -> None:
     signal = CongestionSignal()
-    horizon = 256 * DATAGRAM
     _samples(signal, 0.030)
     for i in range(1000):
-        (signal.lost if i % 100 == 0 else signal.acked)(DATAGRAM, horizon)
+        (signal.lost if i % 100 == 0 else signal.acked)(DATAGRAM)
     assert signal.loss_rate == pytest.approx(0.01, abs=0.01)
     assert not signal.is_congestion(1.0)
 
@@ -79,15 +78,14 @@ def test_a_path_whose_delay_grew_is_a_new_base_within_the_base_window() -> None:
 
 def test_heavy_loss_is_congestion_once_enough_was_seen_and_it_lasted_an_rtt() -> None:
     signal = CongestionSignal()
-    horizon = 256 * DATAGRAM
     _samples(signal, 0.030)
-    signal.lost(DATAGRAM, horizon)
+    signal.lost(DATAGRAM)
     for _ in range(5):
-        signal.acked(DATAGRAM, horizon)
+        signal.acked(DATAGRAM)
     assert signal.loss_rate > signal.heavy_loss
     assert not signal.is_congestion(1.0)  # one loss in six datagrams is chance, not a rate
     for i in range(200):
-        (signal.lost if i % 10 == 0 else signal.acked)(DATAGRAM, horizon)
+        (signal.lost if i % 10 == 0 else signal.acked)(DATAGRAM)
     assert not signal.is_congestion(2.0) and signal.heavy_pending  # seen, not yet an RTT old
     assert not signal.is_congestion(2.02)
     assert signal.is_congestion(2.031)
@@ -97,11 +95,10 @@ def test_heavy_loss_is_congestion_once_enough_was_seen_and_it_lasted_an_rtt() ->
 
 def test_losses_found_spurious_are_taken_back() -> None:
     signal = CongestionSignal()
-    horizon = 256 * DATAGRAM
     for _ in range(150):
-        signal.acked(DATAGRAM, horizon)
+        signal.acked(DATAGRAM)
     for _ in range(30):
-        signal.lost(DATAGRAM, horizon)
+        signal.lost(DATAGRAM)
     assert signal.loss_heavy()
     signal.not_lost(30 * DATAGRAM)
     assert signal.loss_rate == 0.0 and not signal.is_congestion(1.0)
