@@ -9,8 +9,9 @@ the repair interval to 2 s, so demand comes and goes within the test:
    policy's hot threshold (1,000), so nothing is hot and every expert stays at 2 after two passes.
    (Metered as rows per second of compute, as before, every expert was "hot" and went to 3.)
 2. A load generator executes expert 0 on its two holders for a while. With the measured demand D and
-   capacity C, the policy's threshold is set to D/2 and its headroom to 2.8 C / D, so the target,
-   ceil(D x headroom / C), is about 3: the third node fetches the expert (a target above 3 is reported
+   capacity C, the policy's threshold is set to D/4 and its headroom to 3.5 C / D, so the target,
+   ceil(demand x headroom / C), is 3 to 7 while the demand stays within 0.58-2 D (a loaded machine
+   serves the generator unevenly): the third node fetches the expert (a target above 3 is reported
    as `capped`: there are 3 providers), and no pass targets max_replication (8).
 3. The load stops: once it has left the window the expert drops back to 2 (two stable passes), and
    stays there.
@@ -140,18 +141,17 @@ def test_replication_follows_demand_up_and_back_down(start_node, tmp_path) -> No
         cap = float(np.median([h["capacity_tps"] for h in entry["holders"]]))
         # 64 rows a call, up to 20 calls a second: however loaded the machine, far above the 200 forwards'
         assert d > 20 and cap > 0, (entry, load.calls, load.failed)
-        headroom = 2.8 * cap / d
+        headroom = 3.5 * cap / d
         raised = latest_pass(nodes)
         for node in nodes:
-            propose(node, hot_threshold_tps=d / 2, repair_headroom=headroom)
+            propose(node, hot_threshold_tps=d / 4, repair_headroom=headroom)
         print(f"load: demand {d} rows/s, one holder's capacity {cap:g} rows/s, headroom set to {headroom:.3g}")
-        wait_for(lambda: replication(a).get(HOT) == 3, 60, "expert 0 to gain a third holder")
+        wait_for(lambda: replication(a).get(HOT) == 3, 90, "expert 0 to gain a third holder")
         assert {e: r for e, r in replication(a).items() if e != HOT} == {1: 2, 2: 2, 3: 2}
         rows = [r for p in passes_after(third, raised) for r in p["rows"] if r["expert"] == HOT]
         assert "fetched" in [r["outcome"] for r in rows if r["action"] == "add"], rows
-        # by demand, not to max_replication (8): ~3 at the demand measured; the demand still moves as the
-        # window fills, so a pass may size a little above it
-        assert all(3 <= r["target"] <= 6 for r in rows if r["action"] == "add"), [r["target"] for r in rows]
+        # by demand, not to max_replication (8): 4 at the demand measured, 3-7 as it moves with the load
+        assert all(3 <= r["target"] <= 7 for r in rows if r["action"] == "add"), [r["target"] for r in rows]
 
     # 3. The load has stopped: back to 2 once it has left the window, and it stays there.
     stopped = time.monotonic()
