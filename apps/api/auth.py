@@ -13,6 +13,7 @@ from functools import cache
 from django.conf import settings
 
 from core.env import OPERATOR_TOKEN_FILE, read_or_create_secret
+from core.errors import Unauthorized
 
 
 @cache
@@ -34,3 +35,16 @@ def bearer_token(authorization_header: str | None) -> str | None:
 def is_operator(token: str | None) -> bool:
     """Constant-time comparison against the operator token."""
     return token is not None and hmac.compare_digest(token.encode(), operator_token().encode())
+
+
+def operator_refusal(what: str, *, token_sent: bool) -> Unauthorized:
+    """The error for a method of the operator door called without this node's token. A token that
+    was sent but is not this node's (most often another node's, read from the wrong data dir) is
+    told apart from no token at all: "needs the token" would only confuse the operator who sent one."""
+    if not token_sent:
+        return Unauthorized(f"{what} changes the node and needs the operator token (Authorization: Bearer …)",
+                            token="missing")
+    return Unauthorized(
+        f"{what} changes the node, and the bearer token sent was not accepted: it is not this node's operator "
+        "token (another node's? the CLI reads <data dir>/operator.token: set TENZRO_DATA_DIR to this node's "
+        "data dir, or pass --token)", token="not_accepted")

@@ -20,3 +20,13 @@ def error_object(code: int, message: str, data: dict[str, Any] | None = None) ->
     if data is not None:
         error["data"] = data
     return error
+
+
+def describe_errors(errors: list[dict[str, Any]], *, limit: int = 3) -> str:
+    """One line naming each invalid field and why, for a person reading an error message:
+    ``blob_uri: String should match pattern '^sha256:…'; d_model: Field required (and 2 more)``.
+    ``errors``: pydantic's ``{"loc", "msg"}`` items; the full list stays in the error's data."""
+    parts = [f"{'.'.join(str(step) for step in e.get('loc', ())) or 'params'}: {e.get('msg', 'invalid')}"
+             for e in errors[:limit]]
+    more = f" (and {len(errors) - limit} more)" if len(errors) > limit else ""
+    return "; ".join(parts) + more

@@ -13,18 +13,20 @@ from typing import Any
 from django.conf import settings
 from pydantic import ValidationError
 
+from apps.api.auth import operator_refusal
 from apps.api.errors import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     PARSE_ERROR,
+    describe_errors,
     error_object,
 )
 from apps.api.json_body import JsonBodyError, loads
 from apps.api.registry import REGISTRY, RpcMethod
 from core import metrics
-from core.errors import PayloadTooLarge, TenzroError, Unauthorized
+from core.errors import PayloadTooLarge, TenzroError
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +47,12 @@ def _validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
     return [{"loc": list(err["loc"]), "msg": err["msg"], "type": err["type"]} for err in exc.errors()]
 
 
+def _invalid_params(name: str, exc: ValidationError) -> dict[str, Any]:
+    errors = _validation_errors(exc)
+    return error_object(INVALID_PARAMS, f"Invalid params for {name}: {describe_errors(errors)}",
+                        {"reason": "invalid_params", "errors": errors})
+
+
 def _bind_params(method: RpcMethod, raw: Any) -> Any:
     """Validate JSON-RPC params (by name or by position) against the method's schema."""
     if method.params is None:
@@ -61,7 +69,7 @@ def _bind_params(method: RpcMethod, raw: Any) -> Any:
     return method.params.model_validate(raw)
 
 
-async def _handle_call(call: Any, *, operator: bool) -> dict[str, Any] | None:
+async def _handle_call(call: Any, *, operator: bool, token_sent: bool) -> dict[str, Any] | None:
     if not isinstance(call, dict):
         return _response(None, error=_invalid_request("expected an object"))
     request_id = call.get("id", _MISSING)
@@ -81,7 +89,8 @@ async def _handle_call(call: Any, *, operator: bool) -> dict[str, Any] | None:
     if problem is not None:
         return _response(reply_id, error=_invalid_request(problem))
 
-    response = await _run_method(call["method"], call.get("params", _MISSING), operator=operator, reply_id=reply_id)
+    response = await _run_method(call["method"], call.get("params", _MISSING), operator=operator,
+                                 token_sent=token_sent, reply_id=reply_id)
     error = response.get("error")
     # Unknown method names all count as "other": a client cannot grow the label space.
     metrics.RPC_REQUESTS.labels(call["method"] if call["method"] in REGISTRY else "other",
@@ -90,19 +99,18 @@ async def _handle_call(call: Any, *, operator: bool) -> dict[str, Any] | None:
     return None if is_notification else response
 
 
-async def _run_method(name: str, raw_params: Any, *, operator: bool, reply_id: Any) -> dict[str, Any]:
+async def _run_method(name: str, raw_params: Any, *, operator: bool, token_sent: bool, reply_id: Any) -> dict[str, Any]:
     method = REGISTRY.get(name)
     if method is None:
         return _response(reply_id, error=error_object(METHOD_NOT_FOUND, f"Method not found: {name}",
                                                         {"reason": "method_not_found"}))
     if method.operator_only and not operator:
-        exc = Unauthorized(f"{name} changes the node and needs the operator token (Authorization: Bearer …)")
+        exc = operator_refusal(name, token_sent=token_sent)
         return _response(reply_id, error=error_object(exc.code, exc.message, exc.data()))
     try:
         params = _bind_params(method, raw_params)
     except ValidationError as exc:
-        data = {"reason": "invalid_params", "errors": _validation_errors(exc)}
-        return _response(reply_id, error=error_object(INVALID_PARAMS, f"Invalid params for {name}", data))
+        return _response(reply_id, error=_invalid_params(name, exc))
     except ValueError as exc:
         return _response(reply_id, error=error_object(INVALID_PARAMS, str(exc), {"reason": "invalid_params"}))
     try:
@@ -110,15 +118,15 @@ async def _run_method(name: str, raw_params: Any, *, operator: bool, reply_id: A
     except TenzroError as exc:
         return _response(reply_id, error=error_object(exc.code, exc.message, exc.data()))
     except ValidationError as exc:
-        data = {"reason": "invalid_params", "errors": _validation_errors(exc)}
-        return _response(reply_id, error=error_object(INVALID_PARAMS, f"Invalid params for {name}", data))
+        return _response(reply_id, error=_invalid_params(name, exc))
     except Exception:
         logger.exception("JSON-RPC method %s failed", name)
         data = {"reason": "internal_error"}
         return _response(reply_id, error=error_object(INTERNAL_ERROR, f"Internal error in {name}", data))
 
 
-async def handle_payload(body: bytes, *, operator: bool) -> dict[str, Any] | list[dict[str, Any]] | None:
+async def handle_payload(body: bytes, *, operator: bool,
+                         token_sent: bool = False) -> dict[str, Any] | list[dict[str, Any]] | None:
     """Answer one HTTP body of JSON-RPC: a response, a list of responses, or None (nothing to send)."""
     try:
         payload = loads(body)
@@ -134,7 +142,8 @@ async def handle_payload(body: bytes, *, operator: bool) -> dict[str, Any] | lis
             exc = PayloadTooLarge(f"batch of {len(payload)} calls exceeds TENZRO_RPC_MAX_BATCH ({limit} calls)",
                                   reason="batch_too_large", limit=limit, setting="TENZRO_RPC_MAX_BATCH")
             return _response(None, error=error_object(exc.code, exc.message, exc.data()))
-        answers = await asyncio.gather(*(_handle_call(call, operator=operator) for call in payload))
+        answers = await asyncio.gather(*(_handle_call(call, operator=operator, token_sent=token_sent)
+                                         for call in payload))
         responses = [answer for answer in answers if answer is not None]
         return responses or None
-    return await _handle_call(payload, operator=operator)
+    return await _handle_call(payload, operator=operator, token_sent=token_sent)

@@ -17,11 +17,12 @@ from ninja.parser import Parser
 from ninja.renderers import BaseRenderer
 from ninja.security import HttpBearer
 
-from apps.api.auth import is_operator
+from apps.api.auth import bearer_token, is_operator, operator_refusal
+from apps.api.errors import describe_errors
 from apps.api.json_body import JsonBodyError, loads
 from apps.api.registry import REGISTRY, RpcMethod
 from apps.api.schemas import ErrorOut
-from core.errors import PayloadTooLarge, TenzroError, Unauthorized
+from core.errors import PayloadTooLarge, TenzroError
 
 _HTTP_REASONS = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
@@ -88,12 +89,13 @@ def build_api() -> NinjaAPI:
     def invalid_params(request: HttpRequest, exc: ValidationError) -> HttpResponse:
         errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
                   for e in exc.errors]
-        return _error(api, request, TenzroError("invalid params", reason="invalid_params", errors=errors))
+        return _error(api, request, TenzroError(f"invalid params: {describe_errors(errors)}", reason="invalid_params",
+                                                errors=errors))
 
     @api.exception_handler(AuthenticationError)
     def unauthorized(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
-        return _error(api, request, Unauthorized("this method changes the node and needs the operator token "
-                                                 "(Authorization: Bearer …)"))
+        token_sent = bearer_token(request.headers.get("Authorization")) is not None
+        return _error(api, request, operator_refusal("this method", token_sent=token_sent))
 
     @api.exception_handler(HttpError)
     def http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:

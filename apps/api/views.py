@@ -25,8 +25,8 @@ async def rpc_endpoint(request: HttpRequest) -> HttpResponse:
                               limit_bytes=settings.TENZRO_RPC_MAX_BYTES, setting="TENZRO_RPC_MAX_BYTES")
         payload = {"jsonrpc": "2.0", "error": error_object(exc.code, exc.message, exc.data()), "id": None}
         return HttpResponse(orjson.dumps(payload), status=exc.http_status, content_type="application/json")
-    operator = is_operator(bearer_token(request.headers.get("Authorization")))
-    answer = await handle_payload(body, operator=operator)
+    token = bearer_token(request.headers.get("Authorization"))
+    answer = await handle_payload(body, operator=is_operator(token), token_sent=token is not None)
     if answer is None:
         return HttpResponse(status=204)
     # orjson writes a base64 row string ~4x faster than json.dumps. It would write NaN as null:

@@ -64,6 +64,8 @@ def test_invalid_params_name_the_field(client) -> None:
     assert error["code"] == -32602
     assert error["data"]["reason"] == "invalid_params"
     assert error["data"]["errors"][0]["loc"] == ["limit"]
+    # the message itself names the field and why, for a person reading one line (the CLI prints it)
+    assert error["message"].startswith("Invalid params for tenzro_policyHistory: limit: Input should be a valid")
 
 
 def test_params_by_position(client) -> None:
@@ -106,9 +108,13 @@ def test_batch_of_only_notifications_answers_nothing(client) -> None:
 
 def test_mutating_method_refused_without_or_with_wrong_token(client) -> None:
     call = {"jsonrpc": "2.0", "id": 1, "method": "tenzro_policyPropose", "params": {"changes": {"min_replication": 3}}}
-    for token in (None, "wrong-token"):
+    for token, said in ((None, "missing"), ("wrong-token", "not_accepted")):
         error = rpc(client, call, token=token).json()["error"]
-        assert error["code"] == -32001 and error["data"]["reason"] == "unauthorized"
+        assert error["code"] == -32001 and error["data"] == {"reason": "unauthorized", "token": said}
+    # a token that is not this node's is told apart from none, with where the CLI reads it
+    assert "needs the operator token" in rpc(client, call).json()["error"]["message"]
+    message = rpc(client, call, token="wrong-token").json()["error"]["message"]
+    assert "not accepted" in message and "TENZRO_DATA_DIR" in message
     assert rpc(client, call, token=TOKEN).json()["result"]["status"] == "proposed"
 
 
