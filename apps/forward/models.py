@@ -19,6 +19,7 @@ class HolderPenalty(models.Model):
 
     class Meta:
         ordering = ("-at", "-id")
+        verbose_name_plural = "holder penalties"
 
     def __str__(self) -> str:
         return f"{self.provider_id[:16]}… {self.reason} ({self.model_id} {self.layer}/{self.expert})"

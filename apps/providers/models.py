@@ -73,3 +73,6 @@ class Reachability(models.Model):
     checked_by = models.CharField(max_length=64, blank=True, default="")
     checked_at = models.DateTimeField(null=True, blank=True)
     detail = models.TextField(blank=True, default="")
+
+    class Meta:
+        verbose_name = verbose_name_plural = "reachability"

@@ -29,6 +29,7 @@ class RepairPass(models.Model):
 
     class Meta:
         ordering = ("-started_at", "-id")
+        verbose_name_plural = "repair passes"
 
     def __str__(self) -> str:
         return f"repair pass {self.pk} at {self.started_at:%Y-%m-%d %H:%M:%S} ({self.fetched} fetched)"
@@ -56,4 +57,5 @@ class TrimWatch(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        verbose_name_plural = "trim watches"
         constraints = [models.UniqueConstraint(fields=["model_id", "layer", "expert"], name="repair_trim_key")]

@@ -37,6 +37,9 @@ class WorkerState(models.Model):
     compute = models.JSONField(default=dict, blank=True, help_text=(
         "How the compute backend was chosen (a reason per candidate) and the GPU device tier's figures."))
 
+    class Meta:
+        verbose_name = verbose_name_plural = "worker state"
+
     def __str__(self) -> str:
         return f"expert worker pid {self.pid}"
 
