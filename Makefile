@@ -95,8 +95,17 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
+## An admin login. Without a terminal (a script, CI, a container) it takes DJANGO_SUPERUSER_USERNAME,
+## DJANGO_SUPERUSER_PASSWORD and DJANGO_SUPERUSER_EMAIL (optional) instead of asking.
 superuser: install
-	$(BIN)/python manage.py createsuperuser
+	@if [ -n "$$DJANGO_SUPERUSER_USERNAME" ] && [ -n "$$DJANGO_SUPERUSER_PASSWORD" ]; then \
+		$(BIN)/python manage.py createsuperuser --noinput --email "$${DJANGO_SUPERUSER_EMAIL:-}"; \
+	elif [ -t 0 ]; then \
+		$(BIN)/python manage.py createsuperuser; \
+	else \
+		echo "make superuser: no terminal to ask on; set DJANGO_SUPERUSER_USERNAME and DJANGO_SUPERUSER_PASSWORD" \
+			"(and DJANGO_SUPERUSER_EMAIL) to create the login without questions" >&2; exit 2; \
+	fi
 
 clean:
 	rm -rf $(VENV) var .pytest_cache
