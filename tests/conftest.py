@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from testkit.faults import Fault, FaultLog, summary_lines
-from testkit.nodes import NodeProcess
+from testkit.nodes import NodeProcess, stop_all
 
 # Redis databases 1-14 are for e2e nodes (0: `make run`, 15: in-process tests).
 _redis_dbs = itertools.cycle(range(1, 15))
@@ -42,8 +42,7 @@ def start_node(tmp_path):
         return node.start(**(env or {}))
 
     yield start
-    for node in started:
-        node.stop()
+    stop_all(started)
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +57,7 @@ def start_module_node(tmp_path_factory):
         return node.start(**(env or {}))
 
     yield start
-    for node in started:
-        node.stop()
+    stop_all(started)
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from apps.blobs.store import parse_blob_uri
 from core.experts.runtime import ExpertRuntime
 from core.transport.quic import QuicSettings, quic_call
 from testkit.checkpoints import qwen3_moe
-from testkit.nodes import TOKEN
+from testkit.nodes import TOKEN, stop_all
 from testkit.redis_server import RedisNode, RedisServer
 from tests.e2e.test_gossip import FAST, wait_for
 
@@ -149,8 +149,7 @@ def prepared_network(redis_server: RedisServer, root: Path, env: dict[str, str],
         print(f"network prepared, loaded and gossiped in {time.monotonic() - started:.1f} s")
         yield net
     finally:
-        for node in net.nodes:
-            node.stop()
+        stop_all(net.nodes)
 
 
 @pytest.fixture(scope="module")
