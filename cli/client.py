@@ -15,7 +15,12 @@ _ids = itertools.count(1)
 
 
 class NodeError(Exception):
-    """The node could not be reached or answered an error; str() is one line for the operator."""
+    """The node could not be reached or answered an error; str() is one line for the operator.
+    ``reason``: the error's data.reason when the node answered one (docs/protocol.md), else None."""
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def operator_token(explicit: str | None) -> str | None:
@@ -50,6 +55,7 @@ class NodeClient:
         error = answer.get("error") if isinstance(answer, dict) else None
         if error:
             reason = (error.get("data") or {}).get("reason", "error")
-            raise NodeError(f"{method} failed: {reason}: {error.get('message')} (code {error.get('code')})")
+            raise NodeError(f"{method} failed: {reason}: {error.get('message')} (code {error.get('code')})",
+                            reason=reason)
         return answer.get("result")
 

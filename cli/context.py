@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -27,5 +27,10 @@ class CliContext:
         try:
             return self.client().call(method, params)
         except NodeError as exc:
-            click.echo(f"tenzro: {exc}", err=True)
-            sys.exit(1)
+            fail(str(exc))
+
+
+def fail(message: str) -> NoReturn:
+    """One line on stderr, exit status 1: how every command reports what went wrong."""
+    click.echo(f"tenzro: {message}", err=True)
+    sys.exit(1)

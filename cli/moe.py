@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 
-from cli.context import CliContext, print_json
+from cli.client import NodeError
+from cli.context import CliContext, fail, print_json
+from cli.names import forward_summary, provider_names, with_provider_names
 
 
 @click.group()
@@ -107,41 +111,88 @@ def prepare_status(obj: CliContext, job_id: str, wait: bool) -> None:
     _finish(_wait_for_job(obj, job) if wait else job)
 
 
-def _payload_source(file_: str | None, blob: str | None) -> dict[str, str]:
-    if bool(file_) == bool(blob):
-        raise click.UsageError("give exactly one of --file or --blob")
-    if blob:
-        return {"blob_uri": blob}
+# A payload from this host's disk: a node on this host reads the file itself (no copy through a
+# request body, whose base64 grows it by a third and whose size TENZRO_RPC_MAX_BYTES caps: a 48 MiB
+# f32 expert did not fit), any other node gets it inline.
+_READ_BY_NODE = {"file_not_found", "unreadable_file", "not_a_file"}
+
+
+def _node_on_this_host(node_url: str) -> bool:
+    host = urlsplit(node_url).hostname or ""
+    if host == "localhost":
+        return True
     try:
-        data = Path(file_).read_bytes()
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _inline(file_: Path) -> dict[str, str]:
+    try:
+        data = file_.read_bytes()
     except OSError as exc:
         raise click.BadParameter(f"cannot read {file_}: {exc.strerror}", param_hint="--file") from exc
     return {"payload": base64.b64encode(data).decode("ascii")}
+
+
+def _load(obj: CliContext, method: str, ids: dict[str, Any], file_: str | None, path: str | None,
+          blob: str | None) -> Any:
+    """Call a load method with the payload the operator named: --file (read here), --path (read by
+    the node, on its own disk) or --blob (fetched by the node)."""
+    if sum(source is not None for source in (file_, path, blob)) != 1:
+        raise click.UsageError("give exactly one of --file, --path or --blob")
+    if file_ is None:
+        return obj.call(method, {**ids, "path": path, "blob_uri": blob})
+    local = Path(file_)
+    if not local.is_file():
+        raise click.BadParameter(f"{file_} is not a readable file", param_hint="--file")
+    client = obj.client()
+    try:
+        if _node_on_this_host(obj.node):
+            try:
+                return client.call(method, {**ids, "path": str(local.resolve())})
+            except NodeError as exc:
+                if exc.reason not in _READ_BY_NODE:
+                    raise
+                # the node answers on loopback but sees another disk (a container, a tunnel): send it
+        return client.call(method, {**ids, **_inline(local)})
+    except NodeError as exc:
+        if exc.reason == "payload_too_large":
+            fail(f"{exc}; {file_} ({local.stat().st_size} bytes, a third more as base64) is too large to send "
+                 "inline: copy it to the node's host and pass --path, or publish it as a blob (--blob)")
+        fail(str(exc))
 
 
 @moe.command("load-expert")
 @click.option("--model", required=True)
 @click.option("--layer", required=True, type=int)
 @click.option("--expert", required=True, type=int)
-@click.option("--file", "file_", type=click.Path(dir_okay=False), help="Local expert payload (safetensors).")
+@click.option("--file", "file_", type=click.Path(dir_okay=False),
+              help="Expert payload (safetensors) on this host: a node on this host reads it from disk, another "
+                   "gets it inline.")
+@click.option("--path", help="Expert payload file on the node's own disk.")
 @click.option("--blob", help="tenzro://blob/<hash> to fetch and load.")
 @click.pass_obj
-def load_expert(obj: CliContext, model: str, layer: int, expert: int, file_: str | None, blob: str | None) -> None:
-    """Load one expert's FFN weights into the node's runtime."""
-    params = {"model_id": model, "layer": layer, "expert": expert, **_payload_source(file_, blob)}
-    print_json(obj.call("tenzro_moeExpertLoad", params))
+def load_expert(obj: CliContext, model: str, layer: int, expert: int, file_: str | None, path: str | None,
+                blob: str | None) -> None:
+    """Load one expert's FFN weights into the node's runtime (docs/formats.md: writing a payload)."""
+    ids = {"model_id": model, "layer": layer, "expert": expert}
+    print_json(_load(obj, "tenzro_moeExpertLoad", ids, file_, path, blob))
 
 
 @moe.command("load-gate")
 @click.option("--model", required=True)
 @click.option("--layer", required=True, type=int)
-@click.option("--file", "file_", type=click.Path(dir_okay=False), help="Local gate payload (safetensors).")
+@click.option("--file", "file_", type=click.Path(dir_okay=False),
+              help="Gate payload (safetensors) on this host: a node on this host reads it from disk, another "
+                   "gets it inline.")
+@click.option("--path", help="Gate payload file on the node's own disk.")
 @click.option("--blob", help="tenzro://blob/<hash> to fetch and load.")
 @click.pass_obj
-def load_gate(obj: CliContext, model: str, layer: int, file_: str | None, blob: str | None) -> None:
+def load_gate(obj: CliContext, model: str, layer: int, file_: str | None, path: str | None,
+              blob: str | None) -> None:
     """Load a layer's gating network."""
-    params = {"model_id": model, "layer": layer, **_payload_source(file_, blob)}
-    print_json(obj.call("tenzro_moeGateLoad", params))
+    print_json(_load(obj, "tenzro_moeGateLoad", {"model_id": model, "layer": layer}, file_, path, blob))
 
 
 @moe.command("unload-expert")
@@ -191,8 +242,8 @@ def plan_dispatch(obj: CliContext, model: str, routings: str, allow_cold: bool) 
     except (OSError, ValueError) as exc:
         click.echo(f"tenzro: cannot read routings from {routings}: {exc}", err=True)
         sys.exit(1)
-    print_json(obj.call("tenzro_moePlanDispatch", {"model_id": model, "routings": decisions,
-                                                   "allow_cold": allow_cold}))
+    plan = obj.call("tenzro_moePlanDispatch", {"model_id": model, "routings": decisions, "allow_cold": allow_cold})
+    print_json(with_provider_names(plan, provider_names(obj)))
 
 
 @moe.command("forward")
@@ -230,7 +281,9 @@ def forward(obj: CliContext, model: str, layer: int, hidden: str, d_model: int, 
     result = obj.call("tenzro_moeForward", params)
     output = base64.b64decode(result.pop("output"))
     Path(out).write_bytes(output)
-    print_json({**result, "out": out, "bytes": len(output)})
+    names = provider_names(obj)
+    print_json(with_provider_names({**result, "out": out, "bytes": len(output)}, names))
+    click.echo(forward_summary(result, names), err=True)
 
 
 @moe.command("receipts")

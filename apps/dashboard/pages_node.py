@@ -16,16 +16,16 @@ from apps.worker.selectors import worker_status_published
 MAX_IDS_PER_FETCH = 200
 
 
-def _network_context(rows: list[dict]) -> dict:
+def _network_context(provider_ids: list[str] | None = None) -> dict:
     now_ms = int(time.time() * 1000)
-    for row in rows:
-        row["age_s"] = max(0.0, (now_ms - row["alive_ms"]) / 1000)
-    return {"providers": rows, "now_ms": now_ms, "ttl_s": settings.TENZRO_GOSSIP_TTL_S}
+    return {"providers": provider_rows(provider_ids, now_ms=now_ms), "now_ms": now_ms,
+            "ttl_s": settings.TENZRO_GOSSIP_TTL_S, "heartbeat_s": settings.TENZRO_GOSSIP_HEARTBEAT_S,
+            "suspect_after_s": 2 * settings.TENZRO_GOSSIP_HEARTBEAT_S}
 
 
 @dashboard_page
 def network(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/network.html", _network_context(provider_rows()))
+    return render(request, "dashboard/network.html", _network_context())
 
 
 @dashboard_page
@@ -34,7 +34,7 @@ def network_rows(request: HttpRequest) -> HttpResponse:
     fetches after a network.changed push. Ids not in the view come back as no row."""
     raw = request.GET.get("ids")
     ids = None if raw is None else [i for i in raw.split(",") if i][:MAX_IDS_PER_FETCH]
-    return render(request, "dashboard/_network_rows.html", _network_context(provider_rows(ids)))
+    return render(request, "dashboard/_network_rows.html", _network_context(ids))
 
 
 @dashboard_page

@@ -22,6 +22,7 @@ from apps.dashboard.access import dashboard_page
 from apps.providers.api import PlanParams
 from apps.providers.selectors import shard_index_seen
 from apps.worker import client as worker_client
+from apps.worker.selectors import gate_d_model
 from core.errors import TenzroError
 from core.shardmap.planner import plan_dispatch
 from core.shardmap.routings import PlanInputError
@@ -90,10 +91,14 @@ def _routings_from(request: HttpRequest) -> Any:
 def _generate(model_id: str, post: Any) -> list[dict[str, Any]]:
     """Random hidden states (seeded) through this node's gate for the layer (tenzro_moeRoute)."""
     try:
-        layer, d_model = int(post.get("layer", 0)), int(post.get("d_model", 0))
-        tokens, seed = int(post.get("tokens", 16)), int(post.get("seed", 0))
+        layer, d_model = int(post.get("layer") or 0), int(post.get("d_model") or 0)
+        tokens, seed = int(post.get("tokens") or 16), int(post.get("seed") or 0)
     except ValueError as exc:
         raise ValueError("layer, d_model, tokens and seed must be integers") from exc
+    if not d_model:  # left empty: the width of the gate this node holds for the layer
+        d_model = gate_d_model(model_id, layer) or 0
+        if not d_model:
+            raise ValueError(f"this node holds no gate for {model_id} layer {layer}: load one, or give d_model")
     if not (0 <= layer < 1 << 31 and 0 < d_model <= MAX_D_MODEL and 0 < tokens <= MAX_GENERATED_TOKENS):
         raise ValueError(f"need 0 <= layer, 0 < d_model <= {MAX_D_MODEL}, 0 < tokens <= {MAX_GENERATED_TOKENS}")
     hidden = np.random.default_rng(seed).standard_normal((tokens, d_model)).astype("<f4")  # (tokens, d_model)

@@ -90,9 +90,11 @@ def push_runtime_status(*, status: dict[str, Any], **_: Any) -> None:
     dashboard_push(event="runtime.status", payload=status)
 
 
-def push_providers_changed(*, changed: list[str], removed: list[str], **_: Any) -> None:
-    """Receiver of providers' providers_changed: ids only; the network page fetches their rows."""
-    dashboard_push(event="network.changed", payload={"changed": changed, "removed": removed})
+def push_providers_changed(*, changed: list[str], removed: list[str], alive: dict[str, int] | None = None,
+                           **_: Any) -> None:
+    """Receiver of providers' providers_changed: ids stored or dropped (the network page fetches their
+    rows) and the fresh heartbeats' alive_ms by id (it moves their liveness in place)."""
+    dashboard_push(event="network.changed", payload={"changed": changed, "removed": removed, "alive": alive or {}})
 
 
 def push_generation_progress(*, generation: dict[str, Any], **_: Any) -> None:

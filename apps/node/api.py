@@ -2,6 +2,8 @@
 
 from typing import Any
 
+from ninja import Field
+
 from apps.api.registry import rpc_method
 from apps.api.schemas import Out
 from apps.node import selectors
@@ -15,6 +17,7 @@ class Endpoints(Out):
 
 class NodeInfoOut(Out):
     provider_id: str
+    name: str = Field(description="The short name this node signs into its record (TENZRO_NODE_NAME), for people.")
     roles: list[str]
     version: str
     endpoints: Endpoints

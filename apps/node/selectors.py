@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from functools import cache
 from typing import Any
@@ -32,10 +33,20 @@ def redis_check() -> dict[str, Any]:
     return {"ok": True, "error": None}
 
 
+def own_name(provider_id: str) -> str:
+    """This node's name for people: TENZRO_NODE_NAME, else "<host name>-<first 6 hex of its id>" (the
+    suffix tells apart several nodes on one host)."""
+    if settings.TENZRO_NODE_NAME:
+        return settings.TENZRO_NODE_NAME
+    host = "".join(c for c in socket.gethostname().split(".")[0] if c.isprintable() and not c.isspace())
+    return f"{host[:57] or 'node'}-{provider_id[:6]}"  # 64 characters at most, as a record's name
+
+
 def node_info() -> dict[str, Any]:
     identity = node_identity()
     return {
         "provider_id": identity.provider_id,
+        "name": own_name(identity.provider_id),
         "roles": list(settings.TENZRO_ROLES),
         "version": settings.TENZRO_VERSION,
         "endpoints": {

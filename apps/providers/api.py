@@ -1,5 +1,6 @@
-"""JSON-RPC/REST methods of the gossip view: the shard map, the dispatch planner, gossip status."""
+"""JSON-RPC/REST methods of the gossip view: the providers, the shard map, the dispatch planner, gossip status."""
 
+import time
 from typing import Any, Literal
 
 from ninja import Field
@@ -176,3 +177,33 @@ def plan(params: PlanParams) -> dict[str, Any]:
 def gossip_status() -> dict[str, Any]:
     """What this node announces to the network, why not more, and what its gossip refused."""
     return selectors.gossip_status()
+
+
+class ProviderOut(Out):
+    provider_id: str
+    name: str = Field(description="The name its record carries (\"\" when none): for people, not an identity.")
+    is_self: bool
+    roles: list[str]
+    http_endpoint: str | None
+    quic_endpoint: str | None
+    moe_gpu: bool
+    alive_ms: int = Field(description="Its newest signed liveness (heartbeat, else record issue time), Unix ms.")
+    age_s: float = Field(description="Seconds since alive_ms, on this node's clock.")
+    liveness: Literal["alive", "suspect", "dead"] = Field(
+        description="alive: heard from within two heartbeat intervals; dead: silent for TENZRO_GOSSIP_TTL_S.")
+    latency_ms: float | None
+    holdings_count: int
+    reputation: float
+
+
+class ProvidersOut(Out):
+    providers: list[ProviderOut]
+
+
+@rpc_method("tenzro_networkProviders", rest="/network/providers", http_method="GET", tag="network",
+            response=ProvidersOut)
+def network_providers() -> dict[str, Any]:
+    """The providers in this node's gossip view, this node first: name, roles, endpoints, liveness,
+    holdings and reputation."""
+    rows = selectors.provider_rows(now_ms=int(time.time() * 1000))
+    return {"providers": [{k: v for k, v in row.items() if k != "seq"} for row in rows]}

@@ -9,6 +9,8 @@ from django.db import models
 
 class Provider(models.Model):
     provider_id = models.CharField(max_length=64, unique=True, help_text="Hex ed25519 public key.")
+    name = models.CharField(max_length=64, blank=True, default="",
+                            help_text="The short name its operator signed into its record; not an identity.")
     is_self = models.BooleanField(default=False)
     seq = models.BigIntegerField()
     issued_at_ms = models.BigIntegerField()
@@ -33,7 +35,7 @@ class Provider(models.Model):
         indexes = [models.Index(fields=["rumor_rounds"]), models.Index(fields=["alive_ms"])]
 
     def __str__(self) -> str:
-        return f"{self.provider_id[:16]}… seq {self.seq}"
+        return f"{self.name or self.provider_id[:16] + '…'} ({self.provider_id[:6]}) seq {self.seq}"
 
 
 class Holding(models.Model):

@@ -42,6 +42,12 @@ _DECIMAL = re.compile(r"^(0|[1-9][0-9]{0,17})(\.[0-9]{1,18})?$")
 _BLOB_URI = re.compile(r"^tenzro://blob/[0-9a-f]{64}$")
 _CODEC = re.compile(r"^[a-z0-9_]{1,16}$")
 _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$")
+NAME_MAX = 64
+
+
+def is_provider_name(name: str) -> bool:
+    """A record's `name`: absent, or 1-64 printable characters (any script) with no space at either end."""
+    return name == "" or (len(name) <= NAME_MAX and name.isprintable() and name == name.strip())
 
 
 class RecordError(InvalidInput):
@@ -86,6 +92,9 @@ class ProviderRecord:
     # Its moe/execute takes a multi-expert frame (docs/protocol.md, "Multi-expert execute"); a record
     # without the field is a holder that takes one expert per request.
     execute_batches: bool = False
+    # A short label its operator chose, for people (dashboards, CLI); never an identity: two
+    # providers may share one, and nothing is routed, paid or trusted by it. "" = none given.
+    name: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -101,6 +110,7 @@ class ProviderRecord:
             "moe_holdings": [h.to_json() for h in sorted(self.holdings, key=_holding_key)],
             "activation_codecs": list(self.activation_codecs),
             **({"execute_batches": True} if self.execute_batches else {}),
+            **({"name": self.name} if self.name else {}),
         }
 
 
@@ -281,11 +291,14 @@ def _parse_record(fields: Any) -> ProviderRecord:
     batches = fields.get("execute_batches", False)
     if not isinstance(batches, bool):
         raise bad("execute_batches must be a boolean")
+    name = fields.get("name", "")
+    if not (isinstance(name, str) and is_provider_name(name)) or ("name" in fields and not name):
+        raise bad(f"name must be 1 to {NAME_MAX} printable characters without surrounding spaces")
     return ProviderRecord(
         provider_id=pid, seq=fields["seq"], issued_at_ms=fields["issued_at_ms"], roles=tuple(roles),
         http_endpoint=http, quic_endpoint=quic, quic_cert_sha256=pin, moe_gpu=fields["moe_gpu"],
         price_per_input_token=price, holdings=tuple(_parse_holdings(holdings, bad)),
-        activation_codecs=tuple(codecs), execute_batches=batches,
+        activation_codecs=tuple(codecs), execute_batches=batches, name=name,
     )
 
 

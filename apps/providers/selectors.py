@@ -14,7 +14,7 @@ from django.db.models import Count
 from apps.blobs.peers import PeerBlobEndpoint
 from apps.catalog.selectors import expected_experts
 from apps.governance.selectors import policy_active
-from apps.node.selectors import node_identity
+from apps.node.selectors import node_identity, own_name
 from apps.providers.models import GossipCount, Holding, Provider, Reachability
 from apps.providers.records import Holding as RecordHolding
 from apps.reputation.selectors import reputation_scores
@@ -157,6 +157,7 @@ def announcement() -> tuple[dict[str, Any], str | None]:
         "holdings": holdings,
         "activation_codecs": tuple(settings.TENZRO_ACTIVATION_CODECS),
         "execute_batches": settings.TENZRO_EXECUTE_BATCHES,
+        "name": own_name(identity.provider_id),
     }, reason
 
 
@@ -181,16 +182,37 @@ def gossip_status() -> dict[str, Any]:
     }
 
 
-def provider_rows(provider_ids: list[str] | None = None) -> list[dict[str, Any]]:
-    """The gossip view as the dashboard's network page lists it: roles, endpoints, GPU flag, last
-    liveness (alive_ms), holdings count and reputation. Two queries whatever the number of providers
-    (providers with their holdings counted, then their scores); `provider_ids` narrows it."""
+def liveness(age_s: float, *, heartbeat_s: float, ttl_s: float) -> str:
+    """alive: a heartbeat within two intervals (one may be in flight through gossip); dead: silent for
+    the TTL, so the next expiry drops it; suspect between. static/dashboard/network.js does the same."""
+    if age_s >= ttl_s:
+        return "dead"
+    return "alive" if age_s <= 2 * heartbeat_s else "suspect"
+
+
+def provider_rows(provider_ids: list[str] | None = None, *, now_ms: int) -> list[dict[str, Any]]:
+    """The gossip view as the dashboard's network page lists it: name, roles, endpoints, GPU flag, last
+    liveness (alive_ms, its age at `now_ms` and alive/suspect/dead), holdings count and reputation. Two
+    queries whatever the number of providers (providers with their holdings counted, then their scores);
+    `provider_ids` narrows it."""
     rows = Provider.objects.annotate(holdings_count=Count("holdings")).order_by("-is_self", "provider_id")
     if provider_ids is not None:
         rows = rows.filter(provider_id__in=provider_ids)
-    values = list(rows.values("provider_id", "is_self", "seq", "roles", "http_endpoint", "quic_endpoint", "moe_gpu",
-                              "alive_ms", "latency_ms", "holdings_count"))
+    values = list(rows.values("provider_id", "name", "is_self", "seq", "roles", "http_endpoint", "quic_endpoint",
+                              "moe_gpu", "alive_ms", "latency_ms", "holdings_count"))
     scores = reputation_scores([v["provider_id"] for v in values]) if provider_ids is not None else reputation_scores()
+    heartbeat_s, ttl_s = settings.TENZRO_GOSSIP_HEARTBEAT_S, settings.TENZRO_GOSSIP_TTL_S
     for v in values:
         v["reputation"] = scores.get(v["provider_id"], 0.0)
+        v["age_s"] = max(0.0, (now_ms - v["alive_ms"]) / 1000)
+        v["liveness"] = liveness(v["age_s"], heartbeat_s=heartbeat_s, ttl_s=ttl_s)
     return values
+
+
+def provider_names(provider_ids: list[str] | None = None) -> dict[str, str]:
+    """Provider id -> the name its record carries, for the providers in the gossip view that have one
+    (all of them, or those of `provider_ids`). One query."""
+    rows = Provider.objects.exclude(name="")
+    if provider_ids is not None:
+        rows = rows.filter(provider_id__in=provider_ids)
+    return dict(rows.values_list("provider_id", "name"))

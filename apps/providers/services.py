@@ -61,8 +61,10 @@ def _announce(*, engine: Gossip, removed: Sequence[str] = ()) -> None:
     which models' holdings it changed (the dashboard's network page and shard map); a rolled-back
     merge announces nothing."""
     changed = sorted(getattr(engine.store, "stored_records", ()))
-    if changed or removed:
-        transaction.on_commit(lambda: providers_changed.send(sender=Provider, changed=changed, removed=list(removed)))
+    alive = dict(getattr(engine.store, "heartbeats", {}))
+    if changed or removed or alive:
+        transaction.on_commit(lambda: providers_changed.send(sender=Provider, changed=changed, removed=list(removed),
+                                                             alive=alive))
     models = sorted(getattr(engine.store, "changed_models", ()))
     if models:
         transaction.on_commit(lambda: holdings_changed.send(sender=Gossip, model_ids=models))

@@ -43,7 +43,8 @@ def _entry(row: Provider) -> Entry:
 
 _LIVENESS_FIELDS = ("alive_ms", "rumor_rounds", "heartbeat")
 _RECORD_FIELDS = ("seq", "issued_at_ms", "record_text", "signature", "roles", "http_endpoint", "quic_endpoint",
-                  "quic_cert_sha256", "moe_gpu", "activation_codecs", "execute_batches", "price_per_input_token")
+                  "quic_cert_sha256", "moe_gpu", "activation_codecs", "execute_batches", "price_per_input_token",
+                  "name")
 
 
 def _fields(entry: Entry) -> dict:
@@ -58,7 +59,7 @@ def _record_fields(signed: SignedRecord) -> dict:
             "roles": sorted(r.roles), "http_endpoint": r.http_endpoint, "quic_endpoint": r.quic_endpoint,
             "quic_cert_sha256": r.quic_cert_sha256, "moe_gpu": r.moe_gpu,
             "activation_codecs": list(r.activation_codecs), "execute_batches": r.execute_batches,
-            "price_per_input_token": r.price_per_input_token}
+            "price_per_input_token": r.price_per_input_token, "name": r.name}
 
 
 class DbStore:
@@ -71,6 +72,9 @@ class DbStore:
         self.changed_models: set[str] = set()
         # Provider ids whose record this store wrote (created or newer seq): what a merge changed.
         self.stored_records: set[str] = set()
+        # Provider id -> alive_ms, for rows whose liveness this store moved forward without a new
+        # record (a fresh heartbeat): the dashboard's liveness, which no record change announces.
+        self.heartbeats: dict[str, int] = {}
 
     def _rows(self):
         rows = Provider.objects.all()
@@ -112,6 +116,8 @@ class DbStore:
                 continue
             if entry.seq < row.seq:
                 continue  # a concurrent merge stored a newer record meanwhile
+            if not newer and entry.alive_ms > row.alive_ms:
+                self.heartbeats[pid] = entry.alive_ms
             for name, value in {**(_record_fields(entry.record) if newer else {}), **_fields(entry)}.items():
                 setattr(row, name, value)
             update.append(row)

@@ -56,6 +56,8 @@ class PassOut(Out):
     dropped: int
     unrepairable: list[list[str | int]] = Field(description="[model_id, layer, expert, reason], at most 100.")
     unrepairable_count: int
+    unrepairable_why: str = Field(description="For people: each reason among the unrepairable experts, how many, "
+                                              "and what it means (\"\" when none).")
     capped: list[list[str | int]] = Field(description=(
         "[model_id, layer, expert, target, reachable]: hot experts whose demand asks for more holders than "
         "there are providers to hold them (they have at least min_replication), at most 100."))

@@ -48,6 +48,7 @@ from apps.providers.selectors import holding_views
 from apps.repair.models import RepairPass, RepairSchedule, TrimWatch
 from apps.repair.recovery import lost_experts, lost_last_pass, recover
 from apps.repair.selection import ExpertView, RepairRow, RepairRules, admit, select_repairs
+from apps.repair.selectors import unrepairable_why
 from apps.repair.signals import repair_pass_done
 from apps.worker import client as worker
 from apps.worker.selectors import holdings as worker_holdings
@@ -212,6 +213,7 @@ def repair_pass_run(*, trigger: str) -> RepairPass:
     summary = {"id": record.pk, "started_at": record.started_at.isoformat(), "trigger": trigger,
                "considered": record.considered, "fetched": record.fetched, "dropped": record.dropped,
                "unrepairable": record.unrepairable_count, "capped": record.capped_count, "error": record.error,
+               "unrepairable_why": unrepairable_why(record.unrepairable, record.unrepairable_count),
                "rows": record.rows[:20]}
     transaction.on_commit(lambda: repair_pass_done.send(sender=RepairPass, repair_pass=summary))
     logger.info("repair pass %s: %s considered, %s fetched, %s dropped, %s unrepairable, %s capped", record.pk,

@@ -141,3 +141,8 @@ def node_health() -> dict[str, Any]:
             "celery": {"heartbeat_age_s": processes["celery_heartbeat_age_s"]},
         },
     }
+
+
+def gate_d_model(model_id: str, layer: int) -> int | None:
+    """The hidden width of the gate this node holds for (model, layer), None when it holds none."""
+    return HeldGate.objects.filter(model_id=model_id, layer=layer).values_list("d_model", flat=True).first()

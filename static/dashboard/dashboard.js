@@ -3,7 +3,8 @@
 // tick), the runtime (runtime.status, each worker publish and heartbeat). The network summary is
 // fetched once per network.changed push (a gossip merge stored or dropped records). First paint
 // of the runtime and network cards comes from the server (json_script).
-import { onEvent } from "./live.js";
+import { onEvent, providerLabel } from "./live.js";
+import { duration } from "./util.js";
 
   function showPolicy(policy) {
     document.getElementById("policy-id").textContent = policy.id;
@@ -23,10 +24,11 @@ import { onEvent } from "./live.js";
     body.replaceChildren(...data.processes.map(function (proc) {
       const row = document.createElement("tr");
       row.dataset.process = proc.name;
-      [proc.name, proc.state, proc.pid || "–", Math.round(proc.uptime_s) + " s", proc.restarts].forEach(function (v, i) {
+      [proc.name, proc.state, proc.pid || "–", duration(proc.uptime_s), proc.restarts].forEach(function (v, i) {
         const cell = document.createElement("td");
         cell.textContent = v;
         if (i === 1) cell.className = "state-" + proc.state;
+        if (i === 3) cell.className = "nowrap";
         row.appendChild(cell);
       });
       return row;
@@ -78,10 +80,10 @@ import { onEvent } from "./live.js";
     receipts.slice().reverse().forEach(function (r) {  // newest first: prepend the oldest first
       const row = document.createElement("tr");
       row.dataset.receipt = r.id;
-      [r.created_at, r.model_id, r.layer, r.expert, r.provider_id.slice(0, 16) + "…", r.tokens,
+      [r.created_at, r.model_id, r.layer, r.expert, providerLabel(r.provider_id), r.tokens,
        r.commitment_hash.slice(0, 16) + "…", r.dispute || "–"].forEach(function (v) {
         const cell = document.createElement("td");
-        cell.textContent = v;
+        cell.append(v);
         row.appendChild(cell);
       });
       body.prepend(row);

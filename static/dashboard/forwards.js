@@ -1,5 +1,5 @@
 // Forwards page: each distributed forward this node routes arrives as `forward.done`.
-import { onEvent } from "./live.js";
+import { onEvent, providerLabel } from "./live.js";
 import { prependRow, row } from "./util.js";
 
 const body = document.querySelector("#forwards tbody");
@@ -8,8 +8,7 @@ function holders(list) {
   const cell = document.createDocumentFragment();
   if (!list.length) { cell.append("–"); return cell; }
   list.forEach(function (h, i) {
-    const code = document.createElement("code");
-    code.textContent = h.provider.slice(0, 8); code.title = h.provider;
+    const code = providerLabel(h.provider);
     const dash = function (v) { return v === null || v === undefined ? "–" : v; };
     cell.append(code, " " + dash(h.latency_ms_median) + " / " + dash(h.latency_ms_max) + " ms");
     if (h.failures) { const w = document.createElement("span"); w.className = "warn"; w.textContent = h.failures + " failed"; cell.append(" ", w); }

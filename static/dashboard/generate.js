@@ -3,7 +3,7 @@
 // last push). The page merges events into the selected generation by step index, so the order in which the POST's answer,
 // /generate/data.json and the events arrive does not matter. No polling: the record is read once
 // when a generation is selected and again when the socket (re)connects.
-import { onEvent } from "./live.js";
+import { onEvent, providerLabel } from "./live.js";
 import { flash, postForm, prependRow, row } from "./util.js";
 
 const panel = document.getElementById("generation");
@@ -43,8 +43,7 @@ function layerRows(layer) {
     return [tr];
   }
   return layer.holders.map(function (h, i) {
-    const code = document.createElement("code");
-    code.textContent = h.provider.slice(0, 8); code.title = h.provider;
+    const code = providerLabel(h.provider);
     const tr = row(i === 0 ? [layer.layer, layer.ms.toFixed(1), lost, code, h.rows, h.transport]
                            : [code, h.rows, h.transport], {layer: layer.layer});
     tr.className = "holder";

@@ -1,10 +1,28 @@
 // The network page: rows are server-rendered; a network.changed push (ids stored or dropped by a
-// gossip merge) removes rows or fetches just the changed ones as an HTML fragment. Heartbeat ages
-// count up locally from each row's alive_ms (no request), offset by the server's clock at render.
+// gossip merge, and the alive_ms of the heartbeats it brought) fetches just the changed rows as an
+// HTML fragment and moves the others' liveness in place. Ages count up locally between pushes, offset
+// by the server's clock at render; alive / suspect / dead as apps/dashboard/pages_node.py liveness().
+// A dropped provider stays a minute, marked dead, so the operator sees it go.
 import { onEvent } from "./live.js";
 
 const body = document.querySelector("#providers tbody");
 const skewMs = Number(body.dataset.nowMs) - Date.now();  // server clock minus this browser's
+const heartbeatS = Number(body.dataset.heartbeatS);
+const ttlS = Number(body.dataset.ttlS);
+const GONE_KEPT_MS = 60000;
+
+function liveness(ageS) {
+  if (ageS >= ttlS) return "dead";
+  return ageS <= 2 * heartbeatS ? "alive" : "suspect";
+}
+
+function showLiveness(row, state) {
+  const badge = row.querySelector(".liveness");
+  if (badge.textContent !== state) {
+    badge.textContent = state;
+    badge.className = "liveness " + state;
+  }
+}
 let pending = new Set();
 let timer = null;
 
@@ -13,11 +31,13 @@ function tickAges() {
   body.querySelectorAll("tr[data-alive-ms]").forEach(function (row) {
     const age = Math.max(0, Math.round((now - Number(row.dataset.aliveMs)) / 1000));
     row.querySelector(".age").textContent = age + " s ago";
+    showLiveness(row, row.classList.contains("gone") ? "dead" : liveness(age));
   });
 }
 
 function updateCount() {
-  document.getElementById("provider-count").textContent = String(body.querySelectorAll("tr[data-provider]").length);
+  document.getElementById("provider-count").textContent =
+    String(body.querySelectorAll("tr[data-provider]:not(.gone)").length);
 }
 
 function fetchRows() {
@@ -44,9 +64,17 @@ function fetchRows() {
 onEvent("network.changed", function (payload) {
   payload.removed.forEach(function (pid) {
     const row = body.querySelector('tr[data-provider="' + pid + '"]');
-    if (row) row.remove();
+    if (!row || row.classList.contains("gone")) return;
+    row.classList.add("gone");
+    showLiveness(row, "dead");
+    setTimeout(function () { if (row.classList.contains("gone")) row.remove(); }, GONE_KEPT_MS);
+  });
+  Object.entries(payload.alive || {}).forEach(function ([pid, aliveMs]) {
+    const row = body.querySelector('tr[data-provider="' + pid + '"]');
+    if (row && Number(aliveMs) > Number(row.dataset.aliveMs)) row.dataset.aliveMs = String(aliveMs);
   });
   updateCount();
+  tickAges();
   payload.changed.forEach(function (pid) { pending.add(pid); });
   if (pending.size && timer === null) timer = setTimeout(fetchRows, 200);
 });

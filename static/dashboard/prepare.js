@@ -23,7 +23,13 @@ function showJob(job, onlyIfNew) {
     card.className = "job"; card.dataset.job = job.job_id;
     const h3 = document.createElement("h3");
     const state = document.createElement("span"); state.className = "job-state";
-    h3.append(job.model_id + " layer " + job.layer + " ", state);
+    const meta = document.createElement("span"); meta.className = "muted job-meta";
+    const id = document.createElement("code"); id.textContent = job.job_id.slice(0, 8); id.title = job.job_id;
+    const quant = job.quant && typeof job.quant === "object"
+      ? Object.entries(job.quant).map(function ([k, v]) { return k + ": " + (v || "f32"); }).join(", ")
+      : (job.quant || "f32");
+    meta.append(quant + " · job ", id);
+    h3.append(job.model_id + " layer " + job.layer + " ", state, " ", meta);
     const bar = document.createElement("progress");
     const count = document.createElement("span"); count.className = "job-count";
     const list = document.createElement("ul"); list.className = "blobs";

@@ -1,6 +1,6 @@
 // Receipts page: newly kept receipts and dispute verdicts arrive over the websocket (live.js);
 // a dispute is opened by POSTing the row's form (CSRF token inside) without leaving the page.
-import { onEvent } from "./live.js";
+import { onEvent, providerLabel } from "./live.js";
 import { flash, postForm, prependRow, row } from "./util.js";
 
 const body = document.querySelector("#receipts tbody");
@@ -43,9 +43,7 @@ onEvent("receipts.kept", function (payload) {
     if ((params.get("model") && params.get("model") !== r.model_id) ||
         (params.get("holder") && params.get("holder") !== r.provider_id) ||
         (params.get("expert") && Number(params.get("expert")) !== r.expert)) return;
-    const holder = document.createElement("code");
-    holder.textContent = r.provider_id.slice(0, 12) + "…";
-    holder.title = r.provider_id;
+    const holder = providerLabel(r.provider_id);
     const tr = row([r.created_at.slice(0, 19).replace("T", " "), r.model_id, r.layer, r.expert, holder, r.tokens,
                     r.dispute || "–", ""], {receipt: r.id});
     tr.cells[6].className = "dispute state-" + (r.dispute || "none");

@@ -9,6 +9,7 @@ onEvent("repair.pass", function (payload) {
   const did = p.rows.map(function (r) {
     return r.action + " " + r.model_id + " " + r.layer + "/" + r.expert + ": " + r.outcome + (r.why ? " (" + r.why + ")" : "");
   }).join("; ") || "nothing";
-  prependRow(body, row([p.started_at.slice(0, 19).replace("T", " "), p.trigger, "–", p.considered, p.fetched, p.dropped,
-                        p.unrepairable, did + (p.error ? " " + p.error : "")], {pass: p.id}), 50);
+  prependRow(body, row(["just now", p.trigger, "–", p.considered, p.fetched, p.dropped,
+                        p.unrepairable + (p.unrepairable_why ? " (" + p.unrepairable_why + ")" : ""),
+                        did + (p.error ? " " + p.error : "")], {pass: p.id}), 50);
 });

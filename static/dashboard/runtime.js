@@ -38,7 +38,8 @@ function showGauge(status) {
   const pct = budget ? Math.round(1000 * status.memory_used_bytes / budget) / 10 : 0;
   document.getElementById("memory-arc").setAttribute("stroke-dasharray", pct + " 100");
   document.getElementById("memory-arc").setAttribute("stroke", pct > 90 ? "#c53030" : pct > 75 ? "#b7791f" : "#1f9d55");
-  document.getElementById("memory-pct").textContent = pct + "%";
+  // a few MiB of a many-GiB budget is not "0%"
+  document.getElementById("memory-pct").textContent = status.memory_used_bytes > 0 && pct < 0.1 ? "<0.1%" : pct + "%";
   const used = document.getElementById("memory-used");
   used.textContent = size(status.memory_used_bytes);
   used.dataset.bytes = String(status.memory_used_bytes);
@@ -74,7 +75,7 @@ function showExperts(status) {
     const row = document.createElement("tr");
     row.dataset.key = key;
     [e.model_id, e.layer, e.expert].forEach(function (v) { cell(row, v); });
-    cell(row, e.tier, "tier-" + e.tier);
+    cell(row, e.tier === "memory" ? "Warm (memory)" : "Cold (disk)", "tier-" + e.tier);
     cell(row, e.tier === "memory" ? e.memory_bytes : e.disk_bytes);
     cell(row, Object.values(e.formats).join("/"));
     const td = cell(row, "", "spark-cell");
@@ -106,7 +107,7 @@ function showGates(status) {
   const rows = status.gates.map(function (g) {
     const row = document.createElement("tr");
     row.dataset.key = g.model_id + "/" + g.layer;
-    [g.model_id, g.layer, g.router, g.n_routed, g.top_k, "memory", g.memory_bytes].forEach(function (v) { cell(row, v); });
+    [g.model_id, g.layer, g.router, g.n_routed, g.top_k, "Warm (memory)", g.memory_bytes].forEach(function (v) { cell(row, v); });
     return row;
   });
   if (!rows.length) {

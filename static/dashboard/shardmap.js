@@ -1,6 +1,6 @@
 // The shard map page: a layer × expert heatmap of replication drawn as inline SVG from the JSON
 // the server embedded; a shardmap.changed event naming this model refetches it (one GET) and redraws.
-import { onEvent } from "./live.js";
+import { onEvent, providerLabel } from "./live.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 const heatmap = document.getElementById("heatmap");
@@ -103,12 +103,14 @@ function showHolders(entry) {
   body.replaceChildren(...entry.holders.map(function (h) {
     const row = document.createElement("tr");
     row.dataset.provider = h.provider;
-    [h.provider.slice(0, 16) + "…" + (h.announced === false ? " (this node, unannounced)" : ""), h.residency, h.committed_tps, h.capacity_tps, h.blob_uri || "–",
+    [providerLabel(h.provider), h.residency, h.committed_tps, h.capacity_tps, h.blob_uri || "–",
      h.reputation.toFixed(3)].forEach(function (v, i) {
       const td = document.createElement("td");
-      if (i === 0 || i === 4) { const code = document.createElement("code"); code.textContent = v; td.appendChild(code); }
+      if (i === 0) {
+        td.append(v);
+        if (h.announced === false) td.append(" (this node, unannounced)");
+      } else if (i === 4) { const code = document.createElement("code"); code.textContent = v; td.appendChild(code); }
       else td.textContent = v;
-      if (i === 0) td.title = h.provider;
       row.appendChild(td);
     });
     return row;

@@ -47,3 +47,12 @@ export function copyText(text) {
   area.remove();
   return ok ? Promise.resolve() : Promise.reject(new Error("copy refused"));
 }
+
+// 115 -> "1 min 55 s", as the templates' `duration` filter (apps/dashboard/templatetags/readable.py).
+export function duration(seconds) {
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return s + " s";
+  if (s < 3600) return Math.floor(s / 60) + " min " + (s % 60) + " s";
+  if (s < 86400) return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min";
+  return Math.floor(s / 86400) + " d " + Math.floor((s % 86400) / 3600) + " h";
+}

@@ -51,6 +51,12 @@ TENZRO_REACHABILITY_CHECK_S = env_float("TENZRO_REACHABILITY_CHECK_S", 60.0)
 TENZRO_DIALBACK_ANY_HOST = env_bool("TENZRO_DIALBACK_ANY_HOST", False)
 # This provider's advertised price per input token (a decimal string, signed as written).
 TENZRO_PRICE_PER_INPUT_TOKEN = env_str("TENZRO_PRICE_PER_INPUT_TOKEN", "0.000001")
+# The short name people see for this provider (signed into its record); "" = the host name and the
+# provider id's first 6 hex digits (apps/providers/selectors.py own_name).
+TENZRO_NODE_NAME = env_str("TENZRO_NODE_NAME", "").strip()
+if len(TENZRO_NODE_NAME) > 64 or not TENZRO_NODE_NAME.isprintable():  # a record's rule (apps/providers/records.py)
+    raise ValueError(f"environment variable TENZRO_NODE_NAME must be at most 64 printable characters, "
+                     f"got {TENZRO_NODE_NAME!r}")
 # Re-sign the record when committed_tps moves by more than this fraction (and at least 10 rows/s).
 TENZRO_RECORD_TPS_STEP = env_float("TENZRO_RECORD_TPS_STEP", 0.25)
 # Activation codecs this node's moe/execute accepts and its forward sends, preferred first

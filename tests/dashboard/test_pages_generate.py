@@ -171,7 +171,7 @@ def test_a_generation_is_rendered_with_its_fan_out(client, django_assert_max_num
     _generation()
     for i in range(10):  # rows enough that a query per row would show
         _generation(f"{i:032d}", tokens=(5,))
-    with django_assert_max_num_queries(5):  # the generation, its steps, recent rows, models, the shard map
+    with django_assert_max_num_queries(6):  # the generation, its steps, recent rows, models, the shard map, names
         html = client.get("/generate/", {"id": "g" * 32}).content.decode()
     assert 'data-generation="' + "g" * 32 + '"' in html
     assert '<code class="tok">239</code> <code class="tok">247</code>' in html

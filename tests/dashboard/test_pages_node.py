@@ -4,6 +4,8 @@ their services push on commit, and live in a real browser against real nodes (no
 from __future__ import annotations
 
 import base64
+import os
+import signal
 from pathlib import Path
 
 import httpx
@@ -14,14 +16,19 @@ from playwright.sync_api import expect
 
 from apps.providers import services as provider_services
 from apps.providers.records import Holding as RecordHolding
+from apps.providers.selectors import liveness
 from apps.worker import services as worker_services
 from testkit.nodes import TOKEN
-from testkit.records import new_key, signed_record
+from testkit.records import heartbeat, new_key, signed_record
 from tests.dashboard.test_browser import page  # noqa: F401  (the Playwright page fixture)
 from tests.experts.factories import expert_payload, expert_weights
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "e2e" / "screenshots"
 MODEL = "test/moe-tiny"
+# Heartbeats every 2 s through gossip rounds every second, silent peers dropped after 10 s.
+HEARTBEAT_S, TTL_S = 2, 10
+LIVENESS_ENV = {"TENZRO_GOSSIP_INTERVAL_S": "1", "TENZRO_GOSSIP_HEARTBEAT_S": str(HEARTBEAT_S),
+                "TENZRO_GOSSIP_TTL_S": str(TTL_S)}
 
 
 def _gossip_providers(n: int) -> list[str]:
@@ -70,12 +77,33 @@ def test_a_gossip_merge_pushes_the_stored_ids_and_expiry_the_dropped_ones(
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         provider_services.gossip_receive(records=[], heartbeats=[])  # nothing stored: nothing pushed
     assert (pushed, callbacks) == ([], [])
+    # A heartbeat moves a provider's liveness without a new record: pushed too (the page's ages and
+    # alive/suspect/dead were wrong without it), one push for the merge, by id.
+    alive_ms = provider_services.now_ms() + 5
+    beats = [heartbeat(new_key(1000 + seed), seq=seq, at_ms=alive_ms).to_json()
+             for seed, seq in enumerate(_seqs(ids))]
+    with django_capture_on_commit_callbacks(execute=True):
+        provider_services.gossip_receive(records=[], heartbeats=beats)
+    assert pushed == [("network.changed", {"changed": [], "removed": [], "alive": dict.fromkeys(ids, alive_ms)})]
+    pushed.clear()
     settings.TENZRO_GOSSIP_TTL_S = -1  # everything is now too old
     with django_capture_on_commit_callbacks(execute=True):
         gone = provider_services.gossip_expire()
     assert sorted(gone) == sorted(ids)
     assert [p for p in pushed if p[0] == "network.changed"] == [
-        ("network.changed", {"changed": [], "removed": sorted(ids)})]
+        ("network.changed", {"changed": [], "removed": sorted(ids), "alive": {}})]
+
+
+def _seqs(ids: list[str]) -> list[int]:
+    from apps.providers.models import Provider
+    seq = dict(Provider.objects.filter(provider_id__in=ids).values_list("provider_id", "seq"))
+    return [seq[pid] for pid in ids]
+
+
+@pytest.mark.parametrize(("age_s", "state"), [(0, "alive"), (30, "alive"), (31, "suspect"), (59.9, "suspect"),
+                                             (60, "dead")])
+def test_liveness_states(age_s: float, state: str) -> None:
+    assert liveness(age_s, heartbeat_s=15, ttl_s=60) == state
 
 
 @pytest.mark.django_db
@@ -172,19 +200,38 @@ def test_node_page_process_list_is_pushed_not_polled(start_node, page) -> None: 
 
 @pytest.mark.e2e
 @pytest.mark.browser
-def test_network_page_shows_a_joining_node_live(start_node, page) -> None:  # noqa: F811
-    first = start_node()
+def test_network_page_shows_a_joining_node_live_and_its_liveness(start_node, page) -> None:  # noqa: F811
+    first = start_node(env=LIVENESS_ENV)
     errors, _ = _watch(page)
     page.goto(first.url + "/network/")
     expect(page.locator("#live-status")).to_have_attribute("data-state", "live", timeout=15000)
     rows = page.locator("#providers tbody tr[data-provider]")
     before = rows.count()
-    second = start_node(peers=[first.url])
+    second = start_node(env=LIVENESS_ENV, peers=[first.url])
     second_id = second.result("tenzro_nodeInfo")["provider_id"]
-    expect(page.locator(f'#providers tr[data-provider="{second_id}"]')).to_have_count(1, timeout=45000)
+    row = page.locator(f'#providers tr[data-provider="{second_id}"]')
+    expect(row).to_have_count(1, timeout=45000)
     assert rows.count() >= max(before, 1)
-    expect(page.locator(f'#providers tr[data-provider="{second_id}"] td').nth(2)).to_contain_text("127.0.0.1")
+    expect(row.locator("td").nth(2)).to_contain_text("127.0.0.1")
+    # named as its record names it (the host name and the id's first hex digits by default), id on hover
+    name = second.result("tenzro_nodeInfo")["name"]
+    assert name.endswith("-" + second_id[:6])
+    expect(row.locator(f'.provider[title="{second_id}"]')).to_contain_text(name)
+    seen = {p["provider_id"]: p for p in first.result("tenzro_networkProviders")["providers"]}
+    assert (seen[second_id]["name"], seen[second_id]["liveness"]) == (name, "alive")
+    # Heartbeats are pushed: the age on the open page stays within two heartbeats (it counted up past
+    # the TTL before, the page only hearing of new records), over eight heartbeats.
+    ages = []
+    for _ in range(8):
+        page.wait_for_timeout(HEARTBEAT_S * 1000)
+        ages.append(int(row.locator(".age").text_content().split()[0]))
+        expect(row.locator(".liveness")).to_have_text("alive")
+    assert max(ages) <= 2 * HEARTBEAT_S, ages
     _screenshots(page, "network")
+    # A peer killed: suspect once two heartbeats are missed, dead at the TTL, without a reload.
+    os.killpg(second.process.pid, signal.SIGKILL)
+    expect(row.locator(".liveness")).to_have_text("suspect", timeout=int(4 * HEARTBEAT_S * 1000))
+    expect(row.locator(".liveness")).to_have_text("dead", timeout=int(2 * TTL_S * 1000))
     assert errors == [], errors
 
 
@@ -202,7 +249,8 @@ def test_runtime_page_shows_a_loaded_expert_live(start_node, page) -> None:  # n
     row = page.locator("#runtime-experts tbody tr[data-key]")
     expect(row).to_have_count(1, timeout=15000)
     expect(row.locator("td").nth(2)).to_have_text("3")
-    expect(row.locator("td").nth(3)).to_have_text("memory")
+    expect(row.locator("td").nth(3)).to_have_text("Warm (memory)")  # the node page's word, and the tier's
+    expect(page.locator("#memory-pct")).to_have_text("<0.1%")  # kilobytes of a GiB budget are not "0%"
     expect(page.locator("#memory-used")).not_to_have_attribute("data-bytes", "0")
     # Heartbeats keep adding committed_tps points to the sparkline (every TENZRO_WORKER_HEARTBEAT_S).
     expect(row.locator("svg.spark")).to_have_attribute("data-points", "2", timeout=15000)
@@ -216,3 +264,14 @@ def test_anonymous_is_sent_to_login_when_the_dashboard_is_private(start_node) ->
     response = httpx.get(node.url + "/network/", follow_redirects=False)
     assert response.status_code == 302
     assert response.headers["location"].startswith("/accounts/login/?next=/network/")
+
+
+def test_times_and_durations_read_as_people_say_them() -> None:
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from apps.dashboard.templatetags.readable import duration, when
+    assert [duration(s) for s in (5, 115, 7260, 90000, None)] == ["5 s", "1 min 55 s", "2 h 1 min", "1 d 1 h", "–"]
+    html = str(when(timezone.now() - dt.timedelta(seconds=130)))
+    assert ">2 min ago</time>" in html and 'title="20' in html and " UTC" in html and "." not in html.split(">")[1]

@@ -180,9 +180,13 @@ def test_cli_load_status_forward(start_node, tmp_path) -> None:
 
     hidden = rng.standard_normal((3, D_MODEL)).astype(np.float32)
     (tmp_path / "hidden.f32").write_bytes(hidden.tobytes())
-    summary = run("forward", "--model", MODEL, "--hidden", str(tmp_path / "hidden.f32"), "--d-model", str(D_MODEL),
-                  "--out", str(tmp_path / "out.f32"))
+    done = subprocess.run([*cli, "forward", "--model", MODEL, "--hidden", str(tmp_path / "hidden.f32"), "--d-model",
+                           str(D_MODEL), "--out", str(tmp_path / "out.f32")],
+                          capture_output=True, text=True, timeout=60)
+    summary = json.loads(done.stdout)
     assert summary["tokens"] == 3 and summary["bytes"] == 3 * D_MODEL * 4
+    # one line for people on stderr (stdout stays JSON): holders by name, the wire's codec, the hedges
+    assert done.stderr.startswith("forward ") and "wire codecs:" in done.stderr and "hedges fired" in done.stderr
     out = np.fromfile(tmp_path / "out.f32", dtype="<f4").reshape(3, D_MODEL)
     idx, w = qwen3_router_reference(hidden, gate_weight, TOP_K, False)
     reference = moe_block_reference(hidden, idx, w, weights, [])
@@ -192,3 +196,16 @@ def test_cli_load_status_forward(start_node, tmp_path) -> None:
     wrong = subprocess.run([*cli, "load-expert", "--model", "other", "--layer", "0", "--expert", "0", "--file",
                             str(tmp_path / "l0-e0.safetensors")], capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 1 and "model_mismatch" in wrong.stderr and wrong.stderr.count("\n") == 1
+
+    # An f32 expert at d_model 1024, d_ff 4096 is 48 MiB: as base64 inside JSON it passed the 64 MiB
+    # request limit. The node on this host reads the file itself; --path names a file on its disk.
+    big = tmp_path / "l1-e0.safetensors"
+    big.write_bytes(expert_payload(expert_weights(rng, 1024, 4096), expert=0, quant=None, layer=1))
+    assert big.stat().st_size > 48 * 2**20
+    row = run("load-expert", "--model", MODEL, "--layer", "1", "--expert", "0", "--file", str(big))
+    assert (row["d_model"], row["d_ff"]) == (1024, 4096)
+    run("unload-expert", "--model", MODEL, "--layer", "1", "--expert", "0")
+    assert run("load-expert", "--model", MODEL, "--layer", "1", "--expert", "0", "--path", str(big))["d_ff"] == 4096
+    missing = subprocess.run([*cli, "load-expert", "--model", MODEL, "--layer", "1", "--expert", "0", "--path",
+                              str(tmp_path / "nowhere.safetensors")], capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "file_not_found" in missing.stderr

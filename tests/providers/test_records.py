@@ -81,3 +81,28 @@ def test_activation_codecs_are_signed_and_a_record_without_them_speaks_f32() -> 
         with pytest.raises(RecordError, match="activation_codecs") as info:
             verify_record(resigned({**older, "activation_codecs": bad}), max_bytes=MAX)
         assert info.value.reason == "malformed"
+
+
+def test_a_name_is_signed_optional_and_checked() -> None:
+    key = new_key(8)
+    base = json.loads(signed_record(key).text)
+    assert "name" not in base  # no name given: the field is absent, as in records of older nodes
+    assert verify_record(signed_record(key).envelope(), max_bytes=MAX).record.name == ""
+
+    def resigned(fields: dict) -> dict:
+        text = canonical_json(fields)
+        return {"record": text, "signature": key.sign(RECORD_DOMAIN + text.encode()).signature.hex()}
+
+    named = verify_record(resigned({**base, "name": "Zürich GPU 2"}), max_bytes=MAX)
+    assert named.record.name == "Zürich GPU 2" and "Z\\u00fcrich" in named.text  # ASCII-only canonical text
+    assert named.record.to_json()["name"] == "Zürich GPU 2"
+    for bad in ("", " padded", "x" * 65, "line\nbreak", 7):
+        with pytest.raises(RecordError, match="name") as info:
+            verify_record(resigned({**base, "name": bad}), max_bytes=MAX)
+        assert info.value.reason == "malformed"
+    # the name is inside the signed text: changing it breaks the signature
+    tampered = resigned({**base, "name": "honest"})
+    tampered["record"] = tampered["record"].replace("honest", "forged")
+    with pytest.raises(RecordError) as info:
+        verify_record(tampered, max_bytes=MAX)
+    assert info.value.reason == "forged"
