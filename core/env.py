@@ -29,6 +29,8 @@ DEFAULT_ROLES = "Router,ExpertHolder"
 PREPARE_QUEUE = "prepare"
 # The operator token the node generates when TENZRO_OPERATOR_TOKEN is unset (in the data dir).
 OPERATOR_TOKEN_FILE = "operator.token"
+# The embedded database, in the data dir, unless DATABASE_URL names another.
+SQLITE_FILE = "node.sqlite3"
 
 
 def env_str(name: str, default: str) -> str:

@@ -124,6 +124,10 @@ def fuzz(name: str, inputs: st.SearchStrategy, check: Callable[[object], None]) 
         assert peak - base < ALLOC_SLACK + 8 * size, f"{name}: {peak - base} bytes allocated for a {size}-byte input"
         peak_over = max(peak_over, peak - base)
 
+    # A first round outside tracemalloc: the first time a text strategy draws, hypothesis builds its
+    # tables of the characters a codec can encode (cached under .hypothesis/ afterwards), and built
+    # under tracemalloc in a fresh clone that round took 40-75 s instead of seconds.
+    one()
     tracemalloc.start()
     try:
         deadline = time.monotonic() + BUDGET_S

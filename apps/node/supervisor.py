@@ -36,7 +36,7 @@ from typing import IO
 import psutil
 import redis
 
-from apps.node import liveness
+from apps.node import database, liveness
 from apps.node.identity import load_or_create_identity
 from core.env import (
     BASE_DIR,
@@ -216,11 +216,11 @@ class Supervisor:
             read_or_create_secret(self.options.data_dir / OPERATOR_TOKEN_FILE)
             self.log("node", f"operator token in {self.options.data_dir / OPERATOR_TOKEN_FILE}")
         _empty_metrics_dir(self.options.data_dir / METRICS_DIR)
-        self.log("node", "migrating the database")
-        result = subprocess.run([sys.executable, "-m", "django", "migrate", "--noinput"], env=self.env,
-                                cwd=BASE_DIR, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise NodeStartError(f"database migration failed:\n{result.stdout}{result.stderr}")
+        try:
+            migrated = database.migrate(self.options.data_dir, self.env)
+        except database.MigrationError as exc:
+            raise NodeStartError(f"database migration failed:\n{exc}") from exc
+        self.log("node", "database migrated" if migrated else "database up to date (no migration pending)")
 
     def end_leftovers(self) -> list[int]:
         """End the process groups a previous run of this data dir left behind; their pids."""

@@ -13,6 +13,7 @@ from core.env import (
     DEFAULT_REDIS_URL,
     DEFAULT_ROLES,
     PREPARE_QUEUE,
+    SQLITE_FILE,
     data_dir,
     env_bool,
     env_float,
@@ -273,7 +274,7 @@ TEMPLATES = [
 
 DATABASES = {
     "default": dj_database_url.parse(
-        env_str("DATABASE_URL", f"sqlite:///{TENZRO_DATA_DIR / 'node.sqlite3'}"),
+        env_str("DATABASE_URL", f"sqlite:///{TENZRO_DATA_DIR / SQLITE_FILE}"),
         conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0),
     )
 }
