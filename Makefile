@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 REDIS_URL ?= redis://127.0.0.1:6379/0
 STAMP := $(VENV)/.installed
 
-.PHONY: bytecode run test test-e2e test-long test-postgres test-fast bench lint install install-gpu-wgsl install-gpu-cuda lavapipe redis chromium superuser clean
+.PHONY: bytecode screenshots run test test-e2e test-long test-postgres test-fast bench lint install install-gpu-wgsl install-gpu-cuda lavapipe redis chromium superuser clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -69,6 +69,13 @@ test-long: install bytecode
 	REDIS_URL=redis://127.0.0.1:6379/15 scripts/ensure-redis.sh
 	TENZRO_TEST_RESTARTS=20 TENZRO_TEST_RESTART_RUNS=3 TENZRO_TEST_LOG_RUN_S=600 $(BIN)/python -m pytest -n 2 \
 		--dist loadfile -p testkit.xdist_redis tests/e2e/test_restart_loop.py tests/e2e/test_quiet_logs.py
+
+## Photographs of every dashboard page at 1280 px into docs/screenshots/, taken by the browser tests
+## against real nodes (the same tests write 1280 and 390 px ones to tests/e2e/screenshots/ on every run).
+screenshots: install bytecode chromium
+	REDIS_URL=redis://127.0.0.1:6379/15 scripts/ensure-redis.sh
+	TENZRO_SCREENSHOTS_DIR=docs/screenshots $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
+		-p testkit.xdist_redis -m browser tests/dashboard
 
 ## The database-touching in-process tests again on PostgreSQL (needs a server at POSTGRES_URL).
 POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/tenzro

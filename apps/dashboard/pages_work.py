@@ -9,9 +9,11 @@ Live updates arrive over the dashboard websocket; a POST answers JSON to the pag
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib.auth.views import redirect_to_login
@@ -24,6 +26,7 @@ from apps.catalog.selectors import prepare_job_to_dict
 from apps.catalog.services import prepare_job_create
 from apps.dashboard.access import dashboard_page
 from apps.forward.selectors import forwards_recent
+from apps.providers.selectors import provider_ids_named
 from apps.receipts.selectors import dispute_view, receipts_list
 from apps.receipts.services import dispute_open
 from apps.repair.placement import job_pieces, place
@@ -34,6 +37,8 @@ from core.errors import TenzroError
 from core.quantization.presets import PRESETS
 
 RECEIPTS_SHOWN = 100
+REPUTATION_SHOWN = 100
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 JOBS_SHOWN = 30
 FORWARDS_SHOWN = 50
 REPAIR_PASSES_SHOWN = 50
@@ -60,7 +65,21 @@ def _wants_json(request: HttpRequest) -> bool:
 class ReceiptFilter(forms.Form):
     model = forms.CharField(required=False, max_length=200)
     expert = forms.IntegerField(required=False, min_value=0)
-    holder = forms.CharField(required=False, max_length=64)
+    holder = forms.CharField(required=False, max_length=64, help_text="A provider id, or a name")
+    page = forms.IntegerField(required=False, min_value=1)
+
+
+def _pages(request: HttpRequest, page: int, more: bool) -> dict[str, Any]:
+    """The newer/older links of a paged list, each keeping the page's filters (templates: _pages.html)."""
+    kept = {k: v for k, v in request.GET.items() if k != "page" and v}
+    return {"number": page, "newer": urlencode({**kept, "page": page - 1}) if page > 1 else None,
+            "older": urlencode({**kept, "page": page + 1}) if more else None}
+
+
+class ForwardFilter(forms.Form):
+    model = forms.CharField(required=False, max_length=200)
+    result = forms.ChoiceField(required=False, choices=[("", "all"), ("ok", "ok"), ("failed", "failed")])
+    page = forms.IntegerField(required=False, min_value=1)
 
 
 def _refused(request: HttpRequest, exc: TenzroError) -> HttpResponse:
@@ -74,10 +93,16 @@ def _refused(request: HttpRequest, exc: TenzroError) -> HttpResponse:
 def receipts(request: HttpRequest) -> HttpResponse:
     query = ReceiptFilter(request.GET)
     wanted = query.cleaned_data if query.is_valid() else {}
-    rows = receipts_list(model_id=wanted.get("model") or None, provider_id=wanted.get("holder") or None,
-                         expert=wanted.get("expert"), limit=RECEIPTS_SHOWN)
-    context = {"filter": query, "receipts": rows, "ledger": ledger_balances(), "reputation": reputation_rows(),
-               "can_mutate": request.user.is_staff}
+    page = wanted.get("page") or 1
+    holder = wanted.get("holder") or None
+    if holder and not _HEX64.match(holder):  # a name: every provider that carries it (names are not unique)
+        holder = provider_ids_named(holder)
+    rows = receipts_list(model_id=wanted.get("model") or None, provider_id=holder, expert=wanted.get("expert"),
+                         limit=RECEIPTS_SHOWN + 1, offset=(page - 1) * RECEIPTS_SHOWN)
+    # the holder filter narrows the ledger and the reputation to that provider too
+    context = {"filter": query, "receipts": rows[:RECEIPTS_SHOWN], "ledger": ledger_balances(account=holder),
+               "pages": _pages(request, page, len(rows) > RECEIPTS_SHOWN),
+               "reputation": reputation_rows(REPUTATION_SHOWN, provider_id=holder), "can_mutate": request.user.is_staff}
     return render(request, "dashboard/receipts.html", context)
 
 
@@ -171,7 +196,14 @@ def prepare_place(request: HttpRequest, job_id: str) -> HttpResponse:
 
 @dashboard_page
 def forwards(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/forwards.html", {"forwards": forwards_recent(limit=FORWARDS_SHOWN)})
+    query = ForwardFilter(request.GET)
+    wanted = query.cleaned_data if query.is_valid() else {}
+    page = wanted.get("page") or 1
+    ok = {"ok": True, "failed": False}.get(wanted.get("result") or "")
+    rows = forwards_recent(limit=FORWARDS_SHOWN + 1, offset=(page - 1) * FORWARDS_SHOWN,
+                           model_id=wanted.get("model") or None, ok=ok)
+    return render(request, "dashboard/forwards.html", {"forwards": rows[:FORWARDS_SHOWN], "filter": query,
+                                                       "pages": _pages(request, page, len(rows) > FORWARDS_SHOWN)})
 
 
 @dashboard_page

@@ -216,3 +216,8 @@ def provider_names(provider_ids: list[str] | None = None) -> dict[str, str]:
     if provider_ids is not None:
         rows = rows.filter(provider_id__in=provider_ids)
     return dict(rows.values_list("provider_id", "name"))
+
+
+def provider_ids_named(name: str) -> list[str]:
+    """The ids of the providers whose record carries `name` (names are not unique: maybe several)."""
+    return list(Provider.objects.filter(name=name).values_list("provider_id", flat=True))

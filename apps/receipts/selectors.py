@@ -10,20 +10,24 @@ RECEIPT_LIST_FIELDS = ("id", "commitment_hash", "provider_id", "model_id", "laye
                        "created_at", "dispute__state")
 
 
-def receipts_list(*, model_id: str | None = None, provider_id: str | None = None, limit: int = 50,
-                  commitment_hashes: list[str] | None = None, expert: int | None = None) -> list[dict[str, Any]]:
-    """The most recent kept receipts (one query), newest first, with their dispute's state if any."""
+def receipts_list(*, model_id: str | None = None, provider_id: str | list[str] | None = None, limit: int = 50,
+                  commitment_hashes: list[str] | None = None, expert: int | None = None,
+                  offset: int = 0) -> list[dict[str, Any]]:
+    """The most recent kept receipts (one query), newest first, with their dispute's state if any;
+    `offset` skips that many (a page); `provider_id` is one id or any of several."""
     rows = Receipt.objects.all()
     if commitment_hashes is not None:
         rows = rows.filter(commitment_hash__in=commitment_hashes)
     if model_id:
         rows = rows.filter(model_id=model_id)
-    if provider_id:
+    if isinstance(provider_id, list):
+        rows = rows.filter(provider_id__in=provider_id)
+    elif provider_id:
         rows = rows.filter(provider_id=provider_id)
     if expert is not None:
         rows = rows.filter(expert=expert)
     out = []
-    for row in rows.values(*RECEIPT_LIST_FIELDS)[:limit]:
+    for row in rows.values(*RECEIPT_LIST_FIELDS)[offset:offset + limit]:
         row["dispute"] = row.pop("dispute__state")
         out.append(row)
     return out

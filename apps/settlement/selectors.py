@@ -18,10 +18,13 @@ def settlements_recent(limit: int = 50, *, forward_id: str | None = None) -> lis
     return list(rows.prefetch_related(Prefetch("entries", queryset=LedgerEntry.objects.order_by("id")))[:limit])
 
 
-def ledger_balances(*, account: str | None = None) -> list[dict[str, Any]]:
-    """[{account, kind, amount (sum), entries (count)}] sorted by account then kind, one query."""
+def ledger_balances(*, account: str | list[str] | None = None) -> list[dict[str, Any]]:
+    """[{account, kind, amount (sum), entries (count)}] sorted by account then kind, one query;
+    `account`: one account's, or those of several."""
     rows = LedgerEntry.objects.all()
-    if account is not None:
+    if isinstance(account, list):
+        rows = rows.filter(account__in=account)
+    elif account is not None:
         rows = rows.filter(account=account)
     sums = (rows.values("account", "kind").annotate(amount=Sum("amount"), entries=Count("id"))
             .order_by("account", "kind"))

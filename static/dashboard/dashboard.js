@@ -80,7 +80,7 @@ import { duration } from "./util.js";
     receipts.slice().reverse().forEach(function (r) {  // newest first: prepend the oldest first
       const row = document.createElement("tr");
       row.dataset.receipt = r.id;
-      [r.created_at, r.model_id, r.layer, r.expert, providerLabel(r.provider_id), r.tokens,
+      ["just now", r.model_id, r.layer, r.expert, providerLabel(r.provider_id), r.tokens,
        r.commitment_hash.slice(0, 16) + "…", r.dispute || "–"].forEach(function (v) {
         const cell = document.createElement("td");
         cell.append(v);

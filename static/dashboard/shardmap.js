@@ -38,7 +38,7 @@ function drawLegend(policy) {
     policy.min_replication + ")";
   const hot = document.createElement("span");
   hot.innerHTML = '<span class="swatch" style="background:#dd6b20;border-radius:50%"></span>hot (≥ ' +
-    policy.hot_threshold_tps + " tps)";
+    policy.hot_threshold_tps + " tokens/s of demand)";
   legend.append(under, hot);
 }
 
@@ -56,8 +56,10 @@ function draw() {
   drawLegend(grid.policy);
   if (grid.too_large) { heatmap.textContent = "The map is too large to draw."; return; }
   const L = grid.n_layers, E = grid.n_experts;
-  const cell = Math.max(8, Math.min(28, Math.floor(900 / Math.max(E, 1))));
-  const left = 34, top = 22, every = Math.max(1, Math.ceil(24 / cell));
+  // Cells as large as the card allows (up to 44 px), never under 10: a wide map scrolls in its box.
+  const left = 52, top = 40, room = Math.max(200, heatmap.parentElement.clientWidth - left - 8);
+  const cell = Math.max(10, Math.min(44, Math.floor(room / Math.max(E, 1))));
+  const every = Math.max(1, Math.ceil(24 / cell));
   const under = new Set(grid.under.map(function (p) { return p[0] * E + p[1]; }));
   const parts = [];
   for (let l = 0; l < L; l++) {
@@ -69,14 +71,26 @@ function draw() {
         (top + l * cell) + '" width="' + (cell - 1) + '" height="' + (cell - 1) + '" fill="' + colour(r, grid.policy) + '"' +
         (u ? ' stroke="#c53030" stroke-width="1"' : "") + "><title>layer " + l + " expert " + e + ": " + r +
         (u ? " (under-replicated)" : "") + "</title></rect>");
+      if (cell >= 18) {  // the count itself, so 2 and 3 copies read apart without comparing shades
+        parts.push('<text class="count" pointer-events="none" x="' + (left + e * cell + cell / 2 - 0.5) + '" y="' +
+          (top + l * cell + cell / 2 + 3.5) + '" text-anchor="middle" font-size="' + Math.min(13, cell / 2.2) +
+          '" fill="' + (r >= 0.5 * grid.policy.max_replication || r > grid.policy.max_replication ? "#fff" : "#1d2330") +
+          '">' + r + "</text>");
+      }
     }
   }
+  parts.push('<text x="' + (left + Math.min(E * cell, room) / 2) + '" y="11" text-anchor="middle" font-size="11" ' +
+    'font-weight="600">expert →</text>');
+  parts.push('<text x="12" y="' + (top + Math.min(L * cell, 400) / 2) + '" text-anchor="middle" font-size="11" ' +
+    'font-weight="600" transform="rotate(-90 12 ' + (top + Math.min(L * cell, 400) / 2) + ')">layer →</text>');
   for (let e = 0; e < E; e += every) {
     parts.push('<text x="' + (left + e * cell + cell / 2) + '" y="' + (top - 6) + '" text-anchor="middle" font-size="9">' + e + "</text>");
   }
+  const dot = Math.max(2, cell / 6);  // a hot expert's mark, in the cell's corner (its count stays legible)
   grid.hot.forEach(function ([l, e]) {
-    parts.push('<circle class="hot" data-hot="' + l + "-" + e + '" pointer-events="none" cx="' + (left + e * cell + cell / 2 - 0.5) + '" cy="' +
-      (top + l * cell + cell / 2 - 0.5) + '" r="' + Math.max(2, cell / 4) + '" fill="#dd6b20"/>');
+    parts.push('<circle class="hot" data-hot="' + l + "-" + e + '" pointer-events="none" cx="' +
+      (left + e * cell + cell - dot - 1.5) + '" cy="' + (top + l * cell + dot + 0.5) + '" r="' + dot +
+      '" fill="#dd6b20" stroke="#fff" stroke-width="0.5"/>');
   });
   const width = left + E * cell + 4, height = top + L * cell + 4;
   heatmap.innerHTML = '<svg xmlns="' + SVG + '" width="' + width + '" height="' + height + '" viewBox="0 0 ' + width + " " + height + '">' +

@@ -31,6 +31,7 @@ def test_dashboard_shows_identity_processes_and_live_policy(start_node, page, tm
     info = node.result("tenzro_nodeInfo")
     page.goto(node.url + "/")
     expect(page.locator("#provider-id")).to_have_text(info["provider_id"])
+    expect(page.locator("#node-name")).to_have_text(info["name"])  # what its record signs, for people
     expect(page.locator("#roles")).to_have_text("Router, ExpertHolder")
     for name in ("web", "expert-worker", "celery-worker", "celery-beat"):
         expect(page.locator(f'#processes tr[data-process="{name}"] td').nth(1)).to_have_text("running")

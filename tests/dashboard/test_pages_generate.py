@@ -22,8 +22,9 @@ from core.errors import NotFound, RateLimited
 from testkit.holdings import load_every_expert
 from testkit.nodes import TOKEN
 from testkit.text_files import write_text_files
+from tests.dashboard.screens import shoot
 from tests.dashboard.test_browser import page  # noqa: F401  (the fixture: a real chromium)
-from tests.dashboard.test_pages_work import _shoot, _superuser
+from tests.dashboard.test_pages_work import _superuser
 from tests.e2e.test_forward import ENV
 from tests.e2e.test_gossip import wait_for
 
@@ -289,11 +290,13 @@ def test_generate_page_live_in_a_browser(start_node, page, tmp_path) -> None:  #
         d => Array.from(new Set(Array.from(d.querySelectorAll('tr.holder')).map(tr => Number(tr.dataset.layer)))))""")
     assert layers == [moe_layers] * n, layers
     provider = node.result("tenzro_nodeInfo")["provider_id"]
-    expect(page.locator("#gen-steps details.step").last.locator("tr.holder code").first).to_have_text(provider[:8])
+    # the holder by its name, its whole id on hover
+    expect(page.locator("#gen-steps details.step").last.locator("tr.holder .provider").first).to_have_attribute(
+        "title", provider)
     generation_id = page.locator("#generation").get_attribute("data-generation")
     assert page.url.endswith("/generate/?id=" + generation_id)
     expect(page.locator(f'#generations tr[data-generation="{generation_id}"] td').nth(3)).to_have_text("done")
-    _shoot(page, "generate")
+    shoot(page, "generate")
 
     # Reloaded: the same record rendered by the server.
     page.reload()

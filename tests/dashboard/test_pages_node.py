@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import os
 import signal
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -20,10 +19,10 @@ from apps.providers.selectors import liveness
 from apps.worker import services as worker_services
 from testkit.nodes import TOKEN
 from testkit.records import heartbeat, new_key, signed_record
+from tests.dashboard.screens import shoot
 from tests.dashboard.test_browser import page  # noqa: F401  (the Playwright page fixture)
 from tests.experts.factories import expert_payload, expert_weights
 
-SCREENSHOTS = Path(__file__).resolve().parents[1] / "e2e" / "screenshots"
 MODEL = "test/moe-tiny"
 # Heartbeats every 2 s through gossip rounds every second, silent peers dropped after 10 s.
 HEARTBEAT_S, TTL_S = 2, 10
@@ -171,15 +170,6 @@ def _watch(page) -> tuple[list[str], list[str]]:  # noqa: F811
     return errors, requests
 
 
-def _screenshots(page, name: str) -> None:  # noqa: F811
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    for width in (1280, 390):
-        page.set_viewport_size({"width": width, "height": 900})
-        page.wait_for_timeout(200)
-        page.screenshot(path=str(SCREENSHOTS / f"{name}-{width}.png"), full_page=True)
-        assert page.evaluate("document.documentElement.scrollWidth") <= width + 4, (name, width)
-
-
 @pytest.mark.e2e
 @pytest.mark.browser
 def test_node_page_process_list_is_pushed_not_polled(start_node, page) -> None:  # noqa: F811
@@ -194,7 +184,7 @@ def test_node_page_process_list_is_pushed_not_polled(start_node, page) -> None: 
     # Processes and the runtime are never fetched; the gossip summary only after a network.changed push.
     polled = [u for u in requests if "/api/node/processes" in u or "/api/moe/status" in u]
     assert polled == [], polled
-    _screenshots(page, "node")
+    shoot(page, "node")
     assert errors == [], errors
 
 
@@ -227,7 +217,7 @@ def test_network_page_shows_a_joining_node_live_and_its_liveness(start_node, pag
         ages.append(int(row.locator(".age").text_content().split()[0]))
         expect(row.locator(".liveness")).to_have_text("alive")
     assert max(ages) <= 2 * HEARTBEAT_S, ages
-    _screenshots(page, "network")
+    shoot(page, "network")
     # A peer killed: suspect once two heartbeats are missed, dead at the TTL, without a reload.
     os.killpg(second.process.pid, signal.SIGKILL)
     expect(row.locator(".liveness")).to_have_text("suspect", timeout=int(4 * HEARTBEAT_S * 1000))
@@ -254,7 +244,17 @@ def test_runtime_page_shows_a_loaded_expert_live(start_node, page) -> None:  # n
     expect(page.locator("#memory-used")).not_to_have_attribute("data-bytes", "0")
     # Heartbeats keep adding committed_tps points to the sparkline (every TENZRO_WORKER_HEARTBEAT_S).
     expect(row.locator("svg.spark")).to_have_attribute("data-points", "2", timeout=15000)
-    _screenshots(page, "runtime")
+    # Each sparkline is its own expert's demand: traffic on expert 3 only moves expert 3's.
+    payload = expert_payload(expert_weights(rng, 64, 32), expert=4, quant="q8_0")
+    node.result("tenzro_moeExpertLoad", {"payload": base64.b64encode(payload).decode()}, token=TOKEN)
+    hidden = base64.b64encode(rng.standard_normal((64, 64)).astype("<f4").tobytes()).decode()
+    for _ in range(20):
+        node.result("tenzro_moeExecute", {"model_id": MODEL, "layer": 0, "expert": 3, "d_model": 64, "hidden": hidden})
+    busy, idle = (page.locator(f'#runtime-experts tr[data-key="{MODEL}/0/{e}"]') for e in (3, 4))
+    expect(busy.locator(".tps")).not_to_have_text("0", timeout=20000)
+    expect(idle.locator(".tps")).to_have_text("0")
+    assert busy.locator("polyline").get_attribute("points") != idle.locator("polyline").get_attribute("points")
+    shoot(page, "runtime")
     assert errors == [], errors
 
 

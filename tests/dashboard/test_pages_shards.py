@@ -4,7 +4,6 @@ and a real browser against real nodes (live redraw, holders on click, routings t
 import base64
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,10 +16,9 @@ from apps.providers.records import Holding as RecordHolding
 from apps.providers.signals import holdings_changed
 from testkit.nodes import TOKEN
 from testkit.records import new_key, signed_record
+from tests.dashboard.screens import shoot
 from tests.dashboard.test_browser import page  # noqa: F401 (the fixture)
 from tests.experts.factories import MODEL, expert_payload, expert_weights, qwen_gate
-
-SCREENSHOTS = Path(__file__).resolve().parents[1] / "e2e" / "screenshots"
 
 
 def _view(n_providers: int, *, first_key: int = 0) -> list[str]:
@@ -80,6 +78,14 @@ def test_the_grid_counts_replication_and_flags_under_replicated_and_hot(client, 
     assert cell["holders"][0]["blob_uri"].startswith("tenzro://blob/")
     assert client.get(f"/shardmap/cell.json?model={MODEL}&layer=9&expert=9").json()["holders"] == []
     assert client.get("/shardmap/cell.json?model=x&layer=-1&expert=0").status_code == 400
+
+
+@pytest.mark.django_db
+def test_a_model_nobody_holds_is_named_in_the_picker_not_another_one(client) -> None:
+    _view(3)
+    html = client.get("/shardmap/", {"model": "nobody/holds-this"}).content.decode()
+    assert '<option value="nobody/holds-this" selected>nobody/holds-this (nobody holds it)</option>' in html
+    assert f'<option value="{MODEL}">' in html and f'<option value="{MODEL}" selected>' not in html
 
 
 @pytest.mark.django_db
@@ -225,15 +231,6 @@ def _watch_errors(tab) -> list[str]:
     return errors
 
 
-def _screenshots(tab, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    for width in (1280, 390):
-        tab.set_viewport_size({"width": width, "height": 900})
-        tab.screenshot(path=str(SCREENSHOTS / f"{name}-{width}.png"), full_page=True)
-        if width == 390:  # usable on a phone: no page-wide horizontal scroll (the heatmap scrolls in its card)
-            assert tab.evaluate("document.documentElement.scrollWidth") <= 400
-
-
 @pytest.mark.e2e
 @pytest.mark.browser
 def test_a_holding_loaded_on_a_peer_appears_on_the_shard_map_live(two_nodes, page) -> None:  # noqa: F811
@@ -258,7 +255,7 @@ def test_a_holding_loaded_on_a_peer_appears_on_the_shard_map_live(two_nodes, pag
     expect(holder).to_have_attribute("data-provider", pid_b)
     expect(holder.locator("td").nth(1)).to_have_text("Warm")
     expect(page.locator("#cell-expert")).to_have_text("5")
-    _screenshots(page, "shardmap")
+    shoot(page, "shardmap")
     assert errors == []
 
 
@@ -279,5 +276,5 @@ def test_the_dispatch_page_generates_routings_through_the_gate_and_draws_the_pla
     assert page.locator("#batches tbody tr").count() >= 1
     generated = json.loads(page.locator("#routings").input_value())
     assert len(generated) == 24 and all(len(r["experts"]) == 2 for r in generated)
-    _screenshots(page, "dispatch")
+    shoot(page, "dispatch")
     assert errors == []

@@ -23,6 +23,7 @@ from apps.receipts import services as receipts_services
 from apps.receipts.models import Dispute
 from testkit.checkpoints import FileServer, qwen3_moe
 from testkit.nodes import TOKEN
+from tests.dashboard.screens import shoot
 from tests.dashboard.test_browser import page  # noqa: F401  (the fixture: a real chromium)
 from tests.e2e.test_gossip import FAST, wait_for
 from tests.e2e.test_prepare_blobs import MODEL, prepare
@@ -67,6 +68,27 @@ def test_receipts_page_filters_and_lists_ledger_and_reputation(client, receipt) 
     for miss in ({"model": "other"}, {"expert": receipt.expert + 1}, {"holder": "f" * 64}):
         assert f'data-receipt="{receipt.pk}"' not in client.get("/receipts/", miss).content.decode()
     assert 'id="ledger"' in html and 'id="reputation"' in html
+    from decimal import Decimal
+
+    from apps.reputation.services import reputation_penalize
+    reputation_penalize(provider_id="b" * 64, amount=Decimal(1), reason="timeout", ref="penalty:page")
+    assert "b" * 64 in client.get("/receipts/").content.decode()
+    narrowed = client.get("/receipts/", {"holder": "a" * 64}).content.decode()  # the filter narrows it too
+    assert "b" * 64 not in narrowed and "No reputation events yet." in narrowed
+
+
+@pytest.mark.django_db
+def test_receipts_are_paged_newest_first_keeping_the_filter(client, receipt, monkeypatch) -> None:
+    from nacl.signing import SigningKey
+    payload, uri = _store_expert()
+    newer = _kept(SigningKey(bytes([4]) * 32), payload, uri, seed=4)
+    monkeypatch.setattr("apps.dashboard.pages_work.RECEIPTS_SHOWN", 1)
+    first = client.get("/receipts/", {"model": receipt.model_id}).content.decode()
+    assert f'data-receipt="{newer.pk}"' in first and f'data-receipt="{receipt.pk}"' not in first
+    assert f'href="?model={receipt.model_id}&amp;page=2" rel="next"' in first and 'rel="prev"' not in first
+    second = client.get("/receipts/", {"model": receipt.model_id, "page": 2}).content.decode()
+    assert f'data-receipt="{receipt.pk}"' in second and f'data-receipt="{newer.pk}"' not in second
+    assert 'rel="prev"' in second and 'rel="next"' not in second
 
 
 @pytest.mark.django_db
@@ -129,7 +151,9 @@ def test_an_operator_starts_a_job_and_its_progress_is_pushed_coalesced(
 @pytest.mark.django_db
 def test_forwards_are_recorded_capped_and_pushed(client, pushed, settings, django_capture_on_commit_callbacks):
     settings.TENZRO_FORWARD_RECORDS_KEPT = 3
-    stats = {"elapsed_ms": 12.5, "batches": 2, "retries": 1, "replans": 0, "hedges_fired": 0, "failures": [],
+    stats = {"elapsed_ms": 12.5, "batches": 2, "retries": 1, "replans": 0, "hedges_fired": 1, "hedges_won": 1,
+             "failures": [{"provider": "b" * 64, "reason": "stalled", "layer": 0, "expert": 5, "rows": 2},
+                          {"provider": "c" * 64, "reason": "deadline_exceeded", "layer": 0, "expert": 1, "rows": 1}],
              "holders": [{"provider": "a" * 64, "latency_ms_median": 3.0, "latency_ms_max": 4.0, "failures": 0}]}
     with django_capture_on_commit_callbacks(execute=True):
         for i in range(5):
@@ -139,11 +163,18 @@ def test_forwards_are_recorded_capped_and_pushed(client, pushed, settings, djang
     assert pushed[1][1]["forward"]["ok"] is False
     html = client.get("/forwards/").content.decode()
     assert 'data-forward="f4"' in html and 'data-forward="f0"' not in html and "3.0 / 4.0 ms" in html
+    # what each survived failure was: a stall is the hedge working (fired 1, won 1), the other a retry
+    assert "<td>1 / 1</td>" in html and "0/5: <span" in html and "stalled, hedged" in html
+    assert '<span class="warn">deadline_exceeded</span>, retried' in html
+    # filtered (f3 failed closed, f4 answered) and paged, the filter kept across pages
+    failed = client.get("/forwards/", {"result": "failed"}).content.decode()
+    assert 'data-forward="f3"' in failed and 'data-forward="f4"' not in failed
+    second = client.get("/forwards/", {"model": "m", "page": 2}).content.decode()
+    assert "page 2" in second and 'href="?model=m&amp;page=1" rel="prev"' in second
 
 
 # --- In a real browser against real nodes --------------------------------------------------------
 
-SCREENSHOTS = Path(__file__).resolve().parents[1] / "e2e" / "screenshots"
 
 
 def _superuser(node, username: str, password: str) -> None:
@@ -154,17 +185,6 @@ def _superuser(node, username: str, password: str) -> None:
     done = subprocess.run([sys.executable, "manage.py", "createsuperuser", "--noinput"], env=env,
                           cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-
-
-def _shoot(tab, name: str) -> None:
-    """The page at 1280 px and at 390 px; at 390 px nothing may need horizontal scrolling."""
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    for width, height in ((1280, 900), (390, 844)):
-        tab.set_viewport_size({"width": width, "height": height})
-        tab.screenshot(path=str(SCREENSHOTS / f"{name}-{width}.png"), full_page=True)
-        if width == 390:
-            assert tab.evaluate("document.documentElement.scrollWidth") <= 400, name
-    tab.set_viewport_size({"width": 1280, "height": 900})
 
 
 @pytest.mark.e2e
@@ -210,8 +230,8 @@ def test_work_pages_live_in_a_browser(start_node, page, tmp_path) -> None:  # no
     # The forward arrived live, with b's latency.
     row = page.locator(f'#forwards tr[data-forward="{result["stats"]["forward_id"]}"]')
     expect(row).to_have_count(1, timeout=15000)
-    expect(row.locator("td").nth(9)).to_contain_text(pid_b[:8])
-    _shoot(page, "forwards")
+    expect(row.locator("td").nth(9).locator(f'.provider[title="{pid_b}"]')).to_have_count(1)
+    shoot(page, "forwards")
 
     # Log in through the form, then open a dispute from the receipts page: the verdict arrives live.
     page.goto(a.url + "/accounts/login/?next=/receipts/")
@@ -226,7 +246,7 @@ def test_work_pages_live_in_a_browser(start_node, page, tmp_path) -> None:  # no
     expect(page.locator(f'#receipts tr[data-receipt="{receipt_id}"] td.dispute')).to_have_text("dismissed",
                                                                                                  timeout=90000)
     expect(page.locator("#reputation tbody tr")).not_to_have_count(0)
-    _shoot(page, "receipts")
+    shoot(page, "receipts")
 
     # A prepare job started from the form: its bar advances to done, its blob URIs can be copied.
     page.goto(a.url + "/prepare/")
@@ -258,9 +278,9 @@ def test_work_pages_live_in_a_browser(start_node, page, tmp_path) -> None:  # no
     card.locator("form.place-form button").click()
     expect(card.locator(".place-result")).to_contain_text("held", timeout=60000)
     assert "loaded" not in card.locator(".place-result").inner_text()
-    _shoot(page, "prepare")
+    shoot(page, "prepare")
 
     page.goto(a.url + "/repair/")
     expect(page.locator("#live-status")).to_have_attribute("data-state", "live", timeout=15000)
-    _shoot(page, "repair")
+    shoot(page, "repair")
     assert errors == [], errors

@@ -87,7 +87,7 @@ def test_remote_work_is_verified_kept_settled_and_disputed(network, page) -> Non
     # The open dashboard lists them as they are kept (pushed over its websocket, no reload).
     newest = page.locator("#receipts tbody tr").first
     expect(newest.locator("td").nth(6)).to_have_text(receipts[0]["commitment_hash"][:16] + "…", timeout=15000)
-    expect(newest.locator("td").nth(4)).to_have_text(pid_b[:16] + "…")
+    expect(newest.locator("td").nth(4).locator(".provider")).to_have_attribute("title", pid_b)
 
     # Settlement: a's Celery worker pays b price x tokens, split by the policy, once per forward.
     def settled() -> dict | None:

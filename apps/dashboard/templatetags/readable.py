@@ -7,6 +7,7 @@ providerLabel() renders the same in the page's scripts). `{{ moment|when }}`: a 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
 from django import template
@@ -15,11 +16,14 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 register = template.Library()
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @register.filter
 def provider(provider_id: str, names: Any = None) -> SafeString:
-    name = names.get(provider_id) if names is not None and provider_id else None
+    if not _HEX64.match(provider_id or ""):  # a ledger's own accounts ("burn", …) are not providers
+        return format_html("<span>{}</span>", provider_id or "–")
+    name = names.get(provider_id) if names is not None else None
     if name and name.endswith(provider_id[:6]):  # the default name already ends with the id's digits
         return format_html('<span class="provider" title="{}" data-provider-id="{}">{}</span>', provider_id,
                            provider_id, name)
@@ -31,9 +35,15 @@ def provider(provider_id: str, names: Any = None) -> SafeString:
 
 
 @register.filter
-def when(moment: dt.datetime | None) -> SafeString:
+def when(moment: dt.datetime | str | None) -> SafeString:
     """A time as people read it on a page: how long ago (or "in …") at render, the exact UTC time on
-    hover and in the `datetime` attribute, never an ISO string with microseconds."""
+    hover and in the `datetime` attribute, never an ISO string with microseconds. `moment`: a datetime
+    or its ISO text (what the records' dicts carry)."""
+    if isinstance(moment, str):
+        try:
+            moment = dt.datetime.fromisoformat(moment)
+        except ValueError:
+            return format_html("{}", moment)
     if moment is None:
         return format_html("–")
     seconds = (timezone.now() - moment).total_seconds()
