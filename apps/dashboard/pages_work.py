@@ -9,7 +9,6 @@ Live updates arrive over the dashboard websocket; a POST answers JSON to the pag
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
@@ -26,6 +25,7 @@ from apps.catalog.selectors import prepare_job_to_dict
 from apps.catalog.services import prepare_job_create
 from apps.dashboard.access import dashboard_page
 from apps.forward.selectors import forwards_recent
+from apps.providers.records import is_provider_id
 from apps.providers.selectors import provider_ids_named
 from apps.receipts.selectors import dispute_view, receipts_list
 from apps.receipts.services import dispute_open
@@ -38,7 +38,6 @@ from core.quantization.presets import PRESETS
 
 RECEIPTS_SHOWN = 100
 REPUTATION_SHOWN = 100
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 JOBS_SHOWN = 30
 FORWARDS_SHOWN = 50
 REPAIR_PASSES_SHOWN = 50
@@ -95,7 +94,7 @@ def receipts(request: HttpRequest) -> HttpResponse:
     wanted = query.cleaned_data if query.is_valid() else {}
     page = wanted.get("page") or 1
     holder = wanted.get("holder") or None
-    if holder and not _HEX64.match(holder):  # a name: every provider that carries it (names are not unique)
+    if holder and not is_provider_id(holder):  # a name: every provider that carries it (names are not unique)
         holder = provider_ids_named(holder)
     rows = receipts_list(model_id=wanted.get("model") or None, provider_id=holder, expert=wanted.get("expert"),
                          limit=RECEIPTS_SHOWN + 1, offset=(page - 1) * RECEIPTS_SHOWN)

@@ -45,6 +45,11 @@ _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$")
 NAME_MAX = 64
 
 
+def is_provider_id(value: str) -> bool:
+    """64 lowercase hex digits: an ed25519 public key, which is a provider's id."""
+    return bool(_HEX64.match(value))
+
+
 def is_provider_name(name: str) -> bool:
     """A record's `name`: absent, or 1-64 printable characters (any script) with no space at either end."""
     return name == "" or (len(name) <= NAME_MAX and name.isprintable() and name == name.strip())

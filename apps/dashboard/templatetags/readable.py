@@ -7,7 +7,6 @@ providerLabel() renders the same in the page's scripts). `{{ moment|when }}`: a 
 from __future__ import annotations
 
 import datetime as dt
-import re
 from typing import Any
 
 from django import template
@@ -15,13 +14,14 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from apps.providers.records import is_provider_id
+
 register = template.Library()
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @register.filter
 def provider(provider_id: str, names: Any = None) -> SafeString:
-    if not _HEX64.match(provider_id or ""):  # a ledger's own accounts ("burn", …) are not providers
+    if not is_provider_id(provider_id or ""):  # a ledger's own accounts ("burn", …) are not providers
         return format_html("<span>{}</span>", provider_id or "–")
     name = names.get(provider_id) if names is not None else None
     if name and name.endswith(provider_id[:6]):  # the default name already ends with the id's digits
