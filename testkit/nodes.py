@@ -6,6 +6,7 @@ and is started with the real `tenzro node run` command line.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -142,6 +143,22 @@ class NodeProcess:
         except psutil.NoSuchProcess:
             return []
 
+    def kill(self, timeout_s: float = 15.0) -> None:
+        """SIGKILL the node's whole process group and wait until none of its processes lives on: the
+        leader exits first, and a start on the same ports before its children are gone finds the QUIC
+        port still bound ("Address already in use")."""
+        if self.process is None:
+            return
+        group = self.process.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+        self.process.wait()
+        deadline = time.monotonic() + timeout_s
+        while (left := _group_members(group)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if left:
+            raise RuntimeError(f"processes {left} of node group {group} alive {timeout_s} s after SIGKILL")
+
     def stop(self, timeout_s: float = 40.0) -> int:
         self.terminate()
         return self.wait_stopped(timeout_s)
@@ -160,6 +177,18 @@ class NodeProcess:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
             raise
+
+
+def _group_members(group: int) -> list[int]:
+    """PIDs of the live (not zombie) processes in process group `group`."""
+    members = []
+    for process in psutil.process_iter(["status"]):
+        try:
+            if process.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(process.pid) == group:
+                members.append(process.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return members
 
 
 def stop_all(nodes: list[NodeProcess], timeout_s: float = 40.0) -> None:

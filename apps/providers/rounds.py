@@ -7,8 +7,9 @@
 4. Sync with one random peer — and, with probability TENZRO_GOSSIP_SEED_PROBABILITY, with one
    configured peer too: send the digest (SYN), merge its answer (ACK), send the records and
    heartbeats it wants (ACK2).
-5. Until a peer has confirmed this node's endpoints (and every TENZRO_REACHABILITY_CHECK_S
-   after), ask one to dial them back, and re-sign if that changes what may be announced.
+5. Until a peer has confirmed this node's endpoints, ask one to dial them back before 3 (the push
+   then carries them); every TENZRO_REACHABILITY_CHECK_S after, beside 3 and 4. Re-sign if that
+   changes what may be announced.
 
 Peers are every provider whose record announces an endpoint, plus the `--peers` URLs (HTTP
 only: their pins are unknown until their records arrive). A call goes over QUIC, pinned to the
@@ -22,6 +23,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,19 +36,21 @@ from apps.node.selectors import node_identity, redis_client
 from apps.providers import services
 from apps.providers.models import Provider, Reachability
 from core.env import split_host_port
-from core.transport.quic import QuicSettings, TransportError, quic_call
+from core.transport.quic import QuicPeerConnection, QuicSettings, TransportError, quic_connection
 
 logger = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 10.0
+ROUND_TRIP_TIMEOUT_S = 1.0  # a PING after a gossip call: an answer later than this is no latency sample
 DIALBACK_TRIES = 3
+MIN_CALL_S = 0.05  # less of a round's time than this left: the call is not started
 
 
 def round_call_timeout_s() -> float:
-    """How long one peer call of a round may take, QUIC and its HTTP fallback together: one gossip
-    interval (at least 5 s, at most CALL_TIMEOUT_S). A round waits for its slowest call, and rounds
-    run one after another: a dead peer answering nothing must not hold this node's heartbeats back
-    from the live ones for longer than an interval, or their views expire this node (and everything
-    it holds) while it is up. A live peer answers a gossip call in milliseconds."""
+    """How long a round's calls may take, QUIC and HTTP fallbacks, a peer's second call and the
+    dial-back included: one gossip interval (at least 5 s, at most CALL_TIMEOUT_S). A round waits for its
+    slowest call, and rounds run one after another: a dead peer answering nothing must not hold this
+    node's heartbeats back from the live ones for longer than an interval, or their views expire
+    this node (and everything it holds) while it is up. A live peer answers a gossip call in milliseconds."""
     return min(CALL_TIMEOUT_S, max(5.0, float(settings.TENZRO_GOSSIP_INTERVAL_S)))
 # Peers whose last gossip call failed, in the node's Redis: a peer going down is logged once at
 # WARNING and its return once at INFO, however many rounds it stays away (each failure at DEBUG).
@@ -86,15 +90,15 @@ async def peer_call(target: PeerTarget, method: str, params: dict[str, Any], *,
     deadline = time.monotonic() + timeout_s
     if target.quic_endpoint and target.quic_cert_sha256:
         host, port = split_host_port(target.quic_endpoint, what="quic endpoint")
-        started = time.monotonic()
+        # with an HTTP door to fall back on, QUIC gets most of the time, not all of it
+        quic_timeout_s = timeout_s * (0.6 if target.http_endpoint else 1.0)
         try:
-            # with an HTTP door to fall back on, QUIC gets most of the time, not all of it
-            result, _ = await quic_call(host=host, port=port, pin_sha256=target.quic_cert_sha256, method=method,
-                                        params=params, settings=QuicSettings(max_body=settings.TENZRO_QUIC_MAX_BODY),
-                                        timeout_s=timeout_s * (0.6 if target.http_endpoint else 1.0))
-            if target.provider_id:
-                await asyncio.to_thread(services.provider_latency_record, provider_id=target.provider_id,
-                                        latency_ms=(time.monotonic() - started) * 1000)
+            async with quic_connection(host=host, port=port, pin_sha256=target.quic_cert_sha256,
+                                       settings=QuicSettings(max_body=settings.TENZRO_QUIC_MAX_BODY),
+                                       timeout_s=quic_timeout_s) as connection:
+                result, _ = await connection.call(method, params, timeout_s=max(0.001, deadline - time.monotonic()))
+                if target.provider_id:
+                    await _measure_round_trip(connection, target.provider_id, deadline=deadline)
             return result
         except TransportError as exc:
             failures.append(f"quic: {exc.reason}: {exc}")
@@ -104,7 +108,7 @@ async def peer_call(target: PeerTarget, method: str, params: dict[str, Any], *,
                 answer = (await client.post(f"{target.http_endpoint.rstrip('/')}/peer/{method}",
                                             json={"params": params})).json()
         except (httpx.HTTPError, ValueError) as exc:
-            failures.append(f"http: {exc}")
+            failures.append(f"http: {exc or type(exc).__name__}")  # a read timeout's text is empty
         else:
             if answer.get("ok"):
                 return answer["result"]
@@ -113,15 +117,36 @@ async def peer_call(target: PeerTarget, method: str, params: dict[str, Any], *,
     raise TransportError("unreachable", f"peer {target.key[:24]}: " + ("; ".join(failures) or "no endpoint"))
 
 
-async def _push(targets: list[PeerTarget], offer: dict[str, Any]) -> None:
-    timeout_s = round_call_timeout_s()
+async def _measure_round_trip(connection: QuicPeerConnection, provider_id: str, *, deadline: float) -> None:
+    """Fold the peer's network round trip (a PING on the call's connection) into its measured
+    latency, as a forward folds a holder's wire share: the planner adds compute time from the
+    holder's rate, so the handshake and the gossip work a call's wall time holds are not latency
+    (with them, a holder that served no forward lately looked 100+ ms away and was never planned on)."""
+    timeout_s = min(ROUND_TRIP_TIMEOUT_S, deadline - time.monotonic())
+    if timeout_s <= 0:
+        return
+    try:
+        seconds = await connection.round_trip_s(timeout_s=timeout_s)
+    except (TimeoutError, ConnectionError):
+        return  # no sample: the call itself was answered, and a slow PING says nothing certain
+    await asyncio.to_thread(services.provider_latency_record, provider_id=provider_id, latency_ms=seconds * 1000)
 
+
+def _left_s(deadline: float) -> float:
+    """Seconds left of a round's time for its next call; TransportError when none are."""
+    left = deadline - time.monotonic()
+    if left < MIN_CALL_S:
+        raise TransportError("timeout", "the gossip round's time ran out before this call")
+    return left
+
+
+async def _push(targets: list[PeerTarget], offer: dict[str, Any], *, deadline: float) -> None:
     async def one(target: PeerTarget) -> None:
         try:
-            answer = await peer_call(target, "gossip/push", offer, timeout_s=timeout_s)
+            answer = await peer_call(target, "gossip/push", offer, timeout_s=_left_s(deadline))
             if answer.get("want"):
                 wanted = await asyncio.to_thread(services.gossip_records_for, provider_ids=answer["want"])
-                await peer_call(target, "gossip/push", wanted, timeout_s=timeout_s)
+                await peer_call(target, "gossip/push", wanted, timeout_s=_left_s(deadline))
         except TransportError as exc:
             await asyncio.to_thread(_peer_failed, target, "gossip push", exc)
         else:
@@ -151,26 +176,26 @@ def _peer_answered(target: PeerTarget) -> None:
         logger.info("peer %s answers again", target.key[:24])
 
 
-async def _sync(target: PeerTarget) -> None:
-    timeout_s = round_call_timeout_s()
+async def _sync(target: PeerTarget, *, deadline: float) -> None:
     syn = await asyncio.to_thread(lambda: services.gossip_engine().sync_request())
-    ack = await peer_call(target, "gossip/sync", syn, timeout_s=timeout_s)
+    ack = await peer_call(target, "gossip/sync", syn, timeout_s=_left_s(deadline))
     await asyncio.to_thread(services.gossip_receive, records=ack.get("records", []),
                             heartbeats=ack.get("heartbeats", []))
     if ack.get("want") or ack.get("want_beats"):
         ack2 = await asyncio.to_thread(services.gossip_records_for, provider_ids=ack.get("want", []),
                                        beats_for=ack.get("want_beats", []))
-        await peer_call(target, "gossip/push", ack2, timeout_s=timeout_s)
+        await peer_call(target, "gossip/push", ack2, timeout_s=_left_s(deadline))
 
 
-async def _dialback(targets: list[PeerTarget]) -> None:
+async def _dialback(targets: list[PeerTarget], *, deadline: float) -> None:
+    """Ask `targets` in turn, until one answers, to dial this node's endpoints back, within the
+    round's deadline (the peer dials both at once within DIALBACK_TIMEOUT_S, less than that)."""
     identity = node_identity()
     params = {"provider_id": identity.provider_id, "http": settings.TENZRO_PUBLIC_HTTP,
               "quic": settings.TENZRO_PUBLIC_QUIC, "quic_cert_sha256": identity.cert_sha256}
     for target in targets:
         try:
-            # the peer dials this node's endpoints back before it answers: the plain call's timeout
-            answer = await peer_call(target, "gossip/dialback", params)
+            answer = await peer_call(target, "gossip/dialback", params, timeout_s=_left_s(deadline))
         except TransportError as exc:
             await asyncio.to_thread(_peer_failed, target, "dial-back request", exc)
             continue
@@ -183,12 +208,13 @@ async def _dialback(targets: list[PeerTarget]) -> None:
         return
 
 
-def _dialback_due() -> bool:
+def _dialback_due() -> str | None:
+    """"first": no peer has confirmed an endpoint yet; "again": the periodic check is due; None."""
     reach = Reachability.objects.filter(pk=1).first()
     if reach is None or not (reach.http_ok or reach.quic_ok):
-        return True
+        return "first"
     age = (timezone.now() - reach.checked_at).total_seconds() if reach.checked_at else float("inf")
-    return age >= settings.TENZRO_REACHABILITY_CHECK_S
+    return "again" if age >= settings.TENZRO_REACHABILITY_CHECK_S else None
 
 
 async def _round(rng: random.Random) -> dict[str, Any]:
@@ -196,10 +222,19 @@ async def _round(rng: random.Random) -> dict[str, Any]:
     await asyncio.to_thread(services.local_record_refresh)
     expired = await asyncio.to_thread(services.gossip_expire)
     targets = await asyncio.to_thread(peer_targets, self_id)
-    if await asyncio.to_thread(_dialback_due):
-        # at most DIALBACK_TRIES peers a round (the next round asks others): each may take the plain
-        # call's timeout, and the next round (this node's next heartbeat) waits for this one to end
-        await _dialback(rng.sample(targets, min(DIALBACK_TRIES, len(targets))))
+    # One deadline for every call of the round (a peer's second call, the dial-back): the next round,
+    # this node's next heartbeat, waits for this one, and a peer slow to answer twice, or a dead one
+    # asked to dial back, held it 10 s, past a live peer's TTL of this node.
+    deadline = time.monotonic() + round_call_timeout_s()
+    # At most DIALBACK_TRIES peers a round (the next round asks others). Before any endpoint is
+    # confirmed, first: the record this round pushes then carries them (without, peers know a node
+    # they cannot call). A periodic check runs beside the push and syncs.
+    dialback: Awaitable[Any] = asyncio.sleep(0)
+    if due := await asyncio.to_thread(_dialback_due):
+        dialback = _dialback(rng.sample(targets, min(DIALBACK_TRIES, len(targets))), deadline=deadline)
+        if due == "first":
+            await dialback
+            dialback = asyncio.sleep(0)
     push = await asyncio.to_thread(services.gossip_push_message)
     fanout = rng.sample(targets, min(settings.TENZRO_GOSSIP_FANOUT, len(targets)))
     synced: list[str] = []
@@ -212,7 +247,7 @@ async def _round(rng: random.Random) -> dict[str, Any]:
 
     async def sync(target: PeerTarget) -> None:
         try:
-            await _sync(target)
+            await _sync(target, deadline=deadline)
             synced.append(target.key)
         except TransportError as exc:
             await asyncio.to_thread(_peer_failed, target, "gossip sync", exc)
@@ -220,7 +255,7 @@ async def _round(rng: random.Random) -> dict[str, Any]:
             await asyncio.to_thread(_peer_answered, target)
 
     # the push and the syncs side by side: the round lasts as long as its slowest call, not their sum
-    await asyncio.gather(_push(fanout, push), *(sync(t) for t in dict.fromkeys(chosen)))
+    await asyncio.gather(dialback, _push(fanout, push, deadline=deadline), *(sync(t) for t in dict.fromkeys(chosen)))
     return {"peers": len(targets), "pushed_to": len(fanout), "synced_with": synced, "expired": expired}
 
 

@@ -134,8 +134,7 @@ class QuicPool:
 
     async def _check_alive(self, key: Key, pooled: _Pooled) -> None:
         try:
-            async with asyncio.timeout(PING_TIMEOUT_S):
-                await pooled.connection.protocol.ping()
+            await pooled.connection.protocol.ping_within(PING_TIMEOUT_S)
         except asyncio.CancelledError:
             raise
         except Exception:  # no acknowledgement in time, or the connection ended meanwhile

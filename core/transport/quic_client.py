@@ -80,6 +80,21 @@ class _ClientConnection:
 
     # -- calls --------------------------------------------------------------------------------
 
+    async def ping_within(self, timeout_s: float) -> float:
+        """Seconds from a PING to its acknowledgement; TimeoutError past `timeout_s`, ConnectionError
+        when the connection ends first. The library shields its waiter from the timeout's cancel, so
+        a PING given up on is left a callback that retrieves its end (else a connection lost later
+        logs "Future exception was never retrieved" at ERROR)."""
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.ping()
+        except BaseException:
+            for waiter in list(getattr(self, "_ping_waiters", {}).values()):
+                waiter.add_done_callback(_retrieved)
+            raise
+        return time.monotonic() - started
+
     def peer_certificate_sha256(self) -> str | None:
         der = self._lib.peer_certificate_der(self._quic)
         return None if der is None else certificate_sha256(der)
@@ -230,7 +245,7 @@ async def open_connection(*, host: str, port: int, pin_sha256: str, settings: Qu
         async with asyncio.timeout(timeout_s):
             protocol = await opening.__aenter__()
     except TimeoutError as exc:
-        raise TransportError("timeout", f"no QUIC handshake with {where} within {timeout_s} s") from exc
+        raise TransportError("timeout", f"no QUIC handshake with {where} within {timeout_s:.3g} s") from exc
     except OSError as exc:  # ConnectionError (the handshake was refused or aborted), unreachable networks
         raise TransportError("connection_failed", f"could not reach {where}: {exc}") from exc
     connection = OpenConnection(protocol, opening, where)
@@ -274,6 +289,11 @@ class QuicPeerConnection:
                    timeout_s: float = 30.0) -> tuple[dict[str, Any], bytes | bytearray]:
         """One request on its own stream; raises TransportError (reason says why)."""
         return await call_on(self._connection, method, params, body, timeout_s=timeout_s)
+
+    async def round_trip_s(self, *, timeout_s: float = 1.0) -> float:
+        """Seconds from a PING to its acknowledgement: the network's round trip to the peer, without
+        the handshake or the work a call asks of it. Raises TimeoutError past `timeout_s`."""
+        return await self._connection.protocol.ping_within(timeout_s)
 
 
 @contextlib.asynccontextmanager

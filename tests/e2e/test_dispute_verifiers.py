@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import signal
 import time
 
 import numpy as np
@@ -87,8 +85,7 @@ def test_a_router_without_the_expert_has_another_holder_verify_and_falls_back_to
 
     # The verifier gone: a passes over it and re-executes the next dispute itself, from the accused's blob.
     fault = faults.inject("dispute verifier killed", "SIGKILL of the holder a asks for a verdict, before a dispute")
-    os.killpg(ids[verifier].process.pid, signal.SIGKILL)  # the node's processes: web, worker, Celery
-    ids[verifier].process.wait()
+    ids[verifier].kill()  # the node's processes: web, worker, Celery
     other = next(r for r in receipts if r["provider_id"] == accused and r["id"] != first["id"])
     started = time.monotonic()
     again = decided(a, other["id"])

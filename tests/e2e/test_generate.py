@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -231,8 +229,7 @@ def test_killing_a_holder_mid_generation_changes_no_token(network) -> None:
     while not at_kill["tokens"] and time.monotonic() < deadline:  # polled tightly: a step takes ~0.1 s
         time.sleep(0.02)
         at_kill = a.result("tenzro_moeGeneration", {"generation_id": gid, "steps": False})
-    os.killpg(c.process.pid, signal.SIGKILL)
-    c.process.wait()
+    c.kill()
     assert at_kill["state"] == "running" and len(at_kill["tokens"]) < n, "the kill must land mid-generation"
     deadline = time.monotonic() + 120
     generation = at_kill

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import time
 
 import pytest
@@ -26,8 +25,7 @@ def take_down_and_back(a, b, b_id: str, how: str) -> str | None:
     again and wait until a hears it; the stopped node's log for a SIGTERM."""
     stopped = None
     if how == "SIGKILL":
-        os.killpg(b.process.pid, signal.SIGKILL)
-        b.process.wait()
+        b.kill()
     else:
         assert b.stop() == 0
         stopped = b.log()

@@ -11,9 +11,6 @@ before (preparing is deterministic).
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 
 from apps.blobs.store import parse_blob_uri
@@ -50,8 +47,7 @@ def test_experts_whose_last_holder_left_are_published_again_by_the_node_that_pre
 
     fault = faults.inject("last holder lost", "b, the only holder of experts 0-3, SIGKILLed; a prepared them")
     shorten_interval(a, 2)
-    os.killpg(b.process.pid, signal.SIGKILL)
-    b.process.wait()
+    b.kill()
     wait_for(lambda: held(a) == uris, 90, "a to hold the four experts again")
     outcomes = sorted({r["outcome"] for r in recover_rows(a)})
     fault.observe(f"a's recover rows: {outcomes}; a holds {sorted(held(a))} with the blobs announced before")

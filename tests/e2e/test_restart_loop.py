@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import threading
 import time
@@ -56,6 +55,7 @@ class Stream:
         self.b_served_at = 0.0
         self.holder_failures: Counter[str] = Counter()  # "provider:reason" of the failures forwards survived
         self.events: list[tuple[float, str]] = []  # (monotonic time, what the test did): to read the errors by
+        self.views: list[tuple[float, str]] = []  # how a rated b and c now and then: why b was (not) planned on
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
@@ -76,6 +76,14 @@ class Stream:
             self.holder_failures.update(f"{f['provider'][:8]}:{f['reason']}" for f in stats["failures"])
             if any(h["provider"] == self.pid_b and h["rows"] for h in stats["holders"]):
                 self.b_served_at = time.monotonic()
+            if seed % 20 == 0:
+                self.views.append((round(time.monotonic(), 1), self.rating()))
+
+    def rating(self) -> str:
+        """a's latency (ms) and reputation of b and c, as its planner reads them."""
+        rows = self.net.a.rpc("tenzro_networkProviders")["result"]["providers"]
+        return " ".join(f"{'b' if p['provider_id'] == self.pid_b else 'c'}:{p['latency_ms']}ms/{p['reputation']}"
+                        for p in rows if not p["is_self"])
 
 
 def b_rejoins(stream: Stream, *, since: float, what: str, serve_wait_s: float = SERVE_WAIT_S) -> bool:
@@ -125,8 +133,7 @@ def test_a_holder_restarted_again_and_again_under_a_stream_of_forwards(redis_ser
                 served += b_rejoins(stream, since=restarted_at, what=f"after restart {i}") and i > 0
                 stream.events.append((round(time.monotonic(), 1), "SIGKILL" if i % 2 == 0 else "SIGTERM"))
                 if i % 2 == 0:
-                    os.killpg(net.b.process.pid, signal.SIGKILL)
-                    net.b.process.wait()
+                    net.b.kill()
                     kinds["SIGKILL"] += 1
                 else:
                     net.b.stop()
@@ -144,7 +151,7 @@ def test_a_holder_restarted_again_and_again_under_a_stream_of_forwards(redis_ser
         took = time.monotonic() - started
         fault.observe(f"{dict(kinds)} in {took:.0f} s; forwards {dict(stream.outcomes)}; b served rows again "
                       f"after {served} of {RESTARTS} restarts; failures survived {dict(stream.holder_failures)}; "
-                      f"failed forwards: {stream.errors[:3]}")
+                      f"failed forwards: {stream.errors[:3]}; a's ratings {stream.views[-12:]}")
         assert stream.outcomes["correct"] >= RESTARTS and set(stream.outcomes) == {"correct"}, \
             (dict(stream.outcomes), stream.errors[:5])
         assert served >= 1  # a restarted b is planned on again: the old connection was given up

@@ -3,6 +3,7 @@ timeouts, idle close, and cancellation reaching the server's handler."""
 
 import asyncio
 import concurrent.futures
+import gc
 import socket
 import threading
 import time
@@ -12,7 +13,8 @@ import pytest
 from apps.node.identity import load_or_create_identity
 from core.transport.framing import Reply
 from core.transport.pool import QuicPool
-from core.transport.quic import PeerRequest, QuicSettings, TransportError, start_server
+from core.transport.quic import PeerRequest, QuicSettings, TransportError, quic_connection, start_server
+from testkit.netem import Impairment, UdpRelay
 
 pytestmark = pytest.mark.parametrize("library", ["qh3", "aioquic"])
 
@@ -388,3 +390,31 @@ def test_a_connection_the_librarys_core_fails_in_a_timer_is_dropped_not_left_hal
 
     stats = asyncio.run(scenario())
     assert stats["reconnects"] == 1, stats
+
+
+def test_a_ping_given_up_on_leaves_no_unretrieved_future(identity, library) -> None:
+    """A PING past its timeout (the peer went silent): the library shields its waiter from the
+    cancel, and the connection's end later fails it; that end is retrieved, not logged at ERROR as
+    "Future exception was never retrieved"."""
+    unretrieved: list[str] = []
+
+    async def scenario():
+        asyncio.get_running_loop().set_exception_handler(lambda _, context: unretrieved.append(context["message"]))
+        server = await Server(identity, library).start()
+        relay = UdpRelay(listen=("127.0.0.1", 0), target=("127.0.0.1", server.port), impairment=Impairment()).start()
+        settings = QuicSettings(max_body=1 << 20, library=library)
+        async with quic_connection(host="127.0.0.1", port=relay.listen[1], pin_sha256=identity.cert_sha256,
+                                   settings=settings, timeout_s=5) as connection:
+            assert 0 < await connection.round_trip_s(timeout_s=2) < 2  # answered: a round trip
+            relay.impairment = Impairment(loss=1.0)  # the peer is silent from now on
+            with pytest.raises(TimeoutError):
+                await connection.round_trip_s(timeout_s=0.2)
+        relay.close()
+        server.stop()
+        await asyncio.sleep(0.1)
+        gc.collect()
+        await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    gc.collect()
+    assert unretrieved == []
