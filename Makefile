@@ -70,12 +70,13 @@ test-long: install bytecode
 	TENZRO_TEST_RESTARTS=20 TENZRO_TEST_RESTART_RUNS=3 TENZRO_TEST_LOG_RUN_S=600 $(BIN)/python -m pytest -n 2 \
 		--dist loadfile -p testkit.xdist_redis tests/e2e/test_restart_loop.py tests/e2e/test_quiet_logs.py
 
-## Photographs of every dashboard page at 1280 px into docs/screenshots/, taken by the browser tests
-## against real nodes (the same tests write 1280 and 390 px ones to tests/e2e/screenshots/ on every run).
+## Photographs of every dashboard page at 1280 px into docs/screenshots/, taken in a real browser on a
+## three-node network carrying traffic (the browser tests write 1280 and 390 px ones of every page they
+## visit to tests/e2e/screenshots/ on every run).
 screenshots: install bytecode chromium
 	REDIS_URL=redis://127.0.0.1:6379/15 scripts/ensure-redis.sh
 	TENZRO_SCREENSHOTS_DIR=docs/screenshots $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
-		-p testkit.xdist_redis -m browser tests/dashboard
+		-p testkit.xdist_redis -m browser tests/dashboard/test_tour.py tests/dashboard/test_pages_generate.py
 
 ## The database-touching in-process tests again on PostgreSQL (needs a server at POSTGRES_URL).
 POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/tenzro

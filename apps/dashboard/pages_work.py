@@ -37,7 +37,8 @@ from core.errors import TenzroError
 from core.quantization.presets import PRESETS
 
 RECEIPTS_SHOWN = 100
-REPUTATION_SHOWN = 100
+REPUTATION_SHOWN = 50
+LEDGER_SHOWN = 50
 JOBS_SHOWN = 30
 FORWARDS_SHOWN = 50
 REPAIR_PASSES_SHOWN = 50
@@ -66,13 +67,16 @@ class ReceiptFilter(forms.Form):
     expert = forms.IntegerField(required=False, min_value=0)
     holder = forms.CharField(required=False, max_length=64, help_text="A provider id, or a name")
     page = forms.IntegerField(required=False, min_value=1)
+    ledger_page = forms.IntegerField(required=False, min_value=1)
+    reputation_page = forms.IntegerField(required=False, min_value=1)
 
 
-def _pages(request: HttpRequest, page: int, more: bool) -> dict[str, Any]:
-    """The newer/older links of a paged list, each keeping the page's filters (templates: _pages.html)."""
-    kept = {k: v for k, v in request.GET.items() if k != "page" and v}
-    return {"number": page, "newer": urlencode({**kept, "page": page - 1}) if page > 1 else None,
-            "older": urlencode({**kept, "page": page + 1}) if more else None}
+def _pages(request: HttpRequest, page: int, more: bool, key: str = "page") -> dict[str, Any]:
+    """The newer/older links of a paged list (its page number in the query's `key`), each keeping
+    the page's filters and the other lists' pages (templates: _pages.html)."""
+    kept = {k: v for k, v in request.GET.items() if k != key and v}
+    return {"number": page, "newer": urlencode({**kept, key: page - 1}) if page > 1 else None,
+            "older": urlencode({**kept, key: page + 1}) if more else None}
 
 
 class ForwardFilter(forms.Form):
@@ -98,10 +102,19 @@ def receipts(request: HttpRequest) -> HttpResponse:
         holder = provider_ids_named(holder)
     rows = receipts_list(model_id=wanted.get("model") or None, provider_id=holder, expert=wanted.get("expert"),
                          limit=RECEIPTS_SHOWN + 1, offset=(page - 1) * RECEIPTS_SHOWN)
-    # the holder filter narrows the ledger and the reputation to that provider too
-    context = {"filter": query, "receipts": rows[:RECEIPTS_SHOWN], "ledger": ledger_balances(account=holder),
+    # the holder filter narrows the ledger and the reputation to that provider too; each pages on its own
+    ledger_page, reputation_page = wanted.get("ledger_page") or 1, wanted.get("reputation_page") or 1
+    ledger = ledger_balances(account=holder, limit=LEDGER_SHOWN + 1, offset=(ledger_page - 1) * LEDGER_SHOWN)
+    reputation = reputation_rows(REPUTATION_SHOWN + 1, provider_id=holder,
+                                 offset=(reputation_page - 1) * REPUTATION_SHOWN)
+    context = {"filter": query, "receipts": rows[:RECEIPTS_SHOWN],
                "pages": _pages(request, page, len(rows) > RECEIPTS_SHOWN),
-               "reputation": reputation_rows(REPUTATION_SHOWN, provider_id=holder), "can_mutate": request.user.is_staff}
+               "ledger": ledger[:LEDGER_SHOWN],
+               "ledger_pages": _pages(request, ledger_page, len(ledger) > LEDGER_SHOWN, "ledger_page"),
+               "reputation": reputation[:REPUTATION_SHOWN],
+               "reputation_pages": _pages(request, reputation_page, len(reputation) > REPUTATION_SHOWN,
+                                          "reputation_page"),
+               "can_mutate": request.user.is_staff}
     return render(request, "dashboard/receipts.html", context)
 
 

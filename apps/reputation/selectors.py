@@ -19,16 +19,17 @@ def reputation_scores(provider_ids: Iterable[str] | None = None) -> dict[str, fl
     return {pid: float(score) for pid, score in rows.values_list("provider_id", "score").order_by()}
 
 
-def reputation_rows(limit: int = 100, *, provider_id: str | list[str] | None = None) -> list[dict[str, Any]]:
-    """The highest scores first (ties: provider id), at most `limit` rows, one query; `provider_id`:
-    one provider's row, or those of several."""
+def reputation_rows(limit: int = 100, *, provider_id: str | list[str] | None = None,
+                    offset: int = 0) -> list[dict[str, Any]]:
+    """The highest scores first (ties: provider id), at most `limit` rows from `offset`, one query;
+    `provider_id`: one provider's row, or those of several."""
     rows = Reputation.objects.order_by("-score", "provider_id")
     if isinstance(provider_id, list):
         rows = rows.filter(provider_id__in=provider_id)
     elif provider_id is not None:
         rows = rows.filter(provider_id=provider_id)
     return list(rows.values("provider_id", "score", "credits_total", "penalties_total", "credit_count",
-                            "penalty_count", "updated_at")[:limit])
+                            "penalty_count", "updated_at")[offset:offset + limit])
 
 
 def reputation_events(limit: int = 50, *, provider_id: str | None = None) -> list[dict[str, Any]]:

@@ -18,9 +18,10 @@ def settlements_recent(limit: int = 50, *, forward_id: str | None = None) -> lis
     return list(rows.prefetch_related(Prefetch("entries", queryset=LedgerEntry.objects.order_by("id")))[:limit])
 
 
-def ledger_balances(*, account: str | list[str] | None = None) -> list[dict[str, Any]]:
+def ledger_balances(*, account: str | list[str] | None = None, limit: int | None = None,
+                    offset: int = 0) -> list[dict[str, Any]]:
     """[{account, kind, amount (sum), entries (count)}] sorted by account then kind, one query;
-    `account`: one account's, or those of several."""
+    `account`: one account's, or those of several; `limit`/`offset`: one page of them."""
     rows = LedgerEntry.objects.all()
     if isinstance(account, list):
         rows = rows.filter(account__in=account)
@@ -28,5 +29,7 @@ def ledger_balances(*, account: str | list[str] | None = None) -> list[dict[str,
         rows = rows.filter(account=account)
     sums = (rows.values("account", "kind").annotate(amount=Sum("amount"), entries=Count("id"))
             .order_by("account", "kind"))
+    if limit is not None:
+        sums = sums[offset:offset + limit]
     # Back to the columns' 12 places: SQLite sums REALs and hands back more digits than the entries have.
     return [{**row, "amount": row["amount"].quantize(QUANTUM)} for row in sums]

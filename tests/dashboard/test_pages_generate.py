@@ -296,7 +296,7 @@ def test_generate_page_live_in_a_browser(start_node, page, tmp_path) -> None:  #
     generation_id = page.locator("#generation").get_attribute("data-generation")
     assert page.url.endswith("/generate/?id=" + generation_id)
     expect(page.locator(f'#generations tr[data-generation="{generation_id}"] td').nth(3)).to_have_text("done")
-    shoot(page, "generate")
+    shoot(page, "generate", docs_name="generate")
 
     # Reloaded: the same record rendered by the server.
     page.reload()

@@ -92,6 +92,35 @@ def test_receipts_are_paged_newest_first_keeping_the_filter(client, receipt, mon
 
 
 @pytest.mark.django_db
+def test_the_ledger_and_the_reputation_page_on_their_own(client, monkeypatch) -> None:
+    from decimal import Decimal
+
+    from apps.reputation.services import reputation_penalize
+    from apps.settlement.services import settlement_record
+    for n, pid in enumerate(("b" * 64, "c" * 64, "d" * 64)):  # three holders, three scores
+        reputation_penalize(provider_id=pid, amount=Decimal(n + 1), reason="timeout", ref=f"penalty:{n}")
+    settlement_record(forward_id="f-pages", router_id="a" * 64, model_id="m",
+                      holders=[{"provider_id": pid, "tokens": 10, "price_per_input_token": "0.001",
+                                "commitments": ["e" * 64]} for pid in ("b" * 64, "c" * 64)])
+    monkeypatch.setattr("apps.dashboard.pages_work.LEDGER_SHOWN", 2)
+    monkeypatch.setattr("apps.dashboard.pages_work.REPUTATION_SHOWN", 2)
+
+    def table(html: str, name: str) -> str:
+        return html.split(f'id="{name}"')[1].split("</table>")[0]
+
+    first = client.get("/receipts/", {"model": "m"}).content.decode()
+    assert "b" * 64 in table(first, "reputation") and "d" * 64 not in table(first, "reputation")  # highest first
+    assert 'href="?model=m&amp;reputation_page=2" rel="next"' in first
+    assert 'href="?model=m&amp;ledger_page=2" rel="next"' in first
+    second = client.get("/receipts/", {"model": "m", "reputation_page": 2, "ledger_page": 2}).content.decode()
+    assert "d" * 64 in table(second, "reputation") and "b" * 64 not in table(second, "reputation")
+    ledger_rows = table(first, "ledger").count("<tr>") - 1, table(second, "ledger").count("<tr>") - 1
+    assert ledger_rows[0] == 2 and ledger_rows[1] >= 1  # router, holders, burn: more than one page of 2
+    # each list's links keep the other's page
+    assert 'href="?model=m&amp;ledger_page=2&amp;reputation_page=1" rel="prev"' in second
+
+
+@pytest.mark.django_db
 def test_anonymous_and_non_staff_cannot_dispute_or_start_a_job(client, receipt, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks() as queued:
         answer = client.post(f"/receipts/{receipt.pk}/dispute/")
