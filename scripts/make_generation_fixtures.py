@@ -1,4 +1,4 @@
-"""Write the whole-model generation fixtures: two tiny random-weight MoE models and their transformers outputs.
+"""Write the whole-model generation fixtures: tiny random-weight MoE models and their transformers outputs.
 
 The fixtures (tests/fixtures/generation/<name>/) are checked in; this script is how they were made and how
 to remake them. It needs torch and transformers, which the node never imports, so it runs in its own venv:
@@ -77,7 +77,23 @@ DEEPSEEK_V3: dict[str, Any] = {
     "vocab_size": 256,
 }
 
-MODELS = {"qwen3_moe": (QWEN3_MOE, 1234), "deepseek_v3": (DEEPSEEK_V3, 4321)}
+# GLM-4.5's keys (zai-org/GLM-4.5 config.json): q/k/v biases, RoPE on half of each head
+# (partial_rotary_factor 0.5), no q/k norm, DeepSeek-style routing with shared experts and a dense
+# first layer; n_group 2 (the hub has 1) so that the group-limited choice is exercised too.
+GLM4_MOE: dict[str, Any] = {
+    "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe",
+    "attention_bias": True, "attention_dropout": 0.0, "bos_token_id": 0, "eos_token_id": 1,
+    "first_k_dense_replace": 1, "head_dim": 16, "hidden_act": "silu", "hidden_size": 64,
+    "initializer_range": 0.02, "intermediate_size": 96, "max_position_embeddings": 256,
+    "moe_intermediate_size": 32, "n_group": 2, "n_routed_experts": 8, "n_shared_experts": 1,
+    "norm_topk_prob": True, "num_attention_heads": 4, "num_experts_per_tok": 2, "num_hidden_layers": 3,
+    "num_key_value_heads": 2, "num_nextn_predict_layers": 0, "partial_rotary_factor": 0.5,
+    "rms_norm_eps": 1e-5, "rope_scaling": None, "rope_theta": 1000000, "routed_scaling_factor": 2.5,
+    "tie_word_embeddings": False, "topk_group": 1, "torch_dtype": "float32", "use_cache": True,
+    "use_qk_norm": False, "vocab_size": 256,
+}
+
+MODELS = {"qwen3_moe": (QWEN3_MOE, 1234), "deepseek_v3": (DEEPSEEK_V3, 4321), "glm4_moe": (GLM4_MOE, 2468)}
 
 
 def randomize(model: torch.nn.Module, seed: int) -> None:
@@ -222,9 +238,12 @@ def build(name: str, config: dict[str, Any], seed: int, out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "generation")
+    parser.add_argument("--only", choices=sorted(MODELS), action="append",
+                        help="build only these (the others' fixtures are left as they are)")
     args = parser.parse_args()
     for name, (config, seed) in MODELS.items():
-        build(name, config, seed, args.out)
+        if not args.only or name in args.only:
+            build(name, config, seed, args.out)
 
 
 if __name__ == "__main__":

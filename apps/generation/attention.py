@@ -66,6 +66,7 @@ class GqaWeights:
     o: np.ndarray  # (d_model, n_heads·head_dim)
     q_norm: np.ndarray | None  # (head_dim,)
     k_norm: np.ndarray | None  # (head_dim,)
+    qkv_bias: np.ndarray | None = None  # (n_heads·head_dim + 2·n_kv_heads·head_dim,): GLM-4.5's q/k/v biases
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ def attention_tensor_shapes(spec: TransformerSpec, layer: int) -> dict[str, tupl
                p + "v_proj.weight": (kvh * hd, d), p + "o_proj.weight": (d, h * hd)}
         if spec.qk_norm:
             out |= {p + "q_norm.weight": (hd,), p + "k_norm.weight": (hd,)}
+        if spec.attention_bias:
+            out |= {p + "q_proj.bias": (h * hd,), p + "k_proj.bias": (kvh * hd,), p + "v_proj.bias": (kvh * hd,)}
         return out
     rank, rope, nope, v = spec.kv_lora_rank, spec.qk_rope_head_dim, spec.qk_nope_head_dim, spec.v_head_dim
     out = {}
@@ -106,9 +109,11 @@ def attention_tensor_shapes(spec: TransformerSpec, layer: int) -> dict[str, tupl
 def gqa_weights(spec: TransformerSpec, tensors: Mapping[str, np.ndarray], layer: int) -> GqaWeights:
     p = f"model.layers.{layer}.self_attn."
     qkv = np.concatenate([tensors[p + f"{name}_proj.weight"] for name in ("q", "k", "v")])
+    bias = np.concatenate([tensors[p + f"{name}_proj.bias"] for name in ("q", "k", "v")]) \
+        if spec.attention_bias else None
     return GqaWeights(qkv=qkv, o=tensors[p + "o_proj.weight"],
                       q_norm=tensors.get(p + "q_norm.weight") if spec.qk_norm else None,
-                      k_norm=tensors.get(p + "k_norm.weight") if spec.qk_norm else None)
+                      k_norm=tensors.get(p + "k_norm.weight") if spec.qk_norm else None, qkv_bias=bias)
 
 
 def mla_weights(spec: TransformerSpec, tensors: Mapping[str, np.ndarray], layer: int) -> MlaWeights:
@@ -153,10 +158,12 @@ def _gqa(spec: TransformerSpec, w: GqaWeights, rope: RopeTables, x: np.ndarray, 
     """k and v new rows f32 [n, n_kv_heads, head_dim]; past_k, past_v of each segment [start, kvh, hd]."""
     n, h, kvh, hd = x.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
     qkv = linear(x, w.qkv)  # one product for the three: (n, (h + 2·kvh)·hd)
+    if w.qkv_bias is not None:
+        qkv += w.qkv_bias
     q = qkv[:, : h * hd].reshape(n, h, hd)
     k = qkv[:, h * hd: (h + kvh) * hd].reshape(n, kvh, hd)
     v = qkv[:, (h + kvh) * hd:].reshape(n, kvh, hd)
-    if w.q_norm is not None:  # Qwen3: RMSNorm over each head's dims, before RoPE
+    if w.q_norm is not None:  # Qwen3 (GLM with use_qk_norm): RMSNorm over each head's dims, before RoPE
         q = rms_norm(q, w.q_norm, spec.rms_norm_eps)
         k = rms_norm(k, w.k_norm, spec.rms_norm_eps)
     cos, sin = rope.cos_sin(positions)

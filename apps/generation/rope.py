@@ -67,7 +67,10 @@ class RopeTables:
         return np.cos(freqs) * scale, np.sin(freqs) * scale
 
     def apply(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        """Rotate x f32 [t, heads, dim] by (cos, sin) [t, dim/2] -> f32 [t, heads, dim]."""
+        """Rotate x f32 [t, heads, head_dim] by (cos, sin) [t, dim/2] -> f32 [t, heads, head_dim]: its
+        first rope.dim dims turn, the rest (a partial_rotary_factor's) pass through."""
+        if self.rope.dim < x.shape[-1]:
+            return np.concatenate([self.apply(x[..., : self.rope.dim], cos, sin), x[..., self.rope.dim:]], axis=-1)
         c, s = cos[:, None, :], sin[:, None, :]  # (t, 1, dim/2)
         if self.rope.interleave:
             a, b = x[..., 0::2], x[..., 1::2]

@@ -5,8 +5,12 @@ Pure module (no Django). TransformerSpec carries every number the non-expert mat
 ModelShape (apps/catalog/shapes.py), whose layer rule this module reuses so the router and the
 prepared experts can never disagree about which layers are MoE.
 
-Families (the math of transformers 5.x, modeling_qwen3_moe.py / modeling_deepseek_v3.py):
+Families (the math of transformers 5.x, modeling_qwen3_moe.py / modeling_deepseek_v3.py /
+modeling_glm4_moe.py):
   ``qwen3_moe``    GQA attention with per-head q/k RMSNorm, rotate-half RoPE, scale head_dim^-0.5
+  ``glm4_moe``     GQA attention with q/k/v biases (attention_bias), q/k RMSNorm only with use_qk_norm,
+                   rotate-half RoPE on the first head_dim·partial_rotary_factor dims of each head (the
+                   rest pass through), scale head_dim^-0.5; MoE layers route as deepseek_v3 does
   ``deepseek_v3``  MLA (q optionally through a q_lora_rank bottleneck, k/v through a kv_lora_rank
                    latent), RoPE on qk_rope_head_dim dims (interleaved pairs unless rope_interleave
                    is false), scale qk_head_dim^-0.5 · mscale(factor, mscale_all_dim)² under YaRN;
@@ -22,13 +26,14 @@ from typing import Any
 
 from apps.catalog.shapes import CatalogError, shape_from_config
 
-FAMILIES = {"qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3"}
+FAMILIES = {"qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3", "glm4_moe": "glm4_moe"}
 ROPE_KINDS = ("default", "yarn")
 
 
 @dataclass(frozen=True)
 class RopeSpec:
-    """RoPE on `dim` dims of each q/k head; YaRN fields are None for ``default``."""
+    """RoPE on the first `dim` dims of each q/k head (all of them but under a partial_rotary_factor);
+    YaRN fields are None for ``default``."""
 
     kind: str  # "default" | "yarn"
     theta: float
@@ -50,7 +55,7 @@ class TransformerSpec:
     *_lora_rank and *_head_dim fields (head_dim is then qk_nope_head_dim + qk_rope_head_dim)."""
 
     model_id: str
-    family: str  # "qwen3_moe" | "deepseek_v3"
+    family: str  # "qwen3_moe" | "deepseek_v3" | "glm4_moe"
     vocab_size: int
     d_model: int
     n_layers: int
@@ -71,6 +76,7 @@ class TransformerSpec:
     qk_nope_head_dim: int | None = None
     qk_rope_head_dim: int | None = None
     max_position_embeddings: int | None = None
+    attention_bias: bool = False  # GLM-4.5's q/k/v projection biases
 
     def is_moe(self, layer: int) -> bool:
         """Whether `layer`'s FFN is the MoE block (run on the network) rather than a local dense SwiGLU."""
@@ -115,8 +121,9 @@ def _bool(config: Mapping[str, Any], key: str, where: str, default: bool) -> boo
     return value
 
 
-def _rope(config: Mapping[str, Any], where: str, dim: int, interleave: bool) -> RopeSpec:
-    """Hub spelling (``rope_theta`` + ``rope_scaling`` with ``type``) or 5.x's ``rope_parameters``."""
+def _rope(config: Mapping[str, Any], where: str, dim: int, interleave: bool, *, partial_ok: bool = False) -> RopeSpec:
+    """Hub spelling (``rope_theta`` + ``rope_scaling`` with ``type``) or 5.x's ``rope_parameters``.
+    `partial_ok`: a partial_rotary_factor turns only int(dim · factor) dims (transformers' rule)."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if not isinstance(params, Mapping):
         raise _bad(f"config.json ({where}) rope_scaling/rope_parameters must be an object, received {params!r}")
@@ -131,7 +138,13 @@ def _rope(config: Mapping[str, Any], where: str, dim: int, interleave: bool) -> 
     theta = _float({"rope_theta": theta}, "rope_theta", where)
     partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor"))
     if partial not in (None, 1, 1.0):
-        raise _bad(f"config.json ({where}) partial_rotary_factor {partial!r} is not supported")
+        factor = _float({"p": partial}, "p", where + " partial_rotary_factor")
+        if not partial_ok or not 0 < factor <= 1:
+            raise _bad(f"config.json ({where}) partial_rotary_factor {partial!r} is not supported")
+        dim = int(dim * factor)
+        if dim < 2 or dim % 2:
+            raise _bad(f"config.json ({where}) partial_rotary_factor {partial!r} leaves {dim} rotary dims "
+                       "(an even number of at least 2 is needed)")
     if kind == "default":
         return RopeSpec(kind=kind, theta=theta, dim=dim, interleave=interleave)
     # transformers standardize_rope_params: a top-level original_max_position_embeddings wins, else
@@ -158,7 +171,7 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 
 def spec_from_config(config: Mapping[str, Any], *, model_id: str) -> TransformerSpec:
-    """TransformerSpec of a qwen3_moe / deepseek_v3 / kimi_k2 ``config.json`` (a dict).
+    """TransformerSpec of a qwen3_moe / deepseek_v3 / kimi_k2 / glm4_moe ``config.json`` (a dict).
 
     A multimodal wrapper's ``text_config`` is read through, as apps.catalog.shapes does.
     Raises CatalogError: reason "unknown_model" for an unsupported model_type, "shape_incomplete"
@@ -181,7 +194,8 @@ def spec_from_config(config: Mapping[str, Any], *, model_id: str) -> Transformer
         raise _bad(exc.message) from exc
     if config.get("hidden_act", "silu") != "silu":
         raise _bad(f"config.json ({where}) hidden_act {config.get('hidden_act')!r} is not supported (silu only)")
-    if _bool(config, "attention_bias", where, False):
+    attention_bias = _bool(config, "attention_bias", where, False)
+    if attention_bias and family != "glm4_moe":
         raise _bad(f"config.json ({where}) attention_bias true is not supported (hub checkpoints have none)")
     d_model = _int(config, "hidden_size", where)
     n_layers = _int(config, "num_hidden_layers", where)
@@ -196,7 +210,8 @@ def spec_from_config(config: Mapping[str, Any], *, model_id: str) -> Transformer
         tie_word_embeddings=_bool(config, "tie_word_embeddings", where, False), n_heads=n_heads,
         dense_d_ff=dense_d_ff, max_position_embeddings=_int(config, "max_position_embeddings", where, default=None),
     )
-    if family == "qwen3_moe":
+    if family in ("qwen3_moe", "glm4_moe"):
+        glm = family == "glm4_moe"
         if _bool(config, "use_sliding_window", where, False):
             raise _bad(f"config.json ({where}) use_sliding_window true is not supported")
         head_dim = _int(config, "head_dim", where, default=None) or d_model // n_heads
@@ -205,8 +220,9 @@ def spec_from_config(config: Mapping[str, Any], *, model_id: str) -> Transformer
             raise _bad(f"config.json ({where}) num_attention_heads {n_heads} is not a multiple of "
                        f"num_key_value_heads {n_kv}")
         return TransformerSpec(**common, attention="gqa", n_kv_heads=n_kv, head_dim=head_dim, v_head_dim=head_dim,
-                               qk_norm=True, rope=_rope(config, where, head_dim, interleave=False),
-                               attn_scale=head_dim ** -0.5)
+                               qk_norm=_bool(config, "use_qk_norm", where, False) if glm else True,
+                               rope=_rope(config, where, head_dim, interleave=False, partial_ok=glm),
+                               attn_scale=head_dim ** -0.5, attention_bias=attention_bias)
     nope = _int(config, "qk_nope_head_dim", where)
     rope_dim = _int(config, "qk_rope_head_dim", where)
     if rope_dim % 2:

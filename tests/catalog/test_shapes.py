@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +100,20 @@ def test_shape_from_config_refusals(config, needle, reason):
     with pytest.raises(CatalogError) as err:
         shape_from_config("m", config)
     assert needle in str(err.value) and err.value.reason == reason
+
+
+def test_the_published_glm_4_5_config_gives_its_counts():
+    """zai-org/GLM-4.5's config.json (tests/fixtures/configs): 92 layers, the first 3 dense, 160 routed
+    experts and 1 shared per MoE layer, top-8 by sigmoid scores scaled by 2.5; its whole-model spec is
+    GQA 96/8 heads of 128 with q/k/v biases, q/k norm and RoPE on half of each head."""
+    from apps.generation.spec import spec_from_config
+    config = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "configs" / "zai-org_GLM-4.5.json")
+                        .read_text())
+    shape = shape_from_config("glm-4.5", config)
+    assert (shape.family, shape.n_routed_experts, shape.n_active, shape.n_shared_experts) == ("glm4_moe", 160, 8, 1)
+    assert shape.moe_layers == tuple(range(3, 92)) and shape.n_experts_total == 161
+    assert (shape.d_model, shape.expert_d_ff, shape.router, shape.routed_scaling_factor) == (5120, 1536, "sigmoid", 2.5)
+    assert (shape.n_group, shape.topk_group, shape.norm_topk_prob, shape.checkpoint_layout) == (1, 1, True, "deepseek")
+    spec = spec_from_config(config, model_id="glm-4.5")
+    assert (spec.attention, spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.rope.dim) == ("gqa", 96, 8, 128, 64)
+    assert spec.attention_bias and spec.qk_norm and spec.dense_d_ff == 12288 and spec.vocab_size == 151552

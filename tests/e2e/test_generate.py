@@ -35,7 +35,8 @@ from tests.e2e.test_gossip import wait_for
 
 pytestmark = pytest.mark.e2e
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "generation"
-MODELS = {"qwen3_moe": "test/gen-qwen3-moe", "deepseek_v3": "test/gen-deepseek-v3"}
+MODELS = {"qwen3_moe": "test/gen-qwen3-moe", "deepseek_v3": "test/gen-deepseek-v3",
+          "glm4_moe": "test/gen-glm4-moe"}
 
 
 def expected(name: str) -> tuple[dict, np.ndarray]:
@@ -213,7 +214,8 @@ def test_eight_generations_at_once_share_iterations_and_each_gets_its_tokens_alo
 
 
 def test_killing_a_holder_mid_generation_changes_no_token(network) -> None:
-    """Four generations decoding together when a holder dies: each step fails over once for the batch."""
+    """Four generations decoding together when a holder dies, a GLM one beside them: each step fails over
+    once for the batch, and no token changes."""
     a, c = network[0], network[2]
     meta, _ = expected("qwen3_moe")
     n = len(meta["greedy_ids"])
@@ -223,6 +225,10 @@ def test_killing_a_holder_mid_generation_changes_no_token(network) -> None:
     started = a.result("tenzro_moeGenerate", {"model_id": MODELS["qwen3_moe"], "prompt_ids": meta["prompt_ids"],
                                               "max_new_tokens": n, "wire": "f32", "wait": False}, token=TOKEN)
     gid = started["generation_id"]
+    glm, _ = expected("glm4_moe")  # another family decoding beside them through the same kill
+    glm_id = a.result("tenzro_moeGenerate", {"model_id": MODELS["glm4_moe"], "prompt_ids": glm["prompt_ids"],
+                                             "max_new_tokens": len(glm["greedy_ids"]), "wire": "f32", "wait": False},
+                      token=TOKEN)["generation_id"]
 
     deadline = time.monotonic() + 60
     at_kill = a.result("tenzro_moeGeneration", {"generation_id": gid, "steps": False})
@@ -239,6 +245,7 @@ def test_killing_a_holder_mid_generation_changes_no_token(network) -> None:
     assert generation["state"] == "done", generation.get("error")
     assert generation["tokens"] == meta["greedy_ids"]
     assert [r["tokens"] for r in _finished(a, others)] == [meta["greedy_ids"]] * 3
+    assert [r["tokens"] for r in _finished(a, [glm_id])] == [glm["greedy_ids"]]
 
 
 def test_dense_weights_that_do_not_fit_the_memory_budget_are_refused(start_node) -> None:

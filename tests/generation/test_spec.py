@@ -44,6 +44,23 @@ def test_deepseek_v3_fixture_mla_and_yarn_scale():
     assert freqs[0] == pytest.approx(plain[0]) and freqs[-1] == pytest.approx(plain[-1] / 4.0)
 
 
+def test_glm4_moe_fixture_biased_gqa_with_partial_rope():
+    spec = spec_from_config(config("glm4_moe"), model_id="g")
+    assert (spec.family, spec.attention, spec.n_heads, spec.n_kv_heads, spec.head_dim) == ("glm4_moe", "gqa", 4, 2, 16)
+    assert spec.attention_bias and not spec.qk_norm and spec.moe_layers == (1, 2) and spec.dense_d_ff == 96
+    assert spec.rope.dim == 8 and not spec.rope.interleave and spec.attn_scale == 16 ** -0.5
+    tables = RopeTables(spec.rope)
+    x = np.random.default_rng(1).standard_normal((3, 2, 16)).astype(np.float32)
+    cos, sin = tables.cos_sin(np.arange(4, 7))
+    turned = tables.apply(x, cos, sin)
+    np.testing.assert_array_equal(turned[..., 8:], x[..., 8:])  # the second half of each head passes through
+    assert not np.allclose(turned[..., :8], x[..., :8])
+    with pytest.raises(CatalogError, match=r"partial_rotary_factor 0\.1 leaves 1 rotary dims"):
+        spec_from_config(dict(config("glm4_moe"), partial_rotary_factor=0.1), model_id="g")
+    with pytest.raises(CatalogError, match=r"partial_rotary_factor 0\.5 is not supported"):  # only GLM turns part
+        spec_from_config(dict(config("qwen3_moe"), partial_rotary_factor=0.5), model_id="q")
+
+
 def test_kimi_and_5x_spellings_read_the_same():
     hub = config("deepseek_v3")
     ref = spec_from_config(hub, model_id="d")
@@ -71,7 +88,7 @@ def test_rotate_half_and_interleaved_pairs_turn_the_same_pairs():
 
 @pytest.mark.parametrize(("change", "reason", "match"), [
     ({"model_type": "llama"}, "unknown_model", "unsupported model_type 'llama'"),
-    ({"model_type": "glm4_moe"}, "unknown_model", "unsupported model_type 'glm4_moe'"),
+    ({"model_type": "gpt_oss"}, "unknown_model", "unsupported model_type 'gpt_oss'"),
     ({"qk_rope_head_dim": None}, "shape_incomplete", "no 'qk_rope_head_dim'"),
     ({"kv_lora_rank": 0}, "shape_incomplete", "'kv_lora_rank' must be a positive integer"),
     ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "shape_incomplete", "rope type 'dynamic'"),
