@@ -19,10 +19,12 @@ from apps.providers.services import provider_latency_record
 from apps.receipts.services import receipt_record_many
 from apps.reputation.services import reputation_penalize
 from apps.settlement.services import settlement_enqueue
+from core.transport.quic import SHUTTING_DOWN
 
 # A primary raced out by its backup was slow, not wrong: it keeps its HolderPenalty row (the
 # dashboard and the hedging numbers read them) but its reputation is not lowered.
-NOT_A_FAULT = frozenset({"stalled"})
+# A stall (raced out, answered late) and a holder stopping cleanly cost it no reputation.
+NOT_A_FAULT = frozenset({"stalled", SHUTTING_DOWN})
 
 
 def forward_outcome_record(*, model_id: str, failures: Iterable[Failure], latencies_ms: dict[str, float],

@@ -347,6 +347,12 @@ class WorkerServer:
     async def shutdown(self) -> None:
         logger.info("expert worker stopping")
         if self._quic is not None:
+            # the answers in flight go out first (their routers would count each cut one a failure);
+            # new requests are told shutting_down, and their routers ask another holder
+            unfinished = await self._quic.drain(settings.TENZRO_WORKER_DRAIN_S)
+            if unfinished:
+                logger.warning("%d answers still unfinished after %.0f s of drain: cut", unfinished,
+                               settings.TENZRO_WORKER_DRAIN_S)
             self._quic.close()
         for task in list(self._tasks):
             task.cancel()

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 from core.transport.quic_client import QuicPeerConnection, quic_call, quic_connection
 from core.transport.quic_config import ALPN, QuicSettings, TransportError
-from core.transport.quic_server import PeerRequest, ServerHandler, start_server
+from core.transport.quic_server import SHUTTING_DOWN, PeerRequest, PeerServer, ServerHandler, start_server
 
 __all__ = [
     "ALPN",
+    "SHUTTING_DOWN",
     "PeerRequest",
+    "PeerServer",
     "QuicPeerConnection",
     "QuicSettings",
     "ServerHandler",

@@ -9,6 +9,12 @@ worker's decision (apps/worker/doors.py).
 A client that gives a request up (a hedge lost, a deadline passed) resets the stream
 (RESET_STREAM + STOP_SENDING); the server then cancels that stream's handler task, so work
 still queued for a compute thread is withdrawn rather than computed for nobody.
+
+A node that stops drains its door (`PeerServer.drain`): a request that arrives from then on is
+answered `shutting_down` at once (its router asks another holder, and a clean stop is not a
+fault), the answers already being computed are finished and sent, and only then are the
+connections closed; before, a SIGTERM closed them under the requests in flight, and each one
+failed at its router as `connection_closed`.
 """
 
 from __future__ import annotations
@@ -45,6 +51,42 @@ class PeerRequest:
 
 
 ServerHandler = Callable[[PeerRequest], Awaitable[Reply]]
+SHUTTING_DOWN = "shutting_down"
+DRAIN_LINGER_S = 0.2  # after the last answer is handed to QUIC: time for its datagrams to leave
+
+
+class _Drain:
+    """Server-wide: whether new requests are refused, and every connection's answers in flight."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.answering: set[asyncio.Task] = set()
+
+
+class PeerServer:
+    """The QUIC door: the library's server object, and its drain (the library's attributes pass through)."""
+
+    def __init__(self, server: Any, drain: _Drain) -> None:
+        self._server = server
+        self._drain = drain
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+    def close(self) -> None:
+        self._server.close()
+
+    async def drain(self, timeout_s: float) -> int:
+        """Refuse new requests (`shutting_down`) and wait up to `timeout_s` for the answers in flight
+        to be computed and sent; how many were still unfinished (close() then cuts them)."""
+        self._drain.draining = True
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0 and (
+                pending := {t for t in self._drain.answering if not t.done()}):
+            await asyncio.wait(pending, timeout=left)
+        unfinished = sum(not t.done() for t in self._drain.answering)
+        await asyncio.sleep(max(0.0, min(DRAIN_LINGER_S, deadline - time.monotonic())))
+        return unfinished
 
 
 class _ServerConnection:
@@ -55,9 +97,10 @@ class _ServerConnection:
     transmit: Callable[[], None]
 
     def __init__(self, *args: Any, handler: ServerHandler, limits: PeerLimits,
-                 peers: PeerTable, **kwargs: Any) -> None:
+                 peers: PeerTable, drain: _Drain, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._handler = handler
+        self._drain = drain
         self._limits = limits
         self._peers = peers  # every peer's connections, streams and bucket, shared by the server's connections
         self._host_key: str | None = None  # set once this connection is counted against its host
@@ -123,6 +166,11 @@ class _ServerConnection:
             return
         decoder = self._decoders.get(stream_id)
         if decoder is None:
+            if self._drain.draining:
+                metrics.PEER_REFUSED.labels("quic", SHUTTING_DOWN).inc()
+                self._refuse(stream_id, Reply.error(SHUTTING_DOWN, "this node is stopping: ask another holder"),
+                             ended=event.end_stream)
+                return
             refusal = self._admission.admit(time.monotonic())
             if refusal is not None:
                 metrics.PEER_REFUSED.labels("quic", refusal.reason).inc()
@@ -168,7 +216,9 @@ class _ServerConnection:
     def _start_answer(self, stream_id: int, frame: Frame) -> None:
         task = asyncio.ensure_future(self._answer(stream_id, frame))
         self._tasks[stream_id] = task
+        self._drain.answering.add(task)
         task.add_done_callback(lambda _: self._tasks.pop(stream_id, None))
+        task.add_done_callback(self._drain.answering.discard)
 
     async def _answer(self, stream_id: int, frame: Frame) -> None:
         method, params = frame.header.get("method"), frame.header.get("params", {})
@@ -217,20 +267,21 @@ def _protocol_class(library: str) -> type:
 async def start_server(
     *, host: str, port: int, cert_path: str, key_path: str, handler: ServerHandler, settings: QuicSettings,
     limits: PeerLimits | None = None,
-) -> Any:
+) -> PeerServer:
     """Serve `handler` on host:port; every request is admitted against `limits` per peer.
 
-    Returns the library's server object (`close()` stops it).
+    Returns the door: `close()` stops it, `drain()` first lets the answers in flight go out.
     """
     datagram_size = settings.datagram_size_on(host)
     configuration = settings.configuration(is_client=False, datagram_size=datagram_size)
     configuration.load_cert_chain(cert_path, key_path)
     limits = limits or PeerLimits(max_body=settings.max_body)
     peers = PeerTable(limits)
+    drain = _Drain()
     protocol_class = _protocol_class(settings.library)
 
     def create_protocol(*args: Any, **kwargs: Any) -> Any:
-        return protocol_class(*args, handler=handler, limits=limits, peers=peers, **kwargs)
+        return protocol_class(*args, handler=handler, limits=limits, peers=peers, drain=drain, **kwargs)
 
     server = await settings.lib.serve(host, port, configuration=configuration, create_protocol=create_protocol)
     transport = getattr(server, "_transport", None)
@@ -238,4 +289,4 @@ async def start_server(
     logger.info("QUIC (%s %s) on %s:%d: datagrams of %d bytes, windows %d/%d, socket buffers %s",
                 settings.library, settings.lib.version, host, port, datagram_size, settings.connection_window,
                 settings.stream_window, buffers)
-    return server
+    return PeerServer(server, drain)

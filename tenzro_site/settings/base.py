@@ -154,6 +154,8 @@ TENZRO_RPC_MAX_BYTES = env_int("TENZRO_RPC_MAX_BYTES", 64 * 1024 * 1024)
 TENZRO_RPC_MAX_BATCH = env_int("TENZRO_RPC_MAX_BATCH", 1000)
 # Seconds the web process waits for the expert worker to answer over the Channels layer.
 TENZRO_WORKER_TIMEOUT_S = env_float("TENZRO_WORKER_TIMEOUT_S", 30.0)
+# A stopping worker finishes the QUIC answers in flight for up to this long before it closes its door.
+TENZRO_WORKER_DRAIN_S = env_float("TENZRO_WORKER_DRAIN_S", 5.0)
 # Largest body of one QUIC frame this node accepts in an answer (as a client), in bytes.
 TENZRO_QUIC_MAX_BODY = env_int("TENZRO_QUIC_MAX_BODY", 256 * 1024 * 1024)
 # Limits of the peer door (QUIC, and its HTTP fallback): request body size, requests in flight

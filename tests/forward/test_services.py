@@ -22,12 +22,13 @@ def failure(provider: str, reason: str) -> Failure:
     return Failure(provider=provider, reason=reason, message="…", layer=0, expert=3, rows=8)
 
 
-def test_each_fault_lowers_reputation_by_the_active_penalty_but_a_stall_does_not() -> None:
+def test_each_fault_lowers_reputation_by_the_active_penalty_but_a_stall_or_a_clean_stop_does_not() -> None:
     policy_approve(policy_id=policy_propose(changes={"holder_failure_penalty": 2.5}, proposed_by="t").pk,
                    approved_by="t")
     forward_outcome_record(model_id="m", failures=[failure(A, "timeout"), failure(A, "bad_receipt"),
-                                                   failure(B, "stalled")], latencies_ms={}, self_id=ME)
-    assert HolderPenalty.objects.count() == 3  # the stalled primary keeps its row
+                                                   failure(B, "stalled"), failure(B, "shutting_down")],
+                           latencies_ms={}, self_id=ME)
+    assert HolderPenalty.objects.count() == 4  # the stalled primary and the stopping holder keep their rows
     assert reputation_scores() == {A: -5.0}
     refs = set(ReputationEvent.objects.values_list("ref", flat=True))
     assert refs == {f"penalty:{pk}" for pk in HolderPenalty.objects.filter(provider_id=A).values_list("id", flat=True)}

@@ -10,7 +10,7 @@ import pytest
 from apps.node.identity import load_or_create_identity
 from core.transport.admission import PeerLimits
 from core.transport.framing import Reply
-from core.transport.quic import PeerRequest, QuicSettings, TransportError, quic_call, start_server
+from core.transport.quic import PeerRequest, QuicSettings, TransportError, quic_call, quic_connection, start_server
 
 MAX_BODY = 8 * 1024 * 1024
 
@@ -127,3 +127,33 @@ def test_nobody_listening_times_out_cleanly(server_identity, caplog) -> None:
         gc.collect()  # an orphaned future with an exception nobody read is reported when it is collected
     assert info.value.reason in {"timeout", "connection_failed"}
     assert "never retrieved" not in caplog.text
+
+
+def test_a_draining_door_finishes_what_it_computes_and_turns_new_requests_away(server_identity) -> None:
+    """A stopping node: the answer in flight (a 1 MiB reply computed for 0.5 s) arrives whole; a request
+    sent after the drain began is answered shutting_down at once (its router asks another holder)."""
+    body = bytes(range(256)) * 4096
+
+    async def scenario():
+        port = _free_udp_port()
+        server = await start_server(host="127.0.0.1", port=port, cert_path=str(server_identity.cert_path),
+                                    key_path=str(server_identity.cert_key_path), handler=_echo, settings=_settings())
+        try:
+            async with quic_connection(host="127.0.0.1", port=port, pin_sha256=server_identity.cert_sha256,
+                                       settings=_settings()) as connection:
+                in_flight = asyncio.ensure_future(connection.call("slow", {"s": 0.5}, body, timeout_s=10))
+                await asyncio.sleep(0.2)  # it is being computed
+                draining = asyncio.ensure_future(server.drain(5.0))
+                await asyncio.sleep(0.05)
+                with pytest.raises(TransportError) as refused:
+                    await connection.call("moe/echo", {}, b"", timeout_s=5)
+                answered = await in_flight
+                unfinished = await draining
+        finally:
+            server.close()
+        return refused.value, answered, unfinished
+
+    refused, (result, reply), unfinished = asyncio.run(scenario())
+    assert refused.reason == "shutting_down" and "stopping" in str(refused)
+    assert result["method"] == "slow" and bytes(reply) == body[::-1]
+    assert unfinished == 0
