@@ -260,7 +260,8 @@ def catalog_shape(model_id: str) -> ModelShape:
 
 QWEN_TYPES = ("qwen3_moe", "qwen2_moe")
 DEEPSEEK_TYPES = ("deepseek_v3", "kimi_k2", "glm4_moe")
-SUPPORTED_MODEL_TYPES = QWEN_TYPES + DEEPSEEK_TYPES
+GPT_OSS_TYPES = ("gpt_oss",)
+SUPPORTED_MODEL_TYPES = QWEN_TYPES + DEEPSEEK_TYPES + GPT_OSS_TYPES
 
 
 def _need(config: Mapping[str, Any], key: str, model_type: str, kind: type = int) -> Any:
@@ -289,8 +290,9 @@ def _opt(config: Mapping[str, Any], key: str, default: Any, model_type: str, kin
 def shape_from_config(model_id: str, config: Mapping[str, Any]) -> ModelShape:
     """Shape of a model from its Hugging Face ``config.json`` (a dict).
 
-    Supports model_type qwen3_moe, qwen2_moe (softmax family) and deepseek_v3, kimi_k2,
-    glm4_moe (sigmoid + bias family); a multimodal wrapper with a ``text_config`` (Kimi K2.5)
+    Supports model_type qwen3_moe, qwen2_moe (softmax family), deepseek_v3, kimi_k2, glm4_moe
+    (sigmoid + bias family) and gpt_oss (its counts and layout; its router rule and fused experts
+    are not prepared here yet); a multimodal wrapper with a ``text_config`` (Kimi K2.5)
     is read through it. CatalogError names a missing key or an unsupported model_type.
     """
     if not isinstance(config, Mapping):
@@ -352,12 +354,31 @@ def shape_from_config(model_id: str, config: Mapping[str, Any]) -> ModelShape:
             n_group=_need(config, "n_group", model_type), topk_group=_need(config, "topk_group", model_type),
             checkpoint_layout="deepseek", default_source=None, sources={},
         )
+    elif model_type in GPT_OSS_TYPES:
+        n_layers = _need(config, "num_hidden_layers", model_type)
+        # experts_per_token is the original release's spelling, num_experts_per_tok transformers'
+        active = config.get("num_experts_per_tok", config.get("experts_per_token"))
+        shape = ModelShape(
+            model_id=model_id, family=model_type,
+            n_routed_experts=_need(config, "num_local_experts", model_type),
+            n_active=_need({"num_experts_per_tok": active}, "num_experts_per_tok", model_type),
+            n_shared_experts=0, n_layers=n_layers, moe_layers=tuple(range(n_layers)), moe_layer_rule="every layer",
+            d_model=_need(config, "hidden_size", model_type),
+            expert_d_ff=_need(config, "intermediate_size", model_type),
+            # GptOssTopKRouter: top-k of *biased* logits, softmax over the k; no catalog router rule carries
+            # the bias yet, so none is claimed (docs/formats.md lists the rules a gate payload has)
+            router=None, norm_topk_prob=None, routed_scaling_factor=None, n_group=None, topk_group=None,
+            checkpoint_layout="gpt_oss", default_source=None, sources={},
+        )
     else:
         raise CatalogError(
             f"unsupported model_type {model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})",
             reason="config_unsupported",
         )
     sources = {f: src for f in shape.__dataclass_fields__ if f not in ("model_id", "sources", "default_source")}
+    if model_type in GPT_OSS_TYPES:
+        sources |= dict.fromkeys(("router", "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group"),
+                                 "not a catalog router rule: GptOssTopKRouter takes the top-k of biased logits")
     return ModelShape(**{**shape.__dict__, "sources": sources})
 
 

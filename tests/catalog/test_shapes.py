@@ -117,3 +117,22 @@ def test_the_published_glm_4_5_config_gives_its_counts():
     spec = spec_from_config(config, model_id="glm-4.5")
     assert (spec.attention, spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.rope.dim) == ("gqa", 96, 8, 128, 64)
     assert spec.attention_bias and spec.qk_norm and spec.dense_d_ff == 12288 and spec.vocab_size == 151552
+
+
+def test_the_published_gpt_oss_120b_config_gives_its_counts():
+    """openai/gpt-oss-120b's config.json: 36 layers, all MoE, 128 experts and no shared one, top-4, experts
+    as wide as the model (2880); its router rule (biased logits) is not claimed, and whole-model
+    generation names the family it does not run yet."""
+    from apps.generation.spec import spec_from_config
+    config = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "configs" / "openai_gpt-oss-120b.json")
+                        .read_text())
+    shape = shape_from_config("gpt-oss-120b", config)
+    assert (shape.family, shape.n_routed_experts, shape.n_active, shape.n_shared_experts) == ("gpt_oss", 128, 4, 0)
+    assert shape.moe_layers == tuple(range(36)) and shape.n_experts_total == 128 and shape.n_layers == 36
+    assert (shape.d_model, shape.expert_d_ff, shape.checkpoint_layout, shape.router) == (2880, 2880, "gpt_oss", None)
+    assert "biased logits" in shape.sources["router"]
+    built_in = catalog_shape("gpt-oss-120b")  # the catalog's own entry agrees with the published config
+    for f in ("n_routed_experts", "n_active", "n_shared_experts", "n_layers", "moe_layers", "d_model", "expert_d_ff"):
+        assert getattr(built_in, f) == getattr(shape, f), f
+    with pytest.raises(CatalogError, match="unsupported model_type 'gpt_oss'"):
+        spec_from_config(config, model_id="gpt-oss-120b")
