@@ -21,12 +21,11 @@ import pytest
 from playwright.sync_api import expect
 
 from apps.repair.selectors import UNREPAIRABLE_MEANING
-from testkit.checkpoints import FileServer, qwen3_moe
 from testkit.nodes import TOKEN
 from tests.dashboard.screens import shoot
 from tests.dashboard.test_browser import page  # noqa: F401  (the fixture: a real chromium)
 from tests.e2e.test_gossip import FAST, wait_for
-from tests.e2e.test_prepare_blobs import MODEL, prepare
+from tests.e2e.test_prepare_blobs import MODEL, router_and_two_holders
 from tests.e2e.test_receipts import forward
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -49,17 +48,7 @@ def test_every_page_of_a_router_in_a_network_with_traffic(start_node, page, tmp_
     page.on("console", lambda m: errors.append(f"{m.text} ({m.location.get('url')})") if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
 
-    model = qwen3_moe(tmp_path / "ckpt", d_model=64, d_ff=32, n_experts=4)
-    with FileServer(model.root) as server:
-        b = start_node(env=FAST)
-        c = start_node(env=FAST, peers=[b.url])
-        a = start_node(env=ROUTER_ENV, peers=[b.url])
-        job = prepare(b, experts=[0, 1, 2, 3], quant="q8_0", checkpoint=server.url)
-    assert job["state"] == "done", job
-    for holder in (b, c):  # c fetches the blobs from b
-        for entry in job["experts"]:
-            holder.result("tenzro_moeExpertLoad", {"blob_uri": entry["blob_uri"]}, token=TOKEN)
-    a.result("tenzro_moeGateLoad", {"blob_uri": job["gate"]["blob_uri"]}, token=TOKEN)
+    a, b, _, _ = router_and_two_holders(start_node, tmp_path, holder_env=FAST, router_env=ROUTER_ENV)
     for node in (a, b):
         _policy(node, receipt_sample_one_in=1, min_replication=3)
     wait_for(lambda: [len(e["holders"]) for e in a.result("tenzro_moeShardMap", {"model_id": MODEL})["holders"]]

@@ -17,10 +17,9 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from testkit.checkpoints import FileServer, qwen3_moe
 from testkit.nodes import TOKEN
 from tests.e2e.test_gossip import FAST, wait_for
-from tests.e2e.test_prepare_blobs import MODEL, prepare
+from tests.e2e.test_prepare_blobs import MODEL, router_and_two_holders
 
 pytestmark = pytest.mark.e2e
 ROUTER_ENV = {**FAST, "TENZRO_DISPUTE_VERIFY_TIMEOUT_S": "5"}
@@ -43,17 +42,7 @@ def decided(a, receipt_id: int) -> dict:
 
 def test_a_router_without_the_expert_has_another_holder_verify_and_falls_back_to_itself(start_node, tmp_path,
                                                                                           faults):
-    model = qwen3_moe(tmp_path / "ckpt", d_model=64, d_ff=32, n_experts=4)
-    with FileServer(model.root) as server:
-        b = start_node(env=FAST)
-        c = start_node(env=FAST, peers=[b.url])
-        a = start_node(env=ROUTER_ENV, peers=[b.url])
-        job = prepare(b, experts=[0, 1, 2, 3], quant="q8_0", checkpoint=server.url)
-    assert job["state"] == "done", job
-    for node in (b, c):  # c fetches each blob from b: the same weights, announced under the same URI
-        for entry in job["experts"]:
-            node.result("tenzro_moeExpertLoad", {"blob_uri": entry["blob_uri"]}, token=TOKEN)
-    a.result("tenzro_moeGateLoad", {"blob_uri": job["gate"]["blob_uri"]}, token=TOKEN)
+    a, b, c, job = router_and_two_holders(start_node, tmp_path, holder_env=FAST, router_env=ROUTER_ENV)
     proposal = a.result("tenzro_policyPropose", {"changes": {"receipt_sample_one_in": 1}}, token=TOKEN)
     a.result("tenzro_policyApprove", {"policy_id": proposal["id"]}, token=TOKEN)
     ids = {n.result("tenzro_nodeInfo")["provider_id"]: n for n in (b, c)}

@@ -41,6 +41,24 @@ def prepare(node, **params) -> dict:
     return wait_job(node, job["job_id"])
 
 
+def router_and_two_holders(start_node, tmp_path, *, holder_env: dict, router_env: dict) -> tuple:
+    """(a, b, c, job): b prepares one layer's four experts (q8_0) from a tiny Qwen3-MoE checkpoint, b and
+    c load them all (c fetches each blob from b: the same weights, announced under the same URI), and
+    a, a router peered with b, loads the gate."""
+    model = qwen3_moe(tmp_path / "ckpt", d_model=64, d_ff=32, n_experts=4)
+    with FileServer(model.root) as server:
+        b = start_node(env=holder_env)
+        c = start_node(env=holder_env, peers=[b.url])
+        a = start_node(env=router_env, peers=[b.url])
+        job = prepare(b, experts=[0, 1, 2, 3], quant="q8_0", checkpoint=server.url)
+    assert job["state"] == "done", job
+    for node in (b, c):
+        for entry in job["experts"]:
+            node.result("tenzro_moeExpertLoad", {"blob_uri": entry["blob_uri"]}, token=TOKEN)
+    a.result("tenzro_moeGateLoad", {"blob_uri": job["gate"]["blob_uri"]}, token=TOKEN)
+    return a, b, c, job
+
+
 @pytest.fixture
 def checkpoint(tmp_path):
     model = qwen3_moe(tmp_path / "ckpt", d_model=64, d_ff=32, n_experts=4)
