@@ -1,7 +1,9 @@
 """Gating for both router families with one call.
 
 softmax (Qwen3MoeSparseMoeBlock): p = softmax(h·Wᵀ); pick top_k by p; weights p (divided by
-their sum when norm_topk_prob).
+their sum when norm_topk_prob). gpt-oss's GptOssTopKRouter is this with norm_topk_prob and the
+router's linear bias (logits h·Wᵀ + b): the top-k of the logits is the top-k of p, and p over
+the k renormalized is the softmax of their k logits.
 
 sigmoid (DeepseekV3TopkRouter, Kimi K2): s = sigmoid(h·Wᵀ); selection on c = s + bias,
 limited to the topk_group groups (of n_group) with the largest sum of their two best c;
@@ -80,6 +82,8 @@ def _routed(gate: GateSpec, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The routed slots of checked rows x f32 [t, d_model]: (ids int64 [t, top_k], weights f32 [t, top_k])."""
     t = x.shape[0]
     logits = x @ gate.weight.T  # f32 [t, n_routed]; both references compute the router in f32
+    if gate.logit_bias is not None:
+        logits += gate.logit_bias
     if not np.isfinite(logits).all():
         raise NonFiniteInput("gate logits overflowed f32 (hidden states too large); expected finite logits")
     if gate.router == "softmax":

@@ -1,7 +1,9 @@
 """The gate payload (docs/formats.md, "Gate payload"): a self-describing safetensors file for one layer's router.
 
-Tensors: ``weight`` [n_routed, d_model] (F32, F16 or BF16) and, for the sigmoid family,
-an optional ``e_score_correction_bias`` [n_routed]. ``__metadata__`` (strings, as safetensors
+Tensors: ``weight`` [n_routed, d_model] (F32, F16 or BF16); for the sigmoid family an
+optional ``e_score_correction_bias`` [n_routed] (added to the scores for the choice only); and
+for either routed family an optional ``logit_bias`` [n_routed], the router's own linear bias
+(logits = h·Wᵀ + logit_bias: gpt-oss's GptOssTopKRouter). ``__metadata__`` (strings, as safetensors
 requires): model_id, layer, router (softmax|sigmoid|dense), top_k, norm_topk_prob,
 routed_scaling_factor, n_group, topk_group, n_shared_experts.
 
@@ -75,6 +77,7 @@ class GateSpec:
     bias: np.ndarray | None
     dense_d_ff: int | None = None  # router "dense" only: the whole layer's d_ff, cut in n_shared_experts slices
     slice_align: int = 1  # router "dense" only: the row block of dense_slice_bounds
+    logit_bias: np.ndarray | None = None  # f32 [n_routed]: the router's linear bias, added to the logits
 
     @property
     def is_dense(self) -> bool:
@@ -102,7 +105,7 @@ class GateSpec:
 
     @property
     def nbytes(self) -> int:
-        return int(self.weight.nbytes + (0 if self.bias is None else self.bias.nbytes))
+        return int(self.weight.nbytes + sum(b.nbytes for b in (self.bias, self.logit_bias) if b is not None))
 
 
 def encode_gate_payload(
@@ -118,11 +121,14 @@ def encode_gate_payload(
     topk_group: int = 1,
     n_shared_experts: int = 0,
     e_score_correction_bias: np.ndarray | None = None,
+    logit_bias: np.ndarray | None = None,
 ) -> bytes:
     """Encode a gate payload (weights stored as F32). Validates like `read_gate_payload`."""
     tensors = {"weight": np.ascontiguousarray(weight, dtype=np.float32)}
     if e_score_correction_bias is not None:
         tensors["e_score_correction_bias"] = np.ascontiguousarray(e_score_correction_bias, dtype=np.float32)
+    if logit_bias is not None:
+        tensors["logit_bias"] = np.ascontiguousarray(logit_bias, dtype=np.float32)
     metadata = {
         "model_id": str(model_id),
         "layer": str(int(layer)),
@@ -176,6 +182,7 @@ def read_gate_payload(data: bytes | bytearray, *, model_id: str | None = None, l
         raise InvalidPayload(f"gate payload has no 'weight' tensor (found {sorted(tensors)})")
     weight = tensors.pop("weight")
     bias = tensors.pop("e_score_correction_bias", None)
+    logit_bias = tensors.pop("logit_bias", None)
     if tensors:
         raise InvalidPayload(f"gate payload has unexpected tensors {sorted(tensors)}")
     router = _meta_str(meta, "router")
@@ -200,6 +207,7 @@ def read_gate_payload(data: bytes | bytearray, *, model_id: str | None = None, l
         bias=None if bias is None else np.ascontiguousarray(bias, dtype=np.float32),
         dense_d_ff=_meta_int(meta, "d_ff", minimum=1) if dense else None,
         slice_align=_meta_int(meta, "slice_align", minimum=1, default=1) if dense else 1,
+        logit_bias=None if logit_bias is None else np.ascontiguousarray(logit_bias, dtype=np.float32),
     )
     if dense:
         _check_dense(spec, meta)
@@ -216,6 +224,8 @@ def read_gate_payload(data: bytes | bytearray, *, model_id: str | None = None, l
             raise InvalidPayload(
                 f"e_score_correction_bias must have shape ({n_routed},), received {spec.bias.shape}"
             )
+    if spec.logit_bias is not None and spec.logit_bias.shape != (n_routed,):
+        raise InvalidPayload(f"logit_bias must have shape ({n_routed},), received {spec.logit_bias.shape}")
     if n_routed % spec.n_group:
         raise InvalidPayload(f"n_group {spec.n_group} does not divide n_routed {n_routed}")
     if spec.topk_group > spec.n_group:
@@ -224,7 +234,7 @@ def read_gate_payload(data: bytes | bytearray, *, model_id: str | None = None, l
     selectable = n_routed if spec.router == "softmax" else spec.topk_group * (n_routed // spec.n_group)
     if spec.top_k > selectable:
         raise InvalidPayload(f"top_k {spec.top_k} exceeds the {selectable} selectable experts")
-    if not (np.isfinite(spec.weight).all() and (spec.bias is None or np.isfinite(spec.bias).all())):
+    if not all(t is None or np.isfinite(t).all() for t in (spec.weight, spec.bias, spec.logit_bias)):
         raise InvalidPayload("gate tensors contain NaN/inf")
     if not np.isfinite(spec.routed_scaling_factor):
         raise InvalidPayload(f"routed_scaling_factor must be finite, received {spec.routed_scaling_factor}")
@@ -234,8 +244,8 @@ def read_gate_payload(data: bytes | bytearray, *, model_id: str | None = None, l
 def _check_dense(spec: GateSpec, meta: dict[str, Any]) -> None:
     """A dense gate routes nothing: every routing knob must be absent or neutral, so a payload
     never says one thing (e.g. a scaling factor) that route() then silently ignores."""
-    if spec.bias is not None:
-        raise InvalidPayload("a dense gate has no routed experts, so no e_score_correction_bias")
+    if spec.bias is not None or spec.logit_bias is not None:
+        raise InvalidPayload("a dense gate has no routed experts, so no e_score_correction_bias or logit_bias")
     neutral = {"top_k": (spec.top_k, 0), "norm_topk_prob": (spec.norm_topk_prob, False),
                "routed_scaling_factor": (spec.routed_scaling_factor, 1.0), "n_group": (spec.n_group, 1),
                "topk_group": (spec.topk_group, 1)}

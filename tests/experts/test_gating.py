@@ -58,6 +58,28 @@ def test_softmax_router_matches_qwen3_reference(norm):
         np.testing.assert_allclose(routing.weights.sum(1), 1.0, rtol=RTOL)
 
 
+def test_a_softmax_router_with_a_logit_bias_routes_as_gpt_oss() -> None:
+    """GptOssTopKRouter: logits = h·Wᵀ + b, the top-k of the logits, softmax over those k (numpy
+    transcription); the payload round-trips the bias and a dense gate refuses one."""
+    rng = np.random.default_rng(7)
+    weight = rng.standard_normal((16, 32)).astype(np.float32) / 4
+    logit_bias = rng.standard_normal(16).astype(np.float32)  # large enough to change the choice
+    gate = read_gate_payload(encode_gate_payload(model_id=MODEL, layer=0, weight=weight, router="softmax",
+                                                 top_k=4, norm_topk_prob=True, logit_bias=logit_bias))
+    np.testing.assert_array_equal(gate.logit_bias, logit_bias)
+    hidden = rng.standard_normal((29, 32)).astype(np.float32)
+    logits = hidden @ weight.T + logit_bias
+    ref_idx = np.argsort(-logits, axis=1, kind="stable")[:, :4]
+    top = np.take_along_axis(logits, ref_idx, axis=1)
+    ref_w = np.exp(top - top.max(axis=1, keepdims=True))
+    ref_w /= ref_w.sum(axis=1, keepdims=True)
+    routing = route(gate, hidden)
+    _assert_same_routing(routing.experts, routing.weights, ref_idx, ref_w)
+    unbiased = route(read_gate_payload(encode_gate_payload(model_id=MODEL, layer=0, weight=weight, router="softmax",
+                                                           top_k=4, norm_topk_prob=True)), hidden)
+    assert not np.array_equal(unbiased.experts, routing.experts)  # the bias is not ignored
+
+
 @pytest.mark.parametrize(("n_group", "topk_group", "norm"), [(4, 2, True), (8, 3, False), (1, 1, True)])
 def test_sigmoid_router_matches_deepseek_v3_reference(n_group, topk_group, norm):
     rng = np.random.default_rng(2)
@@ -155,6 +177,8 @@ def test_gate_payload_round_trip_and_bf16():
         ({"n_group": 2, "topk_group": 1, "top_k": 5, "router": "sigmoid"}, "top_k 5 exceeds the 4 selectable"),
         ({"e_score_correction_bias": np.zeros(8, np.float32)}, "only applies to the sigmoid"),
         ({"router": "sigmoid", "e_score_correction_bias": np.zeros(7, np.float32)}, r"shape \(8,\)"),
+        ({"logit_bias": np.zeros(7, np.float32)}, r"logit_bias must have shape \(8,\)"),
+        ({"logit_bias": np.array([np.nan] + [0] * 7, np.float32)}, "NaN/inf"),
     ],
 )
 def test_invalid_gate_payloads(kwargs, match):
