@@ -138,7 +138,7 @@ def _rope(config: Mapping[str, Any], where: str, dim: int, interleave: bool, *, 
     theta = _float({"rope_theta": theta}, "rope_theta", where)
     partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor"))
     if partial not in (None, 1, 1.0):
-        factor = _float({"p": partial}, "p", where + " partial_rotary_factor")
+        factor = _float({"partial_rotary_factor": partial}, "partial_rotary_factor", where)
         if not partial_ok or not 0 < factor <= 1:
             raise _bad(f"config.json ({where}) partial_rotary_factor {partial!r} is not supported")
         dim = int(dim * factor)
