@@ -23,7 +23,6 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,19 +221,19 @@ async def _round(rng: random.Random) -> dict[str, Any]:
     await asyncio.to_thread(services.local_record_refresh)
     expired = await asyncio.to_thread(services.gossip_expire)
     targets = await asyncio.to_thread(peer_targets, self_id)
-    # One deadline for every call of the round (a peer's second call, the dial-back): the next round,
-    # this node's next heartbeat, waits for this one, and a peer slow to answer twice, or a dead one
-    # asked to dial back, held it 10 s, past a live peer's TTL of this node.
+    # At most DIALBACK_TRIES peers a round are asked to dial back (the next round asks others).
+    # Before any endpoint is confirmed, first, with a round's time of its own: the record this round
+    # pushes then carries them (without, peers know a node they cannot call, and none of them is
+    # waiting for its heartbeats yet). A periodic check runs beside the push and syncs.
+    due = await asyncio.to_thread(_dialback_due)
+    asked = rng.sample(targets, min(DIALBACK_TRIES, len(targets)))
+    if due == "first":
+        await _dialback(asked, deadline=time.monotonic() + round_call_timeout_s())
+    # One deadline for every other call of the round (a peer's second call, the periodic dial-back):
+    # the next round, this node's next heartbeat, waits for this one, and a peer slow to answer
+    # twice, or a dead one asked to dial back, held it 10 s, past a live peer's TTL of this node.
     deadline = time.monotonic() + round_call_timeout_s()
-    # At most DIALBACK_TRIES peers a round (the next round asks others). Before any endpoint is
-    # confirmed, first: the record this round pushes then carries them (without, peers know a node
-    # they cannot call). A periodic check runs beside the push and syncs.
-    dialback: Awaitable[Any] = asyncio.sleep(0)
-    if due := await asyncio.to_thread(_dialback_due):
-        dialback = _dialback(rng.sample(targets, min(DIALBACK_TRIES, len(targets))), deadline=deadline)
-        if due == "first":
-            await dialback
-            dialback = asyncio.sleep(0)
+    dialback = _dialback(asked, deadline=deadline) if due == "again" else asyncio.sleep(0)
     push = await asyncio.to_thread(services.gossip_push_message)
     fanout = rng.sample(targets, min(settings.TENZRO_GOSSIP_FANOUT, len(targets)))
     synced: list[str] = []
