@@ -1,6 +1,6 @@
 """Expert-forward benchmark of the CPU compute backend (core.experts.backends).
 
-    .venv/bin/python -m bench.runtime [--quick] [--kernels]
+    .venv/bin/python -m bench.runtime [--quick] [--kernels | --mxfp4]
 
 Expert dims: Qwen3-30B-A3B (d_model 2048, d_ff 768) and DeepSeek-V3 (7168, 2048); batches
 1, 8, 64, 256, 512. References measured in the same run:
@@ -22,6 +22,10 @@ Expert dims: Qwen3-30B-A3B (d_model 2048, d_ff 768) and DeepSeek-V3 (7168, 2048)
   avxvnni, avx2, scalar) on one thread, at Qwen3 gate|up shape: the fused matmul at batch 1
   and 8 and the row dequantizer, each as a ratio to the scalar copy; `--kernels` runs only
   this table. The variant the backend picked is the "cpu kernel" reference row.
+* MXFP4 at gpt-oss-120b expert dims (d_model = d_ff = 2880), batch 1: an all-MXFP4 expert (as
+  gpt-oss ships them) against the f32 one of the same dims, warm and with caches flushed. Weight
+  bytes read per weight (target <= 0.6: 17/32 = 0.53) and the cold time as a ratio to f32's
+  (target <= 0.5), with the C variant that ran; `--mxfp4` runs only this table (a few seconds).
 
 Quantized weights are random *valid* GGML blocks (finite f16 scales): kernel speed does not
 depend on the values, and quantizing a DeepSeek-size expert would dominate the run.
@@ -55,6 +59,7 @@ DIMS = {"Qwen3-30B-A3B": (2048, 768), "DeepSeek-V3": (7168, 2048)}
 BATCHES = (1, 8, 64, 256, 512)
 CROSSOVER_BATCHES = (8, 32, 128, 256)  # fused C kernel vs tiled dequantize+sgemm
 QUANTS = {"Q8_0": ("Q8_0", "Q8_0", "Q8_0"), "q4_k_m": ("Q4_K", "Q4_K", "Q6_K")}
+MXFP4_DIMS = ("gpt-oss-120b", 2880, 2880)  # name, d_model, d_ff
 
 
 def best(fn: Callable[[], object], reps: int, before: Callable[[], object] | None = None) -> float:
@@ -70,6 +75,26 @@ def best(fn: Callable[[], object], reps: int, before: Callable[[], object] | Non
     return min(times)
 
 
+def random_weight(rng: np.random.Generator, fmt: str, rows: int, n: int) -> np.ndarray:
+    """u8 [rows, row_bytes] of random valid blocks. testkit's random_blocks sets f16 scales, so
+    MXFP4 (an E8M0 byte per block) is made here: random codes, scales 2^-9..2^3."""
+    if fmt != "MXFP4":
+        return random_blocks(rng, fmt, rows, n)
+    raw = rng.integers(0, 256, (rows, n // 32, 17), dtype=np.uint8)
+    raw[:, :, 0] = rng.integers(119, 132, (rows, n // 32), dtype=np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def make_flush() -> Callable[[], None]:
+    """Evicts the caches: writes a 512 MiB buffer (this VM reports a 300 MiB L3)."""
+    flush_buf = np.zeros(128 * 1024 * 1024, dtype=np.float32)
+
+    def flush() -> None:
+        np.add(flush_buf, 1.0, out=flush_buf)
+
+    return flush
+
+
 def build(backend: CpuBackend, rng: np.random.Generator, d_model: int, d_ff: int, fmts: tuple[str, ...]):
     shapes = ((d_ff, d_model), (d_ff, d_model), (d_model, d_ff))
     tensors = []
@@ -77,7 +102,7 @@ def build(backend: CpuBackend, rng: np.random.Generator, d_model: int, d_ff: int
         if fmt == "F32":
             data = rng.standard_normal((rows, n), dtype=np.float32).view(np.uint8)
         else:
-            data = random_blocks(rng, fmt, rows, n)
+            data = random_weight(rng, fmt, rows, n)
         tensors.append(TensorIn(fmt, (rows, n), data))
     return backend.prepare_expert(*tensors)
 
@@ -94,8 +119,8 @@ def kernel_variants(reps: int) -> list[list[object]]:
     rng = np.random.default_rng(1)
     m, n = 1536, 2048
     rows: list[list[object]] = []
-    for fmt in ("Q8_0", "Q4_K", "Q6_K"):
-        w = random_blocks(rng, fmt, m, n)
+    for fmt in ("Q8_0", "Q4_K", "Q6_K", "MXFP4"):
+        w = random_weight(rng, fmt, m, n)
         out = np.empty((m, n), dtype=np.float32)
         cases: dict[str, Callable[[str], object]] = {}
         for t in (1, 8):
@@ -124,10 +149,63 @@ def print_kernel_variants(rows: list[list[object]]) -> None:
                  *(f"{v} x scalar" for v in variants if v != "scalar")], rows)
 
 
-def main(quick: bool = False, kernels_only: bool = False) -> None:
+def mxfp4_batch1(backend: CpuBackend, reps: int, flush: Callable[[], None]) -> list[list[object]]:
+    """An all-MXFP4 expert and an f32 one at MXFP4_DIMS, batch 1: rows of expert, format, kernel,
+    weight bytes per weight (target <= 0.6), warm ms, cold ms (caches flushed), each as a ratio to
+    f32's, and whether the cold ratio meets <= 0.5. The two take turns within each repetition."""
+    name, d_model, d_ff = MXFP4_DIMS
+    rng = np.random.default_rng(2)
+    experts = {"f32": build(backend, rng, d_model, d_ff, ("F32",) * 3),
+               "MXFP4": build(backend, rng, d_model, d_ff, ("MXFP4",) * 3)}
+    x = rng.standard_normal((1, d_model), dtype=np.float32)
+    warm = dict.fromkeys(experts, float("inf"))
+    cold = dict.fromkeys(experts, float("inf"))
+    for p in experts.values():
+        backend.forward(p, x)  # warm-up
+    for _ in range(reps):
+        for fmt, p in experts.items():
+            for times, before in ((cold, flush), (warm, None)):
+                if before is not None:
+                    before()
+                start = time.perf_counter()
+                backend.forward(p, x)
+                times[fmt] = min(times[fmt], time.perf_counter() - start)
+    rows: list[list[object]] = []
+    for fmt, p in experts.items():
+        per_weight = p.nbytes / (3 * d_model * d_ff)
+        kernel = "BLAS sgemm" if fmt == "f32" else backend.cpu_kernel  # batch 1: the fused path
+        ratio = cold[fmt] / cold["f32"]
+        quantized = fmt != "f32"
+        rows.append([name, fmt, kernel, per_weight, ("yes" if per_weight <= 0.6 else "NO") if quantized else "-",
+                     warm[fmt] * 1e3, cold[fmt] * 1e3, warm[fmt] / warm["f32"], ratio,
+                     ("yes" if ratio <= 0.5 else "NO") if quantized else "-"])
+    return rows
+
+
+def print_mxfp4(rows: list[list[object]]) -> None:
+    print_table("MXFP4 expert, batch 1, vs the f32 expert (targets: ≤0.6 bytes/weight, cold ≤0.50× f32)",
+                ["expert", "format", "kernel", "bytes/weight", "met", "warm ms", "cold ms", "warm x f32",
+                 "cold x f32", "met"], rows)
+
+
+def mxfp4_headlines(rows: list[list[object]]) -> list[dict[str, object]]:
+    (f32, mx) = rows
+    return [headline(f"MXFP4 weight bytes per weight {mx[0]}", mx[3], "B", reference="f32", reference_value=f32[3],
+                     target="≤ 0.6 B"),
+            headline(f"MXFP4 batch-1 cold forward {mx[0]} ({mx[2]})", mx[6], "ms", reference="f32 cold forward",
+                     reference_value=f32[6], target="≤ 0.50× f32")]
+
+
+def main(quick: bool = False, kernels_only: bool = False, mxfp4_only: bool = False) -> None:
     rng = np.random.default_rng(0)
     backend = CpuBackend()
     reps = 3 if quick else 10
+    if mxfp4_only:
+        print(f"cpu kernel: {backend.cpu_kernel}")
+        rows = mxfp4_batch1(backend, 5 if quick else reps, make_flush())
+        print_mxfp4(rows)
+        write_results("runtime_mxfp4", {"cpu_kernel": backend.cpu_kernel, "rows": rows}, mxfp4_headlines(rows))
+        return
     variant_rows = kernel_variants(reps)
     if kernels_only:
         print(f"cpu kernel: {backend.cpu_kernel}")
@@ -143,10 +221,7 @@ def main(quick: bool = False, kernels_only: bool = False) -> None:
     src = np.ones(64 * 1024 * 1024, dtype=np.float32)  # 256 MiB
     dst = np.empty_like(src)
     copy_bw = 2 * src.nbytes / best(lambda: np.copyto(dst, src), reps)
-    flush_buf = np.zeros(128 * 1024 * 1024, dtype=np.float32)  # 512 MiB
-
-    def flush() -> None:
-        np.add(flush_buf, 1.0, out=flush_buf)
+    flush = make_flush()
 
     print_table("References (same run)", ["reference", "value"], [
         ["numpy sgemm 2048^3 (GFLOP/s)", sgemm_gflops],
@@ -230,19 +305,22 @@ def main(quick: bool = False, kernels_only: bool = False) -> None:
                 ["expert", "format", "batch", "path", "ms", "f32 ms", "x f32", "target", "met"], q_rows)
     if variant_rows:
         print_kernel_variants(variant_rows)
+    mxfp4_rows = mxfp4_batch1(backend, reps, flush)
+    print_mxfp4(mxfp4_rows)
     if cross_rows:
         print_table(f"Crossover: fused C kernel vs tiled dequantize+sgemm (fused_max_rows = {backend.fused_max_rows})",
                     ["expert", "format", "batch", "fused ms", "tiled ms", "fused/tiled", "faster"], cross_rows)
     results["tables"] = {"f32": f32_rows, "batch1": bw_rows, "quantized": q_rows, "crossover": cross_rows,
-                         "kernel_variants": variant_rows}
+                         "kernel_variants": variant_rows, "mxfp4": mxfp4_rows}
     write_results("runtime", results, [
         *(headline(f"f32 expert forward {r[0]}, batch {r[1]}", r[3], "GFLOP/s", reference="numpy sgemm peak",
                    reference_value=r[4], target="≥ 0.80 of sgemm") for r in f32_rows if r[1] >= 64),
         *(headline(f"{r[1]} expert forward {r[0]}, batch {r[2]} (tiled)", r[4], "ms", reference="f32 forward",
                    reference_value=r[5], target="≤ 1.25× f32") for r in q_rows if r[7] != "-"),
         *(headline(f"{r[1]} batch-1 cold forward {r[0]}", r[3], "ms", reference="f32 cold forward",
-                   reference_value=r[3] / r[7], target="≤ 0.50× f32") for r in bw_rows if r[1] != "f32")])
+                   reference_value=r[3] / r[7], target="≤ 0.50× f32") for r in bw_rows if r[1] != "f32"),
+        *mxfp4_headlines(mxfp4_rows)])
 
 
 if __name__ == "__main__":
-    main(quick="--quick" in sys.argv, kernels_only="--kernels" in sys.argv)
+    main(quick="--quick" in sys.argv, kernels_only="--kernels" in sys.argv, mxfp4_only="--mxfp4" in sys.argv)

@@ -13,6 +13,10 @@
  *   Q6_K weights  x  A8_256:  w = d·sc_k·(q − 32), q in [0, 63] (unsigned, so it can be the u8
  *                     operand of maddubs/dpbusd directly), k = 16-value group
  *                     y += d_a·d·Σ_k sc_k·(Σ q·q_a − 32·bsum16_k)
+ *   MXFP4 weights x  A8_32:  w = d·k, d = 2^(e−128) (E8M0, ggml_e8m0_to_fp32_half), k one of the
+ *                     16 int8 KVALUES (E2M1 doubled: 0, ±1, ±2, ±3, ±4, ±6, ±8, ±12) picked by a
+ *                     4-bit code; the codes become int8 weights through a 16-entry byte table
+ *                     (pshufb), then the block is Q8_0's:  y += d·d_a · Σ k·q_a
  *
  * Error bounds for these activation roundings are derived in tests/experts/test_ffn.py.
  *
@@ -20,8 +24,9 @@
  * even, so tests can rebuild it bit for bit in numpy. −128 never occurs, which keeps the
  * sign trick below exact.
  *
- * Overflow bounds (all exact, no saturation): maddubs of |q_w| <= 128 (Q8_0, via the sign
- * trick: |w|·sign(a, w)) or q <= 63 with |q_a| <= 127 gives pairs <= 2·128·127 = 32512 < 2^15;
+ * Overflow bounds (all exact, no saturation): maddubs of |q_w| <= 128 (Q8_0 and MXFP4, whose
+ * |k| <= 12, via the sign trick: |w|·sign(a, w)) or q <= 63 with |q_a| <= 127 gives pairs
+ * <= 2·128·127 = 32512 < 2^15;
  * madd by a 6-bit (Q4_K) or int8 (Q6_K) scale then stays far below 2^31 over 256 values.
  *
  * ISA variants: the SIMD kernels below the QDOT_BODY guard are compiled several times by
@@ -36,7 +41,7 @@
  * that quantized for down; no Python between the three matmuls), and dequantize (rows of W
  * to f32, bit-identical to gguf's decoder, for the large-batch path: tile, then BLAS sgemm).
  *
- * Weight layouts: core/quantization/q8_0.py, q4_k.py, q6_k.py (ggml-common.h byte for byte).
+ * Weight layouts: core/quantization/q8_0.py, q4_k.py, q6_k.py, mxfp4.py (ggml-common.h byte for byte).
  * Threads: the compute runs with the GIL released. Row tiles are handed out to a persistent
  * pool of worker threads (created once, parked on a condition variable between calls, never
  * spinning); one caller drives the pool at a time, a concurrent caller runs on its own thread.
@@ -57,9 +62,10 @@
 #define Q8_0_BYTES 34
 #define Q4_K_BYTES 144
 #define Q6_K_BYTES 210
+#define MXFP4_BYTES 17
 #define ROW_TILE 32 /* weight rows per tile: re-read from L1/L2 for each chunk of tokens */
 
-enum { FMT_Q8_0 = 0, FMT_Q4_K = 1, FMT_Q6_K = 2 };
+enum { FMT_Q8_0 = 0, FMT_Q4_K = 1, FMT_Q6_K = 2, FMT_MXFP4 = 3, N_FORMATS = 4 };
 
 /* Activations quantized for one call. A8_32: qs [t][n], d [t][n/32]. A8_256: qs [t][n],
  * d [t][n/256], bsums [t][n/256][16]. */
@@ -85,6 +91,17 @@ static inline float f16_to_f32(uint16_t h) {
 }
 
 static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+/* MXFP4's code -> int8 value table (ggml's kvalues_mxfp4), 16 bytes: also the pshufb table. */
+static const int8_t MXFP4_KVALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* E8M0 exponent -> f32 2^(e − 128), exactly ggml_e8m0_to_fp32_half: e 0 and 1 have no normal
+ * f32 (2^-128, 2^-127), so they are built as subnormals (mantissa bit 21 or 22); e 255 is 2^127. */
+static inline float e8m0_half(uint8_t e) {
+    union { uint32_t u; float f; } v;
+    v.u = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    return v.f;
+}
 
 /* One row of activations to int8 blocks of `block` values: d = amax/127, q = rint(x/d).
  * The scale and its inverse are f32 exactly as numpy computes them (tests rebuild this). */
@@ -222,12 +239,35 @@ static void q6_k_rows_scalar(const uint8_t *w, size_t rb, int r0, int r1, const 
     }
 }
 
+static void mxfp4_rows_scalar(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m) {
+    int nb = a->n / 32;
+    for (int o = r0; o < r1; o++) {
+        const uint8_t *wr = w + (size_t)o * rb;
+        for (int tt = 0; tt < a->t; tt++) {
+            const int8_t *qa = a->qs + (size_t)tt * a->n;
+            const float *da = a->d + (size_t)tt * nb;
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *blk = wr + (size_t)b * MXFP4_BYTES;
+                const int8_t *q8 = qa + 32 * b;
+                int32_t s = 0;
+                for (int i = 0; i < 16; i++)  /* byte i: value i (low nibble) and i + 16 (high) */
+                    s += MXFP4_KVALUES[blk[1 + i] & 15] * q8[i] + MXFP4_KVALUES[blk[1 + i] >> 4] * q8[16 + i];
+                acc += e8m0_half(blk[0]) * da[b] * (float)s;
+            }
+            y[(size_t)tt * m + o] = acc;
+        }
+    }
+}
+
 /* --- dequantizers: rows r0..r1 of W to f32, for the large-batch path (tile, then BLAS sgemm) ---
  *
  * Bit-identical to gguf-py's dequantize_blocks (ggml's dequantize_row_*), which computes in f32
  * with one rounding per numpy operation:
  *   Q8_0: w = q·d                      Q6_K: w = (d·sc)·(q − 32)
  *   Q4_K: w = (d·sc)·q − dmin·m        two roundings: an FMA would round once and differ
+ *   MXFP4: w = d·k                     one rounding (d a power of two: exact unless it under- or
+ *                                      overflows, where f32's subnormals and ±inf are the answer)
  * so these functions are compiled with fp-contract off (GCC otherwise fuses a·q − c into an FMA
  * wherever the target has one, intrinsics included: GCC's _mm256_mul_ps is a plain vector `*`).
  * `out` is row r0's output; rows are n values apart. */
@@ -288,6 +328,21 @@ static NO_CONTRACT void q6_k_dequant_scalar(const uint8_t *w, size_t rb, int r0,
     }
 }
 
+static NO_CONTRACT void mxfp4_dequant_scalar(const uint8_t *w, size_t rb, int r0, int r1, int n, float *out) {
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *wr = w + (size_t)r * rb;
+        float *o = out + (size_t)(r - r0) * n;
+        for (int b = 0; b < n / 32; b++, o += 32) {
+            const uint8_t *blk = wr + (size_t)b * MXFP4_BYTES;
+            const float d = e8m0_half(blk[0]);
+            for (int i = 0; i < 16; i++) {
+                o[i] = d * (float)MXFP4_KVALUES[blk[1 + i] & 15];
+                o[16 + i] = d * (float)MXFP4_KVALUES[blk[1 + i] >> 4];
+            }
+        }
+    }
+}
+
 /* --- SIMD variants ------------------------------------------------------------------------- */
 
 typedef void (*rows_fn)(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m);
@@ -298,8 +353,8 @@ typedef struct {
     const char *name;
     int (*supported)(void);
     quant_fn quantize;
-    rows_fn fns[3];          /* by FMT_* */
-    dequant_fn dequant[3];   /* by FMT_* */
+    rows_fn fns[N_FORMATS];          /* by FMT_* */
+    dequant_fn dequant[N_FORMATS];   /* by FMT_* */
 } variant_t;
 
 static int always(void) { return 1; }
@@ -369,19 +424,21 @@ static int has_avx512vnni(void) {
 
 /* best first */
 static const variant_t VARIANTS[] = {
-    {"avx512vnni", has_avx512vnni, quantize_row_avx512vnni, {q8_0_rows_avx512vnni, q4_k_rows_avx512vnni, q6_k_rows_avx512vnni},
-     {q8_0_dequant_avx512vnni, q4_k_dequant_avx512vnni, q6_k_dequant_avx512vnni}},
-    {"avxvnni", has_avxvnni, quantize_row_avxvnni, {q8_0_rows_avxvnni, q4_k_rows_avxvnni, q6_k_rows_avxvnni},
-     {q8_0_dequant_avxvnni, q4_k_dequant_avxvnni, q6_k_dequant_avxvnni}},
-    {"avx2", has_avx2, quantize_row_avx2, {q8_0_rows_avx2, q4_k_rows_avx2, q6_k_rows_avx2},
-     {q8_0_dequant_avx2, q4_k_dequant_avx2, q6_k_dequant_avx2}},
-    {"scalar", always, quantize_row, {q8_0_rows_scalar, q4_k_rows_scalar, q6_k_rows_scalar},
-     {q8_0_dequant_scalar, q4_k_dequant_scalar, q6_k_dequant_scalar}},
+    {"avx512vnni", has_avx512vnni, quantize_row_avx512vnni,
+     {q8_0_rows_avx512vnni, q4_k_rows_avx512vnni, q6_k_rows_avx512vnni, mxfp4_rows_avx512vnni},
+     {q8_0_dequant_avx512vnni, q4_k_dequant_avx512vnni, q6_k_dequant_avx512vnni, mxfp4_dequant_avx512vnni}},
+    {"avxvnni", has_avxvnni, quantize_row_avxvnni,
+     {q8_0_rows_avxvnni, q4_k_rows_avxvnni, q6_k_rows_avxvnni, mxfp4_rows_avxvnni},
+     {q8_0_dequant_avxvnni, q4_k_dequant_avxvnni, q6_k_dequant_avxvnni, mxfp4_dequant_avxvnni}},
+    {"avx2", has_avx2, quantize_row_avx2, {q8_0_rows_avx2, q4_k_rows_avx2, q6_k_rows_avx2, mxfp4_rows_avx2},
+     {q8_0_dequant_avx2, q4_k_dequant_avx2, q6_k_dequant_avx2, mxfp4_dequant_avx2}},
+    {"scalar", always, quantize_row, {q8_0_rows_scalar, q4_k_rows_scalar, q6_k_rows_scalar, mxfp4_rows_scalar},
+     {q8_0_dequant_scalar, q4_k_dequant_scalar, q6_k_dequant_scalar, mxfp4_dequant_scalar}},
 };
 #else
 static const variant_t VARIANTS[] = {
-    {"scalar", always, quantize_row, {q8_0_rows_scalar, q4_k_rows_scalar, q6_k_rows_scalar},
-     {q8_0_dequant_scalar, q4_k_dequant_scalar, q6_k_dequant_scalar}},
+    {"scalar", always, quantize_row, {q8_0_rows_scalar, q4_k_rows_scalar, q6_k_rows_scalar, mxfp4_rows_scalar},
+     {q8_0_dequant_scalar, q4_k_dequant_scalar, q6_k_dequant_scalar, mxfp4_dequant_scalar}},
 };
 #endif
 
@@ -392,7 +449,8 @@ static const variant_t VARIANTS[] = {
 static const struct {
     const char *name;
     int block, bytes, act_block;
-} FORMATS[] = {{"Q8_0", 32, Q8_0_BYTES, 32}, {"Q4_K", 256, Q4_K_BYTES, 256}, {"Q6_K", 256, Q6_K_BYTES, 256}};
+} FORMATS[N_FORMATS] = {{"Q8_0", 32, Q8_0_BYTES, 32}, {"Q4_K", 256, Q4_K_BYTES, 256}, {"Q6_K", 256, Q6_K_BYTES, 256},
+                        {"MXFP4", 32, MXFP4_BYTES, 32}};
 
 static PyObject *qdot_variants(PyObject *self, PyObject *noargs) {
     (void)self;
@@ -622,9 +680,9 @@ static void run_rows(rows_fn fn, const uint8_t *w, size_t rb, int m, const acts_
 }
 
 static int find_format(const char *name) {
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < N_FORMATS; i++)
         if (strcmp(name, FORMATS[i].name) == 0) return i;
-    PyErr_Format(PyExc_ValueError, "unknown format %s (Q8_0, Q4_K, Q6_K)", name);
+    PyErr_Format(PyExc_ValueError, "unknown format %s (Q8_0, Q4_K, Q6_K, MXFP4)", name);
     return -1;
 }
 
@@ -1094,6 +1152,54 @@ static inline __attribute__((always_inline)) void SFX(q6_k_tile)(const uint8_t *
     }
 }
 
+/* MXFP4 block b of row `wr` as 32 int8 weights in activation order: the 16 code bytes in both
+ * 128-bit lanes, low nibbles kept in the low lane (values 0-15) and high nibbles in the high lane
+ * (values 16-31), then one pshufb through the KVALUES table (the same 16 bytes in each lane). */
+static inline __attribute__((always_inline)) __m256i SFX(mxfp4_weights)(const uint8_t *blk, __m256i lut) {
+    const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 1)));
+    const __m256i nib = _mm256_blend_epi32(q, _mm256_srli_epi16(q, 4), 0xf0);
+    return _mm256_shuffle_epi8(lut, _mm256_and_si256(nib, _mm256_set1_epi8(0x0f)));
+}
+
+/* acc[tt] += d_w·d_a[tt] · Σ k·q_a[tt] over MXFP4 block b, with Q8_0's sign trick (|k| <= 12 is
+ * the unsigned operand, the activations take k's sign). */
+static inline __attribute__((always_inline)) void SFX(mxfp4_block)(const uint8_t *wr, int b, const int8_t *qa,
+                                                                  const float *da, int n, int nb, __m256i lut,
+                                                                  __m256 *acc, const int T) {
+    const uint8_t *blk = wr + (size_t)b * MXFP4_BYTES;
+    const float dw = e8m0_half(blk[0]);
+    const __m256i q = SFX(mxfp4_weights)(blk, lut);
+    const __m256i aq = _mm256_sign_epi8(q, q);
+    for (int tt = 0; tt < T; tt++) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(qa + (size_t)tt * n + 32 * b));
+        const __m256i p = DOT_U8S8(_mm256_setzero_si256(), aq, _mm256_sign_epi8(x, q));
+        acc[tt] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * da[(size_t)tt * nb + b]), acc[tt]);
+    }
+}
+
+/* Q8_0's 256-bit tile with MXFP4 blocks (every variant; AVX-512 gets its 8 token accumulators
+ * from MAXT): two blocks a step into two accumulator sets, the same spot one row ahead
+ * prefetched (34 bytes a step, so every cache line of the next row). */
+static inline __attribute__((always_inline)) void SFX(mxfp4_tile)(const uint8_t *w, size_t rb, int r0, int r1,
+                                                                 const int8_t *qa, const float *da, int n,
+                                                                 float *y, int m, const int T) {
+    const int nb = n / 32;
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_KVALUES));
+    for (int o = r0; o < r1; o++) {
+        const uint8_t *wr = w + (size_t)o * rb;
+        __m256 acc[2][MAXT];
+        for (int tt = 0; tt < T; tt++) acc[0][tt] = acc[1][tt] = _mm256_setzero_ps();
+        int b = 0;
+        for (; b + 1 < nb; b += 2) {
+            _mm_prefetch((const char *)(wr + (size_t)b * MXFP4_BYTES + rb), _MM_HINT_T0);
+            SFX(mxfp4_block)(wr, b, qa, da, n, nb, lut, acc[0], T);
+            SFX(mxfp4_block)(wr, b + 1, qa, da, n, nb, lut, acc[1], T);
+        }
+        if (b < nb) SFX(mxfp4_block)(wr, b, qa, da, n, nb, lut, acc[0], T);
+        for (int tt = 0; tt < T; tt++) y[(size_t)tt * m + o] = SFX(hsum)(_mm256_add_ps(acc[0][tt], acc[1][tt]));
+    }
+}
+
 /* Rows r0..r1 for every token: row tiles outermost, so a tile's weights are read from memory
  * once and re-read from cache for each further chunk of MAXT tokens. */
 #define QDOT_CHUNKS(TILE, ...)                                                         \
@@ -1130,6 +1236,11 @@ static void SFX(q6_k_rows)(const uint8_t *w, size_t rb, int r0, int r1, const ac
     const int nb = a->n / 256;
     QDOT_CHUNKS(SFX(q6_k_tile), w, rb, rt, re, a->qs + (size_t)t0 * a->n, a->d + (size_t)t0 * nb,
                 a->bsums + (size_t)t0 * nb * 16, a->n, yc, m)
+}
+
+static void SFX(mxfp4_rows)(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m) {
+    const int nb = a->n / 32;
+    QDOT_CHUNKS(SFX(mxfp4_tile), w, rb, rt, re, a->qs + (size_t)t0 * a->n, a->d + (size_t)t0 * nb, a->n, yc, m)
 }
 
 #undef QDOT_CHUNKS
@@ -1210,6 +1321,28 @@ static NO_CONTRACT void SFX(q6_k_dequant)(const uint8_t *w, size_t rb, int r0, i
                         _mm256_storeu_ps(o + 128 * h + 32 * k + l, _mm256_mul_ps(s, v));
                     }
                 }
+            }
+        }
+    }
+}
+
+/* MXFP4: both nibble halves through the KVALUES table (pshufb), then int8 -> f32, times d. */
+static NO_CONTRACT void SFX(mxfp4_dequant)(const uint8_t *w, size_t rb, int r0, int r1, int n, float *out) {
+    const __m128i lut = _mm_loadu_si128((const __m128i *)MXFP4_KVALUES), low4 = _mm_set1_epi8(0x0f);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *wr = w + (size_t)r * rb;
+        float *o = out + (size_t)(r - r0) * n;
+        for (int b = 0; b < n / 32; b++, o += 32) {
+            const uint8_t *blk = wr + (size_t)b * MXFP4_BYTES;
+            const __m256 d = _mm256_set1_ps(e8m0_half(blk[0]));
+            const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 1));
+            const __m128i k[2] = {_mm_shuffle_epi8(lut, _mm_and_si128(q, low4)),                      /* 0-15 */
+                                  _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), low4))}; /* 16-31 */
+            for (int h = 0; h < 2; h++) {
+                const __m256 v0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(k[h]));
+                const __m256 v1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(k[h], 8)));
+                _mm256_storeu_ps(o + 16 * h, _mm256_mul_ps(v0, d));
+                _mm256_storeu_ps(o + 16 * h + 8, _mm256_mul_ps(v1, d));
             }
         }
     }

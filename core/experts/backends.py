@@ -48,6 +48,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from core.experts.errors import InvalidPayload
+from core.formats.expert_activation import SILU, ExpertActivation
 from core.quantization.f16 import F16_TO_F32
 from core.quantization.types import GGMLType, row_bytes
 
@@ -85,6 +86,12 @@ class ComputeBackend(Protocol):
         gate/up: [d_ff, d_model]; down: [d_model, d_ff]. Raises InvalidPayload.
     forward(prepared, x f32 [t, d_model] C-contiguous finite) -> f32 [t, d_model]
         = down(silu(gate·x) ⊙ up·x). Must be callable from several threads at once.
+
+    A backend that also runs other GLUs or biased projections (docs/formats.md, "Expert payload")
+    lists them in ``activations`` and sets ``biases = True``; its prepare_expert then takes the
+    keywords ``activation`` (core.formats.expert_payload.ExpertActivation) and ``biases``. Without
+    those attributes a backend runs plain SiLU experts only, and core.experts.ffn refuses the others
+    for it with InvalidPayload (the GPU backends today).
     """
 
     name: str
@@ -114,15 +121,20 @@ class CpuWeight:
 
 @dataclass(frozen=True)
 class CpuExpert:
-    """gate_up: stacked [2·d_ff, d_model] when gate and up share a format, else (gate, up)."""
+    """gate_up: stacked [2·d_ff, d_model] when gate and up share a format, else (gate, up).
+    gate_up_bias f32 [2·d_ff] and down_bias f32 [d_model], or None (docs/formats.md, "Expert payload")."""
 
     gate_up: tuple[CpuWeight, ...]
     down: CpuWeight
     d_ff: int
+    activation: ExpertActivation = SILU
+    gate_up_bias: np.ndarray | None = None
+    down_bias: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
-        return sum(w.nbytes for w in self.gate_up) + self.down.nbytes
+        biases = sum(b.nbytes for b in (self.gate_up_bias, self.down_bias) if b is not None)
+        return sum(w.nbytes for w in self.gate_up) + self.down.nbytes + biases
 
 
 def quant_matmul_variants() -> list[str]:
@@ -169,6 +181,27 @@ def _silu_mul(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     return g
 
 
+def _clamped_swiglu(g: np.ndarray, u: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """gpt-oss's GLU, overwriting g and u (returns g): g' = min(g, limit), u' = clip(u, ±limit),
+    g'·sigmoid(alpha·g')·(u' + 1), with sigmoid(z) = (1 + tanh(z/2))/2 (no overflow for g' << 0)."""
+    np.minimum(g, np.float32(limit), out=g)
+    np.clip(u, np.float32(-limit), np.float32(limit), out=u)
+    u += 1.0
+    u *= g
+    g *= np.float32(alpha / 2)
+    np.tanh(g, out=g)
+    g += 1.0
+    g *= 0.5
+    g *= u
+    return g
+
+
+def _glu(activation: ExpertActivation, g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    if activation.kind == "clamped_swiglu":
+        return _clamped_swiglu(g, u, activation.alpha, activation.limit)
+    return _silu_mul(g, u)
+
+
 def _tile_rows(m: int, n: int) -> int:
     """Rows per f32 tile of the large-batch path: the whole matrix when it fits _TILE_BYTES,
     else equal tiles under it (the last one not a sliver).
@@ -199,9 +232,11 @@ def _c_order(y: np.ndarray) -> np.ndarray:
 
 
 def _fused_expert(prepared: CpuExpert) -> bool:
-    """Whether the C kernels run this expert in one call: gate and up stacked, all block types."""
+    """Whether the C kernels run this expert in one call: gate and up stacked, all block types, the
+    plain SiLU GLU without biases (the one the C call computes)."""
     return len(prepared.gate_up) == 1 and prepared.gate_up[0].ggml_type in BLOCK_TYPES and (
-        prepared.down.ggml_type in BLOCK_TYPES)
+        prepared.down.ggml_type in BLOCK_TYPES) and prepared.activation.kind == "silu" and (
+        prepared.gate_up_bias is None)
 
 
 class CpuBackend:
@@ -219,6 +254,8 @@ class CpuBackend:
 
     name = "cpu"
     is_gpu = False
+    activations = ("silu", "clamped_swiglu")  # what prepare_expert's `activation` may be
+    biases = True  # prepare_expert takes `biases`
 
     def __init__(self, *, use_numba: bool = True, fused_max_rows: int | None = None, c_variant: str | None = None,
                  threads: int | None = None) -> None:
@@ -255,7 +292,10 @@ class CpuBackend:
 
     # -- load --------------------------------------------------------------------------------
 
-    def prepare_expert(self, gate: TensorIn, up: TensorIn, down: TensorIn) -> CpuExpert:
+    def prepare_expert(self, gate: TensorIn, up: TensorIn, down: TensorIn, *, activation: ExpertActivation = SILU,
+                       biases: dict[str, np.ndarray] | None = None) -> CpuExpert:
+        """biases: {} / None or {"gate", "up": f32 [d_ff], "down": f32 [d_model]} (checked by the payload
+        reader, core.formats.expert_payload)."""
         g, u, d = (self._prepare(t) for t in (gate, up, down))
         d_ff, d_model = g.shape
         if g.ggml_type == u.ggml_type:
@@ -263,7 +303,14 @@ class CpuBackend:
             gate_up: tuple[CpuWeight, ...] = (CpuWeight(g.ggml_type, (2 * d_ff, d_model), stacked),)
         else:
             gate_up = (g, u)
-        return CpuExpert(gate_up=gate_up, down=d, d_ff=d_ff)
+        if activation.kind not in self.activations:
+            raise InvalidPayload(f"activation {activation.kind!r} is not one the cpu backend runs {self.activations}")
+        gu_bias = down_bias = None
+        if biases:
+            gu_bias = np.concatenate([biases["gate"], biases["up"]]).astype(np.float32)  # owned, [2·d_ff]
+            down_bias = np.array(biases["down"], dtype=np.float32)
+        return CpuExpert(gate_up=gate_up, down=d, d_ff=d_ff, activation=activation, gate_up_bias=gu_bias,
+                         down_bias=down_bias)
 
     def _prepare(self, t: TensorIn) -> CpuWeight:
         from core.quantization.registry import dequantize  # dense widening (F16/BF16 -> f32)
@@ -304,10 +351,18 @@ class CpuBackend:
             return y
         if len(prepared.gate_up) == 1:
             gu = self.matmul(x, prepared.gate_up[0])  # [t, 2·d_ff], fresh, so ours to overwrite
+            if prepared.gate_up_bias is not None:
+                gu += prepared.gate_up_bias
             g, u = gu[:, :d_ff], gu[:, d_ff:]
         else:
             g, u = (self.matmul(x, w) for w in prepared.gate_up)
-        return _c_order(self.matmul(_silu_mul(g, u), prepared.down))
+            if prepared.gate_up_bias is not None:
+                g += prepared.gate_up_bias[:d_ff]
+                u += prepared.gate_up_bias[d_ff:]
+        y = _c_order(self.matmul(_glu(prepared.activation, g, u), prepared.down))
+        if prepared.down_bias is not None:
+            y += prepared.down_bias
+        return y
 
     def matmul(self, x: np.ndarray, w: CpuWeight) -> np.ndarray:
         """f32 [t, n] · Wᵀ -> f32 [t, m]; the dense and tiled paths return an F-order view (of yᵀ

@@ -6,7 +6,7 @@ handed to the compute backend, which keeps the weights in whatever form it compu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,6 +14,7 @@ import numpy as np
 from core.experts.backends import ComputeBackend, TensorIn
 from core.experts.errors import InvalidPayload
 from core.experts.validation import check_hidden
+from core.formats.expert_activation import SILU, ExpertActivation
 from core.quantization.presets import TENSOR_NAMES
 
 if TYPE_CHECKING:  # the payload reader pulls in the codecs (and numba): imported where used
@@ -36,6 +37,7 @@ class ResidentExpert:
     formats: dict[str, str]  # projection -> ggml_type as stored in the payload
     prepared: Any
     nbytes: int
+    activation: str = "silu"
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -52,6 +54,8 @@ class ExpertHeader:
     d_model: int
     d_ff: int
     formats: dict[str, str]
+    activation: ExpertActivation = SILU
+    biases: dict[str, np.ndarray] = field(default_factory=dict)  # {} or gate/up [d_ff], down [d_model]
 
 
 def parse_payload(payload: bytes) -> ExpertPayload:
@@ -93,6 +97,7 @@ def read_header(parsed: ExpertPayload) -> tuple[ExpertHeader, dict[str, TensorIn
     header = ExpertHeader(
         model_id=str(parsed.model_id), layer=layer, expert=expert, d_model=d_model, d_ff=d_ff,
         formats={name: t.ggml_type for name, t in tensors.items()},
+        activation=parsed.activation, biases=dict(parsed.biases),
     )
     return header, tensors
 
@@ -103,12 +108,22 @@ def build_expert(payload: bytes, backend: ComputeBackend) -> ResidentExpert:
 
 
 def build_expert_from(header: ExpertHeader, tensors: dict[str, TensorIn], backend: ComputeBackend) -> ResidentExpert:
-    """A backend-resident expert from an already parsed and checked payload."""
-    prepared = backend.prepare_expert(tensors["gate_proj"], tensors["up_proj"], tensors["down_proj"])
+    """A backend-resident expert from an already parsed and checked payload. InvalidPayload for an
+    activation or biases the backend does not run (see core.experts.backends.ComputeBackend)."""
+    extra: dict[str, Any] = {}
+    if header.activation.kind != "silu" or header.biases:
+        runs = getattr(backend, "activations", ("silu",))
+        if header.activation.kind not in runs or (header.biases and not getattr(backend, "biases", False)):
+            what = header.activation.kind + (" with biases" if header.biases else "")
+            able = "with or without biases" if getattr(backend, "biases", False) else "without biases"
+            raise InvalidPayload(f"the {backend.name} backend cannot run this expert: activation {what} "
+                                 f"(it runs {', '.join(runs)} experts {able})")
+        extra = {"activation": header.activation, "biases": header.biases}
+    prepared = backend.prepare_expert(tensors["gate_proj"], tensors["up_proj"], tensors["down_proj"], **extra)
     return ResidentExpert(
         model_id=header.model_id, layer=header.layer, expert=header.expert,
         d_model=header.d_model, d_ff=header.d_ff, formats=header.formats,
-        prepared=prepared, nbytes=int(prepared.nbytes),
+        prepared=prepared, nbytes=int(prepared.nbytes), activation=header.activation.kind,
     )
 
 

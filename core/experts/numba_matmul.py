@@ -23,7 +23,8 @@ fastmath lets LLVM reorder f32 sums; results agree with an f64 reference to ~1e-
 C-contiguous; `lut` is core.quantization.f16.F16_TO_F32. The block decoders are
 core.quantization.numba_codecs' (layouts in core/quantization/q8_0.py, q4_k.py, q6_k.py),
 inlined here: the matmuls compile them with fastmath, the row dequantizers without, so the
-tiles stay bit-identical to gguf's decoder.
+tiles stay bit-identical to gguf's decoder. MXFP4's decoder (layout in core/quantization/mxfp4.py)
+is the one defined here, on two lookup tables frozen into the kernels as constants.
 """
 
 from __future__ import annotations
@@ -34,17 +35,35 @@ import numba
 import numpy as np
 from numba import prange
 
+from core.quantization.mxfp4 import KVALUES, e8m0_to_fp32_half
 from core.quantization.numba_codecs import decode_q4_k, decode_q6_k, decode_q8_0
 from core.quantization.types import GGMLType
 
 Q8_0_BYTES = GGMLType.Q8_0.type_size
 Q4_K_BYTES = GGMLType.Q4_K.type_size
 Q6_K_BYTES = GGMLType.Q6_K.type_size
+MXFP4_BYTES = GGMLType.MXFP4.type_size
+# MXFP4: code -> value (f32[16]) and E8M0 exponent -> block scale 2^(e - 128) (f32[256], ggml's
+# subnormals for e 0 and 1 included), read by numba as compile-time constant arrays
+_MXFP4_VALUES = KVALUES.astype(np.float32)
+_E8M0_HALF = e8m0_to_fp32_half(np.arange(256, dtype=np.uint8))
 
 _JIT = {"parallel": True, "fastmath": True, "cache": True, "nogil": True}
 # Row dequantizers: no fastmath, so the inlined decoders round like gguf's (see above).
 _EXACT = {"parallel": True, "cache": True, "nogil": True}
 _INLINE = {"inline": "always", "fastmath": True, "cache": True}
+
+
+@numba.njit(inline="always", cache=True, nogil=True)  # the caller's fastmath (or not) applies once inlined
+def decode_mxfp4(w: np.ndarray, base: int, lut: np.ndarray, out: np.ndarray, off: int) -> None:
+    """17 bytes at w[base] -> 32 values at out[off]: d·KVALUES[code], code i in the low nibble of
+    byte 1 + i, code i + 16 in its high nibble. `lut` (the f16 table) is unused: the common
+    decoder signature. One f32 product per value, so exact wherever inlined without fastmath."""
+    d = _E8M0_HALF[w[base]]
+    for i in range(16):
+        q = w[base + 1 + i]
+        out[off + i] = d * _MXFP4_VALUES[q & 15]
+        out[off + 16 + i] = d * _MXFP4_VALUES[q >> 4]
 
 
 # --- fused matmuls ------------------------------------------------------------------------------
@@ -108,6 +127,23 @@ q4_k_matmul = _kquant_matmul(decode_q4_k, Q4_K_BYTES)
 q6_k_matmul = _kquant_matmul(decode_q6_k, Q6_K_BYTES)
 
 
+@numba.njit(**_JIT)
+def mxfp4_matmul(w: np.ndarray, x: np.ndarray, lut: np.ndarray, y: np.ndarray) -> None:
+    """Decode-then-dot as the K-quants, one 32-value block at a time (the table lookups do not
+    fuse into the dot the way Q8_0's int8 widening does)."""
+    m = w.shape[0]
+    t, n = x.shape
+    for o in prange(m):
+        wr = w[o]
+        wf = np.empty(32, dtype=np.float32)
+        acc = np.zeros((t, 32), dtype=np.float32)
+        for b in range(n // 32):
+            decode_mxfp4(wr, b * MXFP4_BYTES, lut, wf, 0)
+            _dot_block(wf, x, b * 32, acc, 32)
+        for tt in range(t):
+            y[tt, o] = acc[tt].sum()
+
+
 # --- row-tile dequantizers ----------------------------------------------------------------------
 
 
@@ -127,7 +163,9 @@ def _dequant_rows(decode: Any, block_bytes: int, block_values: int) -> Any:
 q8_0_dequant_rows = _dequant_rows(decode_q8_0, Q8_0_BYTES, 32)
 q4_k_dequant_rows = _dequant_rows(decode_q4_k, Q4_K_BYTES, 256)
 q6_k_dequant_rows = _dequant_rows(decode_q6_k, Q6_K_BYTES, 256)
+mxfp4_dequant_rows = _dequant_rows(decode_mxfp4, MXFP4_BYTES, 32)
 
 
-MATMUL = {"Q8_0": q8_0_matmul, "Q4_K": q4_k_matmul, "Q6_K": q6_k_matmul}
-DEQUANT_ROWS = {"Q8_0": q8_0_dequant_rows, "Q4_K": q4_k_dequant_rows, "Q6_K": q6_k_dequant_rows}
+MATMUL = {"Q8_0": q8_0_matmul, "Q4_K": q4_k_matmul, "Q6_K": q6_k_matmul, "MXFP4": mxfp4_matmul}
+DEQUANT_ROWS = {"Q8_0": q8_0_dequant_rows, "Q4_K": q4_k_dequant_rows, "Q6_K": q6_k_dequant_rows,
+                "MXFP4": mxfp4_dequant_rows}

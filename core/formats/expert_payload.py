@@ -9,6 +9,10 @@ Layout (docs/formats.md, "Expert payload"):
     <tensor>.shape                logical shape "rows,cols"
     <tensor>.requested_ggml_type  type the preset asked for (differs after a fallback)
     model_id, layer, expert, format ("tenzro-expert/1")
+    activation                    "silu" (also when absent) or "clamped_swiglu" (gpt-oss's), which then
+                                  needs activation.alpha and activation.limit (decimal strings)
+  Optional biases, all three or none: gate_proj.bias [d_ff], up_proj.bias [d_ff], down_proj.bias
+  [d_model], F32.  An expert is then y = down·act(gate·x + b_g, up·x + b_u) + b_d.
 
 The safetensors container is written and parsed here (8-byte little-endian header length,
 JSON header padded with spaces to 8 bytes, then the tensor bytes back to back in name
@@ -22,10 +26,11 @@ import itertools
 import json
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from core.formats.expert_activation import SILU, ExpertActivation
 from core.formats.safetensors_header import header_length, parse_header
 from core.quantization.presets import PROJECTIONS, TENSOR_NAMES, resolve_quant
 from core.quantization.registry import KERNELS, dense_to_f32, dequantize, f32_to_dense, quantize
@@ -57,12 +62,17 @@ class QuantTensor:
         return int(self.data.nbytes)
 
 
+BIAS_NAMES = {p: f"{p}_proj.bias" for p in PROJECTIONS}
+
+
 @dataclass(frozen=True)
 class ExpertPayload:
     model_id: str
     layer: int
     expert: int
     tensors: dict[str, QuantTensor]  # keys gate_proj.weight, up_proj.weight, down_proj.weight
+    activation: ExpertActivation = SILU
+    biases: dict[str, np.ndarray] = field(default_factory=dict)  # {} or gate/up f32 [d_ff], down f32 [d_model]
 
     def d_model(self) -> int:
         return self.tensors[TENSOR_NAMES["gate"]].shape[1]
@@ -103,33 +113,68 @@ def _as_f32_2d(name: str, x: np.ndarray) -> np.ndarray:
     return x.astype(np.float32, copy=False)
 
 
+def _check_biases(biases: Mapping[str, np.ndarray], d_ff: int, d_model: int) -> dict[str, np.ndarray]:
+    """{} or all three biases as f32 (gate, up [d_ff]; down [d_model]), finite; PayloadError otherwise."""
+    if not biases:
+        return {}
+    if set(biases) != set(PROJECTIONS):
+        raise PayloadError(f"biases must be given for all of {list(PROJECTIONS)} or none, got {sorted(biases)}")
+    out = {}
+    for proj in PROJECTIONS:
+        b = np.asarray(biases[proj])
+        want = (d_model,) if proj == "down" else (d_ff,)
+        if b.shape != want:
+            raise PayloadError(f"{BIAS_NAMES[proj]}: shape {b.shape}, expected {want}")
+        b = np.ascontiguousarray(b, dtype="<f4")
+        if not np.isfinite(b).all():
+            raise PayloadError(f"{BIAS_NAMES[proj]}: {int((~np.isfinite(b)).sum())} non-finite value(s)")
+        out[proj] = b
+    return out
+
+
 def encode_expert_payload(
-    *, gate: np.ndarray, up: np.ndarray, down: np.ndarray, quant: str | dict | None,
-    model_id: str, layer: int, expert: int,
+    *, gate: np.ndarray | QuantTensor, up: np.ndarray | QuantTensor, down: np.ndarray | QuantTensor,
+    quant: str | dict | None, model_id: str, layer: int, expert: int,
+    biases: Mapping[str, np.ndarray] | None = None, activation: ExpertActivation = SILU,
 ) -> bytes:
     """Quantize one expert and serialize it.  gate, up: f32 [d_ff, d_model]; down: f32 [d_model, d_ff].
 
     Each tensor uses the preset's type, or llama.cpp's fallback when its block does not
-    divide the row length (recorded in `<tensor>.ggml_type`).  Raises PayloadError on bad
-    shapes, non-finite weights or an unknown preset.
+    divide the row length (recorded in `<tensor>.ggml_type`).  A projection given as a
+    QuantTensor is written as it is (a checkpoint's own MXFP4 blocks: no re-quantization), and
+    `quant` does not apply to it.  `biases` ({"gate", "up", "down"} -> f32 vectors) and
+    `activation` are written as above.  Raises PayloadError on bad shapes, non-finite weights
+    or an unknown preset.
     """
-    weights = {"gate": _as_f32_2d("gate", gate), "up": _as_f32_2d("up", up), "down": _as_f32_2d("down", down)}
-    expert_dims({p: x.shape for p, x in weights.items()})
+    weights = {p: x if isinstance(x, QuantTensor) else _as_f32_2d(p, x)
+               for p, x in (("gate", gate), ("up", up), ("down", down))}
+    d_ff, d_model = expert_dims({p: x.shape for p, x in weights.items()})
+    bias_arrays = _check_biases(biases or {}, d_ff, d_model)
+    if not isinstance(activation, ExpertActivation):
+        raise PayloadError(f"activation must be an ExpertActivation, got {type(activation).__name__}")
     if not isinstance(model_id, str) or not model_id:
         raise PayloadError(f"model_id must be a non-empty string, got {model_id!r}")
-    for field, value in (("layer", layer), ("expert", expert)):
+    for key, value in (("layer", layer), ("expert", expert)):
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
-            raise PayloadError(f"{field} must be a non-negative integer, got {value!r}")
+            raise PayloadError(f"{key} must be a non-negative integer, got {value!r}")
     try:
         requested = resolve_quant(quant)
     except ValueError as exc:
         raise PayloadError(str(exc)) from None
 
-    metadata = {"format": FORMAT, "model_id": model_id, "layer": str(int(layer)), "expert": str(int(expert))}
-    entries: dict[str, tuple[str, list[int], bytes]] = {}
+    metadata = {"format": FORMAT, "model_id": model_id, "layer": str(int(layer)), "expert": str(int(expert)),
+                **activation.metadata()}
+    entries: dict[str, tuple[str, list[int], bytes]] = {
+        BIAS_NAMES[p]: ("F32", [b.shape[0]], b.tobytes()) for p, b in bias_arrays.items()}
     for proj in PROJECTIONS:
         name, x = TENSOR_NAMES[proj], weights[proj]
         rows, cols = x.shape
+        if isinstance(x, QuantTensor):
+            st_dtype = "U8" if x.ggml_type.is_block else _DENSE_ST_DTYPE[x.ggml_type][0]
+            entries[name] = (st_dtype, list(x.data.shape), np.ascontiguousarray(x.data).tobytes())
+            metadata[f"{name}.ggml_type"] = metadata[f"{name}.requested_ggml_type"] = x.ggml_type.value
+            metadata[f"{name}.shape"] = f"{rows},{cols}"
+            continue
         used = resolve_type(requested[proj], cols)
         try:
             if used.is_block:
@@ -257,23 +302,54 @@ def read_expert_payload(data: bytes) -> ExpertPayload:
         raise PayloadError(f"metadata 'model_id' missing or empty: {model_id!r}")
     layer, expert = _meta_int(meta, "layer"), _meta_int(meta, "expert")
 
-    wanted = set(TENSOR_NAMES.values())
-    missing = sorted(wanted - set(header))
+    weights = set(TENSOR_NAMES.values())
+    missing = sorted(weights - set(header))
     if missing:
         raise PayloadError(f"missing tensor(s) {missing}; have {sorted(header)}")
+    bias_names = set(BIAS_NAMES.values())
+    present_biases = bias_names & set(header)
+    if present_biases and present_biases != bias_names:
+        raise PayloadError(f"biases must be all of {sorted(bias_names)} or none, found {sorted(present_biases)}")
+    wanted = weights | present_biases
     extra = sorted(set(header) - wanted)
     if extra:
-        raise PayloadError(f"unexpected tensor(s) {extra}; an expert payload holds exactly {sorted(wanted)}")
-    tensors = {name: _read_tensor(name, header[name], meta, body) for name in sorted(wanted)}
+        raise PayloadError(f"unexpected tensor(s) {extra}; an expert payload holds {sorted(weights)} and, "
+                           f"optionally, {sorted(bias_names)}")
+    tensors = {name: _read_tensor(name, header[name], meta, body) for name in sorted(weights)}
+    try:
+        activation = ExpertActivation.from_metadata(meta)
+    except ValueError as exc:
+        raise PayloadError(str(exc)) from None
+    d_ff, d_model = expert_dims({p: tensors[name].shape for p, name in TENSOR_NAMES.items()})
+    biases = {p: _read_bias(BIAS_NAMES[p], header[BIAS_NAMES[p]], body, d_model if p == "down" else d_ff)
+              for p in PROJECTIONS} if present_biases else {}
 
     spans = sorted(tuple(header[n]["data_offsets"]) for n in wanted)
     if spans[0][0] != 0 or any(a[1] != b[0] for a, b in itertools.pairwise(spans)) \
             or spans[-1][1] != len(body):
         raise PayloadError(f"tensor data must tile the {len(body)}-byte data section exactly; got spans {spans}")
+    return ExpertPayload(model_id=model_id, layer=layer, expert=expert, tensors=tensors, activation=activation,
+                         biases=biases)
 
-    expert_dims({p: tensors[name].shape for p, name in TENSOR_NAMES.items()})
-    return ExpertPayload(model_id=model_id, layer=layer, expert=expert, tensors=tensors)
+
+def _read_bias(name: str, entry: object, body: memoryview, n: int) -> np.ndarray:
+    """A bias tensor: F32 [n], finite (a read-only view of the payload)."""
+    if not isinstance(entry, dict) or entry.get("dtype") != "F32" or entry.get("shape") != [n]:
+        got = (entry.get("dtype"), entry.get("shape")) if isinstance(entry, dict) else entry
+        raise PayloadError(f"{name}: must be F32 [{n}], got {got!r}")
+    offsets = entry.get("data_offsets")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+        raise PayloadError(f"{name}: data_offsets must be [begin, end], got {offsets!r}")
+    begin, end = offsets
+    if end - begin != 4 * n or not 0 <= begin <= end <= len(body):
+        raise PayloadError(f"{name}: data_offsets [{begin}, {end}] do not hold F32 [{n}] in the "
+                           f"{len(body)}-byte data section")
+    arr = np.frombuffer(body, dtype="<f4", count=n, offset=begin)
+    if not np.isfinite(arr).all():
+        raise PayloadError(f"{name}: {int((~np.isfinite(arr)).sum())} non-finite value(s)")
+    return arr
 
 
-__all__ = ["TENSOR_NAMES", "ExpertPayload", "PayloadError", "QuantTensor", "encode_expert_payload",
-           "expert_dims", "f32_to_dense", "read_expert_payload"]
+__all__ = ["BIAS_NAMES", "SILU", "TENSOR_NAMES", "ExpertActivation", "ExpertPayload", "PayloadError", "QuantTensor",
+           "encode_expert_payload", "expert_dims", "f32_to_dense", "read_expert_payload"]

@@ -82,6 +82,31 @@ def blocks_from_hub(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return np.concatenate([scales[..., None], qs], axis=-1)
 
 
+def quantize_hub(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """f32 [..., n] (n a multiple of 32) -> (blocks u8 [..., n/32, 16], scales u8 [..., n/32]) in the hub
+    layout, by the rule of the tool that wrote the gpt-oss checkpoints (OpenAI's triton_kernels
+    ``downcast_to_mxfp``, DequantScaleRoundingMode.ROUND_UP): the block's scale is amax/6 (6: E2M1's
+    largest value) rounded up to a power of two, so no value clips, and each value x/scale goes to its
+    nearest E2M1 value, ties to the even code. A block of zeros gets scale 2^-127 (e 0)."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.shape[-1] % BLOCK_SIZE:
+        raise ValueError(f"MXFP4 rows must be a multiple of {BLOCK_SIZE} long, got {x.shape[-1]}")
+    blocks = x.reshape(*x.shape[:-1], -1, BLOCK_SIZE)  # (..., n_blocks, 32)
+    amax = np.abs(blocks).max(axis=-1)
+    scale_bits = ((amax / np.float32(6)).view(np.uint32).astype(np.uint64) + 0x007FFFFF) & 0x7F800000
+    e = np.minimum(scale_bits >> 23, 254).astype(np.uint8)  # the biased exponent of the rounded-up scale
+    scaled = blocks / np.ldexp(np.float32(1), e.astype(np.int32) - 127)[..., None]
+    # nearest E2M1 magnitude; on a tie the even code (the one whose last bit is 0)
+    distance = np.abs(np.abs(scaled)[..., None] - FP4_VALUES[:8])  # (..., n_blocks, 32, 8)
+    best = distance.min(axis=-1, keepdims=True)
+    ties = distance == best
+    odd = (np.arange(8) % 2).astype(bool)
+    magnitude = np.where(ties & ~odd, 0, np.where(ties, 1, 2)).argmin(axis=-1).astype(np.uint8)
+    codes = magnitude | np.where(np.signbit(scaled) & (magnitude > 0), np.uint8(8), np.uint8(0))
+    packed = codes[..., 0::2] | (codes[..., 1::2] << np.uint8(4))  # element 2j low nibble, 2j+1 high
+    return packed.astype(np.uint8), e
+
+
 def dequantize_hub(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """transformers' convert_moe_packed_tensors in numpy: u8 [..., n_blocks, 16] and [..., n_blocks]
     -> f32 [..., n_blocks · 32]: FP4_VALUES looked up per nibble (low nibble first), times
@@ -95,4 +120,4 @@ def dequantize_hub(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["BLOCK_SIZE", "FP4_VALUES", "KVALUES", "TYPE_SIZE", "blocks_from_hub", "dequantize_blocks",
-           "dequantize_hub", "e8m0_to_fp32_half", "quantize_blocks"]
+           "dequantize_hub", "e8m0_to_fp32_half", "quantize_blocks", "quantize_hub"]

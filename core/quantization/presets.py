@@ -2,8 +2,9 @@
 
     None / "none" / "f32"   -> dense F32 everywhere
     "q4_k_m"                -> gate Q4_K, up Q4_K, down Q6_K  (llama.cpp's Q4_K_M recipe for FFNs)
-    "q8_0" | "q4_k" | "q6_k" | "f16" | "bf16" -> that type everywhere
-    {"gate": "q4_k", "up": "q4_k", "down": "q6_k"}  -> per projection (all three required)
+    "q8_0" | "q4_k" | "q6_k" | "mxfp4" | "f16" | "bf16" -> that type everywhere (one preset per GGMLType)
+    {"gate": "q4_k", "up": "q4_k", "down": "q6_k"}  -> per projection (all three required; any
+                                                        GGMLType name, case-insensitive, e.g. "MXFP4")
 
 The result is what was *requested*; `types.resolve_type` applies the per-row fallback.
 Pure module, never Django.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import kquant_c, numba_codecs, q4_k, q6_k, q8_0  # noqa: F401  (importing registers the kernels)
+from . import kquant_c, mxfp4_kernel, numba_codecs, q4_k, q6_k, q8_0  # noqa: F401  (importing registers the kernels)
 from .blocks import KERNELS, BlockKernel
 from .types import GGMLType, parse_type, row_bytes
 

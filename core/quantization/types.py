@@ -9,6 +9,7 @@ import enum
 
 QK_K = 256  # elements per K-quant super-block
 QK8_0 = 32  # elements per Q8_0 block
+QK_MXFP4 = 32  # elements per MXFP4 block
 
 
 class GGMLType(str, enum.Enum):  # noqa: UP042  (str values are the shared interface)
@@ -20,6 +21,7 @@ class GGMLType(str, enum.Enum):  # noqa: UP042  (str values are the shared inter
     Q8_0 = "Q8_0"
     Q4_K = "Q4_K"
     Q6_K = "Q6_K"
+    MXFP4 = "MXFP4"
 
     @property
     def is_block(self) -> bool:
@@ -49,9 +51,10 @@ BLOCK_GEOMETRY: dict[GGMLType, tuple[int, int]] = {
     GGMLType.Q8_0: (QK8_0, 2 + QK8_0),  # f16 d + 32 x int8
     GGMLType.Q4_K: (QK_K, 2 + 2 + 12 + QK_K // 2),  # d, dmin, scales[12], qs[128]
     GGMLType.Q6_K: (QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2),  # ql, qh, scales, d
+    GGMLType.MXFP4: (QK_MXFP4, 1 + QK_MXFP4 // 2),  # u8 E8M0 exponent + 32 x 4-bit E2M1 codes
 }
 
-_BLOCK_TYPES = frozenset({GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K})
+_BLOCK_TYPES = frozenset({GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.MXFP4})
 _K_QUANTS = frozenset({GGMLType.Q4_K, GGMLType.Q6_K})
 
 
@@ -84,8 +87,9 @@ def resolve_type(requested: GGMLType, n: int) -> GGMLType:
 
     llama.cpp (llama-quant.cpp) falls back when a row is not a multiple of the block:
     K-quants (256) go to a 32-element type, and when 32 does not divide the row either,
-    to F16.  We fall back K-quant -> Q8_0 (the only 32-block type we ship; llama.cpp picks
-    Q5_0/Q8_0 there) and Q8_0 -> F16.  Dense types never fall back.
+    to F16.  We fall back K-quant -> Q8_0 (the 32-block type with the smaller error; llama.cpp
+    picks Q5_0/Q8_0 there), and the 32-element types Q8_0 and MXFP4 -> F16 (a row 32 does not
+    divide fits no smaller block we ship).  Dense types never fall back.
     """
     requested = parse_type(requested)
     if n <= 0:

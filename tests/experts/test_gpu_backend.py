@@ -100,6 +100,18 @@ def test_an_expert_larger_than_the_budget_runs_on_the_cpu(gpu):
     assert counts["too_large"] == 1 and counts["cpu_rows"] == 4 and gpu.is_gpu
 
 
+def test_an_mxfp4_expert_runs_on_the_cpu_without_a_device_error(gpu):
+    """The device kernels read Q8_0/Q4_K/Q6_K: an MXFP4 expert (gpt-oss's checkpoints) stays on its host
+    copy, answered by the CPU kernels, and the device reports it as such (not as an error)."""
+    payload = payloads(1, quant="mxfp4")[0]
+    expert = build_expert(payload, gpu).prepared
+    x = np.random.default_rng(3).standard_normal((4, D_MODEL)).astype(np.float32)
+    assert close_to(gpu.forward(expert, x), reference(payload, x))
+    counts = gpu.device_status()["counts"]
+    assert (counts["cpu_format"], counts["uploads"], counts["device_errors"], counts["cpu_rows"]) == (1, 0, 0, 4)
+    assert gpu.is_gpu and gpu.last_error is None
+
+
 def test_an_expert_the_host_tier_drops_leaves_the_device_too(gpu):
     expert = build_expert(payloads(1)[0], gpu).prepared
     assert gpu.device_status()["experts"] == 1

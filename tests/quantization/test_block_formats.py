@@ -24,13 +24,15 @@ ALL_TYPES = list(GGMLType)
 GGUF = {t: GGMLQuantizationType[t.value] for t in GGMLType}
 # Worst-case |error| relative to the block's max |x| (generous; K-quants lose a bit to the
 # 6/8-bit sub-block scales).
-REL_BOUND = {GGMLType.Q8_0: 0.5 / 127 + 1e-3, GGMLType.Q4_K: 0.12, GGMLType.Q6_K: 0.04,
+# MXFP4: a value is at most 2d (1/4 of the block's top binade) from its code, a clipped one
+# (gguf's scale tops out at 1.5·2^floor(log2 amax)) less than amax/4.
+REL_BOUND = {GGMLType.Q8_0: 0.5 / 127 + 1e-3, GGMLType.Q4_K: 0.12, GGMLType.Q6_K: 0.04, GGMLType.MXFP4: 0.25,
              GGMLType.F32: 0.0, GGMLType.F16: 2**-11, GGMLType.BF16: 2**-8}
-RMSE_BOUND = {GGMLType.Q8_0: 0.006, GGMLType.Q4_K: 0.08, GGMLType.Q6_K: 0.02}
+RMSE_BOUND = {GGMLType.Q8_0: 0.006, GGMLType.Q4_K: 0.08, GGMLType.Q6_K: 0.02, GGMLType.MXFP4: 0.12}
 
 
 def test_registry_holds_every_block_type():
-    assert set(KERNELS) == {GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K}
+    assert set(KERNELS) == {GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.MXFP4}
     for t, k in KERNELS.items():
         assert (k.block_size, k.type_size) == gq.GGML_QUANT_SIZES[GGUF[t]]
 
@@ -52,8 +54,10 @@ def test_decode_random_bytes_matches_gguf(ggml_type, jit_mode):
     """Arbitrary block bytes (finite scales) decode identically: covers every packed bit."""
     k = KERNELS[ggml_type]
     raw = np.random.default_rng(11).integers(0, 256, (64, k.type_size), dtype=np.uint8)
-    for field in {GGMLType.Q8_0: [0], GGMLType.Q4_K: [0, 2], GGMLType.Q6_K: [208]}[ggml_type]:
+    for field in {GGMLType.Q8_0: [0], GGMLType.Q4_K: [0, 2], GGMLType.Q6_K: [208], GGMLType.MXFP4: []}[ggml_type]:
         raw[:, field + 1] &= 0x3B  # keep the f16 exponent below inf/NaN
+    if ggml_type == GGMLType.MXFP4:
+        raw[:, 0] = np.minimum(raw[:, 0], 252)  # E8M0 exponents whose blocks stay finite
     ours = dequantize(raw, ggml_type, (64, k.block_size))
     ref = gq.dequantize(raw, GGUF[ggml_type])
     assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32)), bit_diff_report(ours, ref)
@@ -144,7 +148,7 @@ def test_unfallen_row_length_rejected():
 
 @pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.value)
 def test_bits_per_weight(ggml_type):
-    nominal = {GGMLType.Q8_0: 8.5, GGMLType.Q4_K: 4.5, GGMLType.Q6_K: 6.5625}[ggml_type]
+    nominal = {GGMLType.Q8_0: 8.5, GGMLType.Q4_K: 4.5, GGMLType.Q6_K: 6.5625, GGMLType.MXFP4: 4.25}[ggml_type]
     assert ggml_type.bits_per_weight == nominal
     assert row_bytes(ggml_type, 2048) * 8 / 2048 == nominal
 
@@ -165,7 +169,7 @@ def test_property_decode_is_gguf_and_bounded(ggml_type, rows, blocks, data):
     ref = gq.dequantize(blob, GGUF[ggml_type])
     assert np.array_equal(y.view(np.uint32), ref.view(np.uint32)), bit_diff_report(y, ref)
     bound = np.abs(x).reshape(-1, 16).max(axis=1, keepdims=True) * REL_BOUND[ggml_type] + 1e-6
-    if ggml_type == GGMLType.Q8_0:
+    if ggml_type in (GGMLType.Q8_0, GGMLType.MXFP4):
         bound = np.abs(x).reshape(-1, 32).max(axis=1, keepdims=True) * REL_BOUND[ggml_type] + 1e-6
         assert (np.abs(y - x).reshape(-1, 32) <= bound).all()
     else:

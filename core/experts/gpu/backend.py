@@ -9,7 +9,9 @@ tier budgets what the upload takes on the device (`DeviceOps.device_bytes`).
 
 - An expert is uploaded when it is prepared (loaded or promoted) if it fits in the free device
   budget, else on its first forward, evicting the least recently used experts. An expert larger
-  than the whole budget runs on the CPU.
+  than the whole budget, in a block format the device's kernels do not read
+  (`DeviceOps.block_types`: not MXFP4), or with biases or another GLU than SiLU (gpt-oss) runs on
+  the CPU.
 - An expert dropped from the host tier is dropped from the device too: a weakref finalizer
   queues its handle, released by the next device call (never from the finalizer itself, which
   may run on any thread, mid-call, under the device lock).
@@ -35,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from core.experts.backends import CpuBackend, CpuExpert, TensorIn
+from core.experts.backends import DENSE_TYPES, CpuBackend, CpuExpert, TensorIn
 from core.experts.gpu.ops import DeviceError, DeviceOps
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,8 @@ class GpuBackend:
     """Experts on `ops`'s device within `device_budget_bytes`, on `cpu` when the device cannot."""
 
     is_gpu_backend = True
+    activations = CpuBackend.activations  # the others than silu run on the host copy
+    biases = True
 
     def __init__(self, ops: DeviceOps, *, cpu: CpuBackend, device_budget_bytes: int,
                  on_state_change: Callable[[], None] | None = None) -> None:
@@ -105,8 +109,9 @@ class GpuBackend:
         """True while the device serves: what `gpu_backend_active` and the record's `moe_gpu` say."""
         return self.failed is None
 
-    def prepare_expert(self, gate: TensorIn, up: TensorIn, down: TensorIn) -> GpuExpert:
-        expert = GpuExpert(host=self.cpu.prepare_expert(gate, up, down),
+    def prepare_expert(self, gate: TensorIn, up: TensorIn, down: TensorIn, **glu: Any) -> GpuExpert:
+        """glu: the CPU backend's `activation` and `biases`; an expert with either stays on the CPU."""
+        expert = GpuExpert(host=self.cpu.prepare_expert(gate, up, down, **glu),
                            types=(gate.ggml_type, up.ggml_type, down.ggml_type))
         if self.failed is None:
             weakref.finalize(expert, self._dropped.append, expert.token)
@@ -129,7 +134,7 @@ class GpuBackend:
                         y = self.ops.forward(resident.handle, x)
                         self.counts["device_rows"] += x.shape[0]
                         return y
-                    self.counts["too_large"] += 1
+                    self.counts["too_large" if self._device_reads(prepared) else "cpu_format"] += 1
                 except Exception as exc:  # any failure: see _as_device_error
                     self._device_error(_as_device_error(exc), "forward")
         with self._count_lock:  # CPU rows run outside the device lock, on several threads at once
@@ -138,10 +143,18 @@ class GpuBackend:
 
     # -- device tier (under _lock) ----------------------------------------------------------------
 
+    def _device_reads(self, expert: GpuExpert) -> bool:
+        """Whether the device kernels compute this expert: its formats, plain SiLU, no biases."""
+        host = expert.host
+        return all(t in DENSE_TYPES or t in self.ops.block_types for t in expert.types) and (
+            host.activation.kind == "silu" and host.gate_up_bias is None and host.down_bias is None)
+
     def _upload(self, expert: GpuExpert, *, evict: bool) -> _Resident | None:
         """Upload `expert` if its device bytes fit (evicting LRU experts when `evict`); None if not."""
         if expert.token in self._resident:
             return self._resident[expert.token]
+        if not self._device_reads(expert):
+            return None  # the device kernels do not compute it (MXFP4, gpt-oss's GLU): it runs on the CPU
         need = self.ops.device_bytes(expert.host, expert.types)
         if need > self.device_budget_bytes:
             return None
@@ -206,7 +219,7 @@ class GpuBackend:
             "memory_budget_bytes": self.device_budget_bytes, "memory_used_bytes": self._used,
             "experts": len(self._resident), "last_error": self.last_error,
             "counts": {k: int(self.counts[k]) for k in ("uploads", "evictions", "device_rows", "cpu_rows",
-                                                        "too_large", "device_errors", "upload_ms")},
+                                                        "too_large", "cpu_format", "device_errors", "upload_ms")},
         }
 
     def close(self) -> None:

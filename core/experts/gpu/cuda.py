@@ -173,6 +173,7 @@ class CudaOps:
 
     kind = "cuda"
     software = False
+    block_types = tuple(BLOCK_FORMATS)
     small_batch = SMALL_BATCH
 
     def __init__(self, device_index: int) -> None:

@@ -38,8 +38,8 @@ class DeviceOps(Protocol):
     memory_total_bytes: device memory the driver reports, None where the API cannot say (WebGPU).
     software: a CPU-emulated adapter (lavapipe/llvmpipe, SwiftShader): auto-detection skips it.
 
-    `types` is the payload's ggml_type of (gate, up, down) ("F32", "F16", "BF16", "Q8_0", "Q4_K",
-    "Q6_K"); `host` is the CPU backend's form of the same expert (dense widened to f32, blocks
+    `types` is the payload's ggml_type of (gate, up, down) ("F32", "F16", "BF16" or one of
+    `block_types`); `host` is the CPU backend's form of the same expert (dense widened to f32, blocks
     raw, gate|up stacked when they share a format), which the upload reads.
     """
 
@@ -47,6 +47,7 @@ class DeviceOps(Protocol):
     device_name: str
     memory_total_bytes: int | None
     software: bool
+    block_types: tuple[str, ...]  # the block formats its kernels read; an expert in another stays on the CPU
 
     def device_bytes(self, host: CpuExpert, types: tuple[str, str, str]) -> int:
         """Bytes of device memory `upload` would take for this expert (the budget checks it first)."""

@@ -127,6 +127,7 @@ class WgslOps:
     """DeviceOps over one wgpu device. Not thread-safe: the GPU backend serializes calls."""
 
     kind = "wgsl"
+    block_types = ("Q8_0", "Q4_K", "Q6_K")  # wgsl_layout.SUB_BLOCK's formats
 
     def __init__(self, wgpu: Any, device: Any, name: str, software: bool) -> None:
         self._wgpu = wgpu
