@@ -17,6 +17,18 @@ Per model it writes:
   expected.json      prompt ids, greedy ids of ``generate(do_sample=False, max_new_tokens=16)``, versions.
   logits.npy         f32 [prompt_len, vocab]: one forward over the prompt.
 
+gpt_oss (openai/gpt-oss-120b's keys, run with transformers' eager attention and experts) is written twice:
+  gpt_oss/           the fused hub experts as transformers' own F32 parameters: ``mlp.experts.gate_up_proj``
+                     [E, d_model, 2·d_ff] (gate and up interleaved on the last axis), ``gate_up_proj_bias``,
+                     ``down_proj`` [E, d_ff, d_model], ``down_proj_bias``; ``mlp.router.weight``/``.bias``;
+                     ``self_attn.sinks``. The experts' weight matrices lie exactly on the MXFP4 grid.
+  gpt_oss_mxfp4/     the same, but the experts' weights as the published checkpoints store them:
+                     ``*_blocks`` u8 [E, rows_out, cols_in/32, 16] and ``*_scales`` u8 [E, rows_out, cols_in/32]
+                     (core/quantization/mxfp4.py quantize_hub), with the published quantization_config;
+                     transformers' convert_moe_packed_tensors must decode them to the first folder's weights.
+Its checks add: the swiglu clamp fires (counted), and sinks, biases, the clamp and the sliding window each
+move the logits.
+
 Checks before writing (the script fails rather than write a fixture a float32 port could not match):
 reloading the folder with ``from_pretrained`` gives bit-identical logits; every argmax (each prompt position,
 each greedy step) beats the runner-up by MARGIN of the logit scale; every router decision (top-k, and
@@ -28,9 +40,11 @@ are far from uniform.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -42,6 +56,9 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from core.quantization.mxfp4 import dequantize_hub, quantize_hub  # noqa: E402  (pure numpy, no Django)
+
 MARGIN = 1e-3  # top-1 minus top-2 logit, relative to max |logit| of that row
 ROUTER_MARGIN = 1e-4  # gap between the last chosen and the first unchosen router score (probability units)
 NEW_TOKENS = 16
@@ -93,7 +110,28 @@ GLM4_MOE: dict[str, Any] = {
     "use_qk_norm": False, "vocab_size": 256,
 }
 
-MODELS = {"qwen3_moe": (QWEN3_MOE, 1234), "deepseek_v3": (DEEPSEEK_V3, 4321), "glm4_moe": (GLM4_MOE, 2468)}
+# openai/gpt-oss-120b's keys, shrunk: sliding_window 4 so that the 8-token prompt and 16 new tokens cross it
+# on the sliding layers; YaRN as published (truncate false) with factor 4 over 64 positions.
+GPT_OSS: dict[str, Any] = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+    "attention_bias": True, "attention_dropout": 0.0, "eos_token_id": 1, "experts_per_token": 2, "head_dim": 16,
+    "hidden_act": "silu", "hidden_size": 64, "initial_context_length": 64, "initializer_range": 0.02,
+    "intermediate_size": 32, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    "max_position_embeddings": 256, "num_attention_heads": 4, "num_experts_per_tok": 2, "num_hidden_layers": 3,
+    "num_key_value_heads": 2, "num_local_experts": 8, "output_router_logits": False, "pad_token_id": 0,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 4.0, "original_max_position_embeddings": 64,
+                     "rope_type": "yarn", "truncate": False},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 4, "swiglu_limit": 7.0,
+    "tie_word_embeddings": False, "use_cache": True, "vocab_size": 256,
+}
+GPT_OSS_QUANT = {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                            "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"}
+GPT_OSS_HOT = 5.0  # gain of the "hot" gate/up channels (1 in 8) whose pre-activations pass ±swiglu_limit
+ABLATION_MIN = 1e-3  # relative logit change a sink/bias/clamp/window ablation must cause
+
+MODELS = {"qwen3_moe": (QWEN3_MOE, 1234), "deepseek_v3": (DEEPSEEK_V3, 4321), "glm4_moe": (GLM4_MOE, 2468),
+          "gpt_oss": (GPT_OSS, 5150)}
 
 
 def randomize(model: torch.nn.Module, seed: int) -> None:
@@ -118,12 +156,50 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
             t.copy_(torch.from_numpy(np.asarray(value, dtype=np.float32)))
 
 
+def randomize_gpt_oss(model: torch.nn.Module, seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Seeded draws for every gpt-oss parameter; the experts' weight matrices are drawn as [E, rows_out,
+    cols_in], put on the MXFP4 grid (quantize_hub then dequantize_hub) and stored transposed (transformers'
+    [E, cols_in, rows_out]). Returns {parameter name: (blocks, scales)} of those matrices."""
+    rng = np.random.default_rng(seed)
+    packed: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    with torch.no_grad():
+        for name, t in sorted(model.named_parameters()):
+            shape = tuple(t.shape)
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                e, cols_in, rows_out = shape
+                w = rng.standard_normal((e, rows_out, cols_in)) / math.sqrt(cols_in)
+                if name.endswith("gate_up_proj"):  # some channels hot, so the swiglu clamp fires on some tokens
+                    w[rng.random((e, rows_out)) < 0.125] *= GPT_OSS_HOT
+                packed[name] = quantize_hub(w.astype(np.float32))
+                value = dequantize_hub(*packed[name]).transpose(0, 2, 1)
+            elif name.endswith("sinks"):
+                value = rng.normal(0.5, 1.0, shape)  # a sink as large as a typical score: it takes real mass
+            elif name.endswith("bias"):
+                value = rng.normal(0.0, 0.5, shape)
+            elif "norm" in name:
+                value = 1.0 + 0.2 * rng.standard_normal(shape)
+            elif name.endswith("embed_tokens.weight"):
+                value = rng.standard_normal(shape)
+            elif name.endswith("router.weight"):
+                value = 2.0 * rng.standard_normal(shape) / math.sqrt(shape[-1])
+            else:
+                value = rng.standard_normal(shape) / math.sqrt(shape[-1])
+            t.copy_(torch.from_numpy(np.asarray(value, dtype=np.float32)))
+    return packed
+
+
 def hub_state_dict(model: torch.nn.Module, config: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The model's tensors under hub names: 5.x's fused 3-D experts split back into per-expert 2-D ones."""
-    d_ff = config["moe_intermediate_size"]
+    """The model's tensors under hub names: 5.x's fused 3-D experts split back into per-expert 2-D ones
+    (gpt-oss keeps them fused: its hub names are transformers' parameter names)."""
+    gpt = config["model_type"] == "gpt_oss"
+    d_ff = config.get("moe_intermediate_size")
     out: dict[str, torch.Tensor] = {}
     for name, t in model.state_dict().items():
-        if name.endswith("mlp.experts.gate_up_proj"):  # (E, 2*d_ff, d_model): gate rows then up rows
+        if name.endswith("rotary_emb.inv_freq") or name.endswith("original_inv_freq"):
+            continue
+        if gpt:
+            out[name] = t.detach().clone().contiguous()
+        elif name.endswith("mlp.experts.gate_up_proj"):  # (E, 2*d_ff, d_model): gate rows then up rows
             prefix = name[: -len("gate_up_proj")]
             for e in range(t.shape[0]):
                 out[f"{prefix}{e}.gate_proj.weight"] = t[e, :d_ff].clone().contiguous()
@@ -132,11 +208,9 @@ def hub_state_dict(model: torch.nn.Module, config: dict[str, Any]) -> dict[str, 
             prefix = name[: -len("down_proj")]
             for e in range(t.shape[0]):
                 out[f"{prefix}{e}.down_proj.weight"] = t[e].clone().contiguous()
-        elif name.endswith("rotary_emb.inv_freq") or name.endswith("original_inv_freq"):
-            continue
         else:
             out[name] = t.detach().clone().contiguous()
-    assert not any(n.endswith(("gate_up_proj", "experts.down_proj")) for n in out), "fused experts left"
+    assert gpt or not any(n.endswith(("gate_up_proj", "experts.down_proj")) for n in out), "fused experts left"
     return out
 
 
@@ -152,6 +226,9 @@ def check_argmax_margins(logits: np.ndarray, what: str) -> float:
 def check_router_margins(logits: np.ndarray, config: dict[str, Any], bias: np.ndarray | None) -> float:
     """Smallest gap between a chosen and an unchosen candidate of one router, logits f32 [t, n_routed]."""
     k = config["num_experts_per_tok"]
+    if config["model_type"] == "gpt_oss":  # GptOssTopKRouter: top-k of the biased logits themselves
+        s = np.sort(logits, axis=1)[:, ::-1]
+        return float((s[:, k - 1] - s[:, k]).min())
     if config["model_type"] == "qwen3_moe":
         p = np.exp(logits - logits.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
@@ -176,7 +253,7 @@ def router_margin(model: torch.nn.Module, ids: torch.Tensor, config: dict[str, A
     seen: list[tuple[np.ndarray, np.ndarray | None]] = []
     hooks = []
     for name, mod in model.named_modules():
-        if name.endswith("mlp.gate"):
+        if name.endswith(("mlp.gate", "mlp.router")):
             bias = getattr(mod, "e_score_correction_bias", None)
             b = None if bias is None else bias.detach().numpy().copy()
             hooks.append(mod.register_forward_hook(
@@ -191,18 +268,88 @@ def router_margin(model: torch.nn.Module, ids: torch.Tensor, config: dict[str, A
     return gap
 
 
+def count_clamps(model: torch.nn.Module, ids: torch.Tensor, limit: float) -> int:
+    """Values the swiglu clamp changes (gate > limit, |up| > limit) over every routed (token, expert) pair
+    of one forward of `ids`, in numpy from the experts' own parameters."""
+    counts: list[int] = []
+
+    def hook(mod, args, _out) -> None:
+        x, idx = args[0].detach().numpy(), args[1].detach().numpy()  # (n, d), (n, k)
+        w, b = mod.gate_up_proj.detach().numpy(), mod.gate_up_proj_bias.detach().numpy()
+        gate_up = np.einsum("nd,nkdf->nkf", x, w[idx]) + b[idx]  # (n, k, 2·d_ff)
+        counts.append(int((gate_up[..., ::2] > limit).sum() + (np.abs(gate_up[..., 1::2]) > limit).sum()))
+
+    hooks = [m.register_forward_hook(hook) for n, m in model.named_modules() if n.endswith("mlp.experts")]
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    return sum(counts)
+
+
+def gpt_oss_ablations(model: torch.nn.Module, ids: torch.Tensor, logits: np.ndarray) -> dict[str, float]:
+    """Relative change of the prompt logits when sinks, attention biases, expert biases, the router bias, the
+    swiglu clamp or the sliding window are taken away: each must matter, or the fixture would not test it."""
+
+    def without(change) -> float:
+        m = copy.deepcopy(model)
+        with torch.no_grad():
+            change(m)
+            got = m(ids).logits[0].numpy()
+        return float(np.linalg.norm(got - logits) / np.linalg.norm(logits))
+
+    def params(suffixes: tuple[str, ...], value: float):
+        return lambda m: [p.fill_(value) for n, p in m.named_parameters() if n.endswith(suffixes)]
+
+    out = {"sinks": without(params(("sinks",), -1e30)),
+           "attention biases": without(params(("proj.bias",), 0.0)),
+           "expert biases": without(params(("gate_up_proj_bias", "down_proj_bias"), 0.0)),
+           "router bias": without(params(("router.bias",), 0.0)),
+           "clamp": without(lambda m: [setattr(e, "limit", 1e9) for e in m.modules() if hasattr(e, "limit")]),
+           "sliding window": without(lambda m: setattr(m.config, "layer_types",
+                                                       ["full_attention"] * m.config.num_hidden_layers))}
+    weak = {k: v for k, v in out.items() if v < ABLATION_MIN}
+    if weak:
+        raise SystemExit(f"gpt_oss: these barely move the logits, the fixture would not test them: {weak}")
+    return out
+
+
+def write_gpt_oss_mxfp4(src: Path, folder: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
+                        packed: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    """The gpt_oss fixture as the published checkpoints store it: experts' weights as u8 blocks and scales,
+    checked to decode (transformers' convert_moe_packed_tensors) to exactly the F32 parameters."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    quant = {n: t for n, t in tensors.items() if n not in packed}
+    for name, (blocks, scales) in packed.items():
+        decoded = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32)
+        if not torch.equal(decoded, tensors[name]):
+            raise SystemExit(f"gpt_oss_mxfp4: {name} blocks decode off by {(decoded - tensors[name]).abs().max()}")
+        quant[name + "_blocks"] = torch.from_numpy(blocks)
+        quant[name + "_scales"] = torch.from_numpy(scales)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(dict(config, quantization_config=GPT_OSS_QUANT), indent=2) + "\n")
+    save_file(quant, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "model.safetensors").chmod(0o644)  # safetensors creates it 0600
+    for f in ("expected.json", "logits.npy"):
+        shutil.copyfile(src / f, folder / f)
+
+
 def build(name: str, config: dict[str, Any], seed: int, out: Path) -> None:
     folder = out / name
+    gpt = config["model_type"] == "gpt_oss"
+    # gpt-oss: the reference code paths of modeling_gpt_oss.py (eager_attention_forward, GptOssExperts.forward)
+    impl = {"attn_implementation": "eager", "experts_implementation": "eager"} if gpt else {}
     with tempfile.TemporaryDirectory() as tmp:
         cfg_dir = Path(tmp)
         (cfg_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         hf_config = AutoConfig.from_pretrained(cfg_dir)
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
-        randomize(model, seed)
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32, **impl).eval()
+        packed = randomize_gpt_oss(model, seed) if gpt else randomize(model, seed)
         tensors = hub_state_dict(model, config)
         save_file(tensors, str(cfg_dir / "model.safetensors"), metadata={"format": "pt"})
-        reloaded = AutoModelForCausalLM.from_pretrained(cfg_dir, dtype=torch.float32).eval()
+        reloaded = AutoModelForCausalLM.from_pretrained(cfg_dir, dtype=torch.float32, **impl).eval()
         prompt = np.random.default_rng(seed + 1).integers(2, config["vocab_size"], PROMPT_LEN)
         ids = torch.tensor(prompt[None, :], dtype=torch.long)
         with torch.no_grad():
@@ -223,6 +370,9 @@ def build(name: str, config: dict[str, Any], seed: int, out: Path) -> None:
         if not (full[PROMPT_LEN - 1:-1].argmax(axis=1) == np.array(greedy)).all():
             raise SystemExit(f"{name}: one-shot forward over the generated ids disagrees with generate()")
         gap = router_margin(reloaded, gen, config)
+        if gpt:
+            clamps = count_clamps(reloaded, gen, config["swiglu_limit"])
+            ablations = gpt_oss_ablations(reloaded, ids, logits)
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(cfg_dir / "config.json", folder / "config.json")
         shutil.copyfile(cfg_dir / "model.safetensors", folder / "model.safetensors")
@@ -233,13 +383,20 @@ def build(name: str, config: dict[str, Any], seed: int, out: Path) -> None:
     size = sum(p.stat().st_size for p in folder.iterdir())
     print(f"{name}: {size / 1024:.0f} KiB, argmax margins {m1:.2e} (prompt) {m2:.2e} (greedy), "
           f"router gap {gap:.2e}, greedy {greedy}")
+    if gpt:
+        print(f"{name}: {clamps} values clamped over prompt + greedy; relative logit change without "
+              + ", ".join(f"{k} {v:.2e}" for k, v in ablations.items()))
+        write_gpt_oss_mxfp4(folder, out / f"{name}_mxfp4", config, tensors, packed)
+        size = sum(p.stat().st_size for p in (out / f"{name}_mxfp4").iterdir())
+        print(f"{name}_mxfp4: {size / 1024:.0f} KiB, experts' blocks decode to the F32 parameters exactly")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "generation")
     parser.add_argument("--only", choices=sorted(MODELS), action="append",
-                        help="build only these (the others' fixtures are left as they are)")
+                        help="build only these (the others' fixtures are left as they are; gpt_oss writes "
+                             "gpt_oss_mxfp4 too)")
     args = parser.parse_args()
     for name, (config, seed) in MODELS.items():
         if not args.only or name in args.only:

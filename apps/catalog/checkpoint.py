@@ -286,21 +286,33 @@ class CheckpointReader:
         if info.dtype not in _DTYPES:
             raise CheckpointError("dtype_unsupported", f"tensor {name!r} has dtype {info.dtype}; supported: "
                                                        f"{', '.join(_DTYPES)}")
-        shape = info.shape
-        r0, r1 = (0, shape[0] if shape else 1) if rows is None else rows
-        if rows is not None and (len(shape) < 1 or not 0 <= r0 <= r1 <= shape[0]):
-            raise ValueError(f"rows {rows} out of range for {name!r} of shape {shape}")
-        row_bytes = info.nbytes // shape[0] if shape and shape[0] else 0
-        if rows is None:
-            raw = self._read(info, info.start, info.end)
-            out_shape = shape
-        else:
-            raw = self._read(info, info.start + r0 * row_bytes, info.start + r1 * row_bytes)
-            out_shape = (r1 - r0, *shape[1:])
+        raw, out_shape, (r0, r1) = self._read_rows(info, rows)
         values = decode_dense(raw, info.dtype, out_shape)
         if info.dtype == "F8_E4M3":
             values = self._apply_block_scales(name, info, values, r0, r1)
         return values
+
+    def read_u8(self, name: str, *, rows: tuple[int, int] | None = None) -> np.ndarray:
+        """A U8 tensor as stored (MXFP4 ``*_blocks`` and ``*_scales``), only rows [r0, r1) of its first axis
+        when `rows` is given."""
+        info = self.tensor_info(name)
+        if info.dtype != "U8":
+            raise CheckpointError("dtype_unsupported", f"tensor {name!r} has dtype {info.dtype}; expected U8")
+        raw, out_shape, _ = self._read_rows(info, rows)
+        return np.frombuffer(raw, dtype=np.uint8).reshape(out_shape)
+
+    def _read_rows(self, info: TensorInfo, rows: tuple[int, int] | None
+                   ) -> tuple[bytes, tuple[int, ...], tuple[int, int]]:
+        """(bytes, shape, (r0, r1)) of rows [r0, r1) of `info`'s first axis (all of it for None)."""
+        shape = info.shape
+        r0, r1 = (0, shape[0] if shape else 1) if rows is None else rows
+        if rows is not None and (len(shape) < 1 or not 0 <= r0 <= r1 <= shape[0]):
+            raise ValueError(f"rows {rows} out of range for {info.name!r} of shape {shape}")
+        if rows is None:
+            return self._read(info, info.start, info.end), shape, (r0, r1)
+        row_bytes = info.nbytes // shape[0] if shape[0] else 0
+        raw = self._read(info, info.start + r0 * row_bytes, info.start + r1 * row_bytes)
+        return raw, (r1 - r0, *shape[1:]), (r0, r1)
 
     def _apply_block_scales(self, name: str, info: TensorInfo, values: np.ndarray, r0: int, r1: int) -> np.ndarray:
         if len(info.shape) != 2:

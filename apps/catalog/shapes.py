@@ -195,17 +195,17 @@ def _build_catalog() -> dict[str, ModelShape]:
     shapes.append(ModelShape(
         model_id="gpt-oss-120b", family="gpt_oss", n_routed_experts=128, n_active=4, n_shared_experts=0,
         n_layers=36, moe_layers=tuple(range(36)), moe_layer_rule="every layer",
-        d_model=2880, expert_d_ff=2880, router=None, norm_topk_prob=None, routed_scaling_factor=None,
-        n_group=None, topk_group=None, checkpoint_layout="gpt_oss", default_source="openai/gpt-oss-120b",
+        d_model=2880, expert_d_ff=2880, router="softmax", norm_topk_prob=True, routed_scaling_factor=1.0,
+        n_group=1, topk_group=1, checkpoint_layout="gpt_oss", default_source="openai/gpt-oss-120b",
         sources={
             **dict.fromkeys(("n_layers", "moe_layers", "d_model", "expert_d_ff", "family"), TRANSFORMERS_GPT_OSS),
             **dict.fromkeys(("n_routed_experts", "n_active"), TRANSFORMERS_GPT_OSS + "; docs/specification.md '128/4'"),
             "n_shared_experts": ("transformers GptOssMLP has router + experts only (no shared expert); "
                                  "docs/specification.md '128/4'"),
-            "router": "not one of the catalog families: GptOssTopKRouter takes the top-k of biased router logits",
+            **dict.fromkeys(("router", "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group"),
+                            "transformers GptOssTopKRouter: softmax over the top-k of logits = h·Wᵀ + b"),
             "checkpoint_layout": "transformers GptOss base_model_ep_plan: fused experts.gate_up_proj/down_proj "
-                                 "(not the per-expert layout this node slices)",
-            **dict.fromkeys(("norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group"), NOT_FOUND),
+                                 "with biases (MXFP4 *_blocks/*_scales in openai/gpt-oss-120b)",
             "default_source": "transformers GptOss docs (openai/gpt-oss-120b)",
         },
     ))
@@ -291,8 +291,8 @@ def shape_from_config(model_id: str, config: Mapping[str, Any]) -> ModelShape:
     """Shape of a model from its Hugging Face ``config.json`` (a dict).
 
     Supports model_type qwen3_moe, qwen2_moe (softmax family), deepseek_v3, kimi_k2, glm4_moe
-    (sigmoid + bias family) and gpt_oss (its counts and layout; its router rule and fused experts
-    are not prepared here yet); a multimodal wrapper with a ``text_config`` (Kimi K2.5)
+    (sigmoid + bias family) and gpt_oss (softmax over the top-k of biased logits, fused experts with
+    biases and a clamped SwiGLU); a multimodal wrapper with a ``text_config`` (Kimi K2.5)
     is read through it. CatalogError names a missing key or an unsupported model_type.
     """
     if not isinstance(config, Mapping):
@@ -365,9 +365,9 @@ def shape_from_config(model_id: str, config: Mapping[str, Any]) -> ModelShape:
             n_shared_experts=0, n_layers=n_layers, moe_layers=tuple(range(n_layers)), moe_layer_rule="every layer",
             d_model=_need(config, "hidden_size", model_type),
             expert_d_ff=_need(config, "intermediate_size", model_type),
-            # GptOssTopKRouter: top-k of *biased* logits, softmax over the k; no catalog router rule carries
-            # the bias yet, so none is claimed (docs/formats.md lists the rules a gate payload has)
-            router=None, norm_topk_prob=None, routed_scaling_factor=None, n_group=None, topk_group=None,
+            # GptOssTopKRouter: top-k of the biased logits, softmax over the k: the softmax router with the
+            # gate payload's logit_bias and norm_topk_prob (docs/formats.md, "Gate payload")
+            router="softmax", norm_topk_prob=True, routed_scaling_factor=1.0, n_group=1, topk_group=1,
             checkpoint_layout="gpt_oss", default_source=None, sources={},
         )
     else:
@@ -378,7 +378,8 @@ def shape_from_config(model_id: str, config: Mapping[str, Any]) -> ModelShape:
     sources = {f: src for f in shape.__dataclass_fields__ if f not in ("model_id", "sources", "default_source")}
     if model_type in GPT_OSS_TYPES:
         sources |= dict.fromkeys(("router", "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group"),
-                                 "not a catalog router rule: GptOssTopKRouter takes the top-k of biased logits")
+                                 "transformers GptOssTopKRouter: softmax over the top-k of logits = h·Wᵀ + b "
+                                 "(the softmax router with norm_topk_prob and a logit_bias)")
     return ModelShape(**{**shape.__dict__, "sources": sources})
 
 

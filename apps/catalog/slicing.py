@@ -23,20 +23,12 @@ import numpy as np
 
 from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.shapes import ModelShape
-from core.errors import TenzroError
+from apps.catalog.slice_checks import SlicingError, finite
+from apps.catalog.slicing_gpt_oss import activation as gpt_oss_activation
+from apps.catalog.slicing_gpt_oss import gpt_oss_router, slice_gpt_oss_expert
 from core.formats.expert_payload import encode_expert_payload, read_expert_payload
 from core.formats.gate_payload import encode_gate_payload
 from core.quantization.presets import PROJECTIONS, TENSOR_NAMES
-
-
-class SlicingError(TenzroError, ValueError):
-    """A slice the shape or checkpoint cannot give. ``reason``: layer_not_moe, expert_out_of_range,
-    unsupported_layout, shape_incomplete, shape_mismatch, non_finite; for dense layers
-    (apps.catalog.dense) also layer_is_moe, layer_not_dense, dense_slices_out_of_range, invalid_quant."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message, reason=reason)
-
 
 # --- hub tensor names --------------------------------------------------------------------------
 
@@ -73,9 +65,9 @@ def _require(shape: ModelShape, *fields: str) -> None:
 
 def _check_layer(shape: ModelShape, layer: int) -> None:
     _require(shape, "checkpoint_layout")
-    if shape.checkpoint_layout not in ("qwen_moe", "qwen2_moe", "deepseek"):
+    if shape.checkpoint_layout not in ("qwen_moe", "qwen2_moe", "deepseek", "gpt_oss"):
         raise SlicingError("unsupported_layout", f"{shape.model_id}: checkpoint layout {shape.checkpoint_layout!r} "
-                                                 "is not sliceable (per-expert hub tensors required)")
+                                                 "is not sliceable (per-expert or gpt-oss fused hub tensors required)")
     _require(shape, "n_routed_experts", "n_active", "moe_layers", "router")
     if isinstance(layer, bool) or not isinstance(layer, int | np.integer) or not shape.is_moe_layer(int(layer)):
         raise SlicingError("layer_not_moe", f"{shape.model_id}: layer {layer!r} is not an MoE layer "
@@ -83,15 +75,18 @@ def _check_layer(shape: ModelShape, layer: int) -> None:
                                             "is prepared as d_ff slices (dense_slices)")
 
 
+def _check_expert(shape: ModelShape, layer: int, expert: int) -> None:
+    _check_layer(shape, layer)
+    n_routed, n_shared = shape.n_routed_experts, shape.n_shared_experts or 0
+    if isinstance(expert, bool) or not isinstance(expert, int | np.integer) or not 0 <= expert < n_routed + n_shared:
+        total = n_routed + n_shared
+        raise SlicingError("expert_out_of_range", f"{shape.model_id}: expert {expert!r} outside 0..{total - 1} "
+                                                  f"({n_routed} routed + {n_shared} shared)")
+
+
 def _check_dims(shape: ModelShape, name: str, w: np.ndarray, want: tuple[int | None, int | None]) -> None:
     if w.ndim != 2 or any(x is not None and x != g for x, g in zip(want, w.shape, strict=True)):
         raise SlicingError("shape_mismatch", f"{name} has shape {w.shape}, expected {want} for {shape.model_id}")
-
-
-def _finite(name: str, w: np.ndarray) -> np.ndarray:
-    if not np.isfinite(w).all():
-        raise SlicingError("non_finite", f"{name} holds {int((~np.isfinite(w)).sum())} NaN/inf value(s)")
-    return w
 
 
 # --- slices ------------------------------------------------------------------------------------
@@ -105,17 +100,16 @@ def slice_expert(reader: CheckpointReader, shape: ModelShape, layer: int, expert
     Only the bytes of that expert are read (for a shared expert: its rows of the fused
     gate/up, and the fused down, whose columns are not contiguous).
     """
-    _check_layer(shape, layer)
+    _check_expert(shape, layer, expert)
+    if shape.checkpoint_layout == "gpt_oss":
+        raise SlicingError("unsupported_layout", f"{shape.model_id}: gpt-oss experts carry biases and may be MXFP4 "
+                                                 "blocks; slice them with slice_gpt_oss_expert")
     n_routed, n_shared = shape.n_routed_experts, shape.n_shared_experts or 0
-    if isinstance(expert, bool) or not isinstance(expert, int | np.integer) or not 0 <= expert < n_routed + n_shared:
-        total = n_routed + n_shared
-        raise SlicingError("expert_out_of_range", f"{shape.model_id}: expert {expert!r} outside 0..{total - 1} "
-                                                  f"({n_routed} routed + {n_shared} shared)")
     expert = int(expert)
     d_model, d_ff = shape.d_model, shape.expert_d_ff
     if expert < n_routed:
         names = [expert_tensor(layer, expert, p) for p in PROJECTIONS]
-        gate, up, down = (_finite(n, reader.read_tensor(n)) for n in names)
+        gate, up, down = (finite(n, reader.read_tensor(n)) for n in names)
         _check_dims(shape, names[0], gate, (d_ff, d_model))
         _check_dims(shape, names[1], up, gate.shape)
         _check_dims(shape, names[2], down, (gate.shape[1], gate.shape[0]))
@@ -131,9 +125,9 @@ def slice_expert(reader: CheckpointReader, shape: ModelShape, layer: int, expert
         raise SlicingError("shape_mismatch", f"{names[0]} has {fused_rows} rows, not divisible into {n_shared} "
                                              "shared experts")
     w = fused_rows // n_shared
-    gate = _finite(names[0], reader.read_tensor(names[0], rows=(s * w, (s + 1) * w)))
-    up = _finite(names[1], reader.read_tensor(names[1], rows=(s * w, (s + 1) * w)))
-    down_full = _finite(names[2], reader.read_tensor(names[2]))
+    gate = finite(names[0], reader.read_tensor(names[0], rows=(s * w, (s + 1) * w)))
+    up = finite(names[1], reader.read_tensor(names[1], rows=(s * w, (s + 1) * w)))
+    down_full = finite(names[2], reader.read_tensor(names[2]))
     _check_dims(shape, names[0], gate, (d_ff, d_model))
     _check_dims(shape, names[1], up, gate.shape)
     _check_dims(shape, names[2], down_full, (gate.shape[1], fused_rows))
@@ -148,15 +142,19 @@ def gate_payload_for_layer(reader: CheckpointReader, shape: ModelShape, layer: i
     if shape.checkpoint_layout == "qwen2_moe" and (shape.n_shared_experts or 0) > 0:
         raise SlicingError("unsupported_layout", f"{shape.model_id}: Qwen2-MoE's sigmoid-gated shared_expert "
                                                  "cannot ride as a weight-1.0 slot in the gate payload")
+    if shape.checkpoint_layout == "gpt_oss":
+        weight, logit_bias = gpt_oss_router(reader, shape, layer)
+        return encode_gate_payload(model_id=model_id or shape.model_id, layer=layer, weight=weight, router="softmax",
+                                   top_k=shape.n_active, norm_topk_prob=True, logit_bias=logit_bias)
     name = gate_tensor(layer)
-    weight = _finite(name, reader.read_tensor(name))
+    weight = finite(name, reader.read_tensor(name))
     _check_dims(shape, name, weight, (shape.n_routed_experts, shape.d_model))
     bias = None
     if shape.router == "sigmoid":
         _require(shape, "routed_scaling_factor", "n_group", "topk_group", "norm_topk_prob")
         bname = gate_bias_tensor(layer)
         if reader.has_tensor(bname):
-            bias = _finite(bname, reader.read_tensor(bname))
+            bias = finite(bname, reader.read_tensor(bname))
             if bias.shape != (shape.n_routed_experts,):
                 raise SlicingError("shape_mismatch", f"{bname} has shape {bias.shape}, expected "
                                                      f"({shape.n_routed_experts},)")
@@ -184,9 +182,18 @@ class PreparedLayer:
 
 def prepare_expert(reader: CheckpointReader, shape: ModelShape, *, model_id: str, layer: int, expert: int,
                    quant: str | Mapping[str, str] | None) -> tuple[bytes, dict[str, str]]:
-    """Slice, quantize and encode one expert -> (payload bytes, {gate|up|down: ggml_type used})."""
-    g, u, d = slice_expert(reader, shape, layer, expert)
-    data = encode_expert_payload(gate=g, up=u, down=d, quant=quant, model_id=model_id, layer=layer, expert=expert)
+    """Slice, quantize and encode one expert -> (payload bytes, {gate|up|down: ggml_type used}).
+
+    A gpt-oss expert keeps its biases and clamped SwiGLU; its MXFP4 blocks are kept as they are
+    (`quant` applies to the projections the checkpoint stores dense)."""
+    if shape.checkpoint_layout == "gpt_oss":
+        _check_expert(shape, layer, expert)
+        e = slice_gpt_oss_expert(reader, shape, int(layer), int(expert))
+        data = encode_expert_payload(gate=e.gate, up=e.up, down=e.down, quant=quant, model_id=model_id, layer=layer,
+                                     expert=expert, biases=e.biases, activation=gpt_oss_activation(reader.config))
+    else:
+        g, u, d = slice_expert(reader, shape, layer, expert)
+        data = encode_expert_payload(gate=g, up=u, down=d, quant=quant, model_id=model_id, layer=layer, expert=expert)
     parsed = read_expert_payload(data)
     return data, {p: parsed.tensors[TENSOR_NAMES[p]].ggml_type.value for p in PROJECTIONS}
 

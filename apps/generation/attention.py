@@ -1,11 +1,12 @@
-"""Causal self-attention of one layer over a KV cache: GQA with q/k norm (Qwen3) and MLA (DeepSeek-V3).
+"""Causal self-attention of one layer over a KV cache: GQA (q/k norm, biases, sinks, sliding window) and MLA.
 
 Pure module (numpy, f32). `self_attention` takes the layer's prepared weights and the normed hidden
 rows of one or more sequences stacked (x f32 [n, d_model]), each sequence's rows at positions
-start .. start+t-1 over its own cached entries of positions 0 .. start-1, and returns the attention
-output [n, d_model] plus the new rows to append to the caches. The caller appends them
-(apps/generation/model.py), so a failed step leaves every cache as it was. Several sequences in one
-call share the projections (one matrix product for all rows: continuous batching's dense half).
+start .. start+t-1 over its own cached entries of the positions just before (all of 0 .. start-1, or
+only the last ones on a sliding-window layer), and returns the attention output [n, d_model] plus the
+new rows to append to the caches. The caller appends them (apps/generation/model.py), so a failed step
+leaves every cache as it was. Several sequences in one call share the projections (one matrix product
+for all rows: continuous batching's dense half).
 
 Cache entries:
   GQA  k, v            f32 [T, n_kv_heads, head_dim] each, k after q/k-norm and RoPE
@@ -18,6 +19,11 @@ MLA scores and values are computed in the latent ("weight absorption", DeepSeek-
 kv_b_proj [n_heads·(nope+v), rank] splits per head into W_UK [nope, rank] and W_UV [v, rank];
 q_nope·k_nope = (q_nope·W_UK)·latent and Σ p·v = (Σ p·latent)·W_UVᵀ, so the per-head keys and values
 are never materialized. Mathematically the transformers computation; f32 rounding differs at ~1e-7.
+
+gpt-oss (transformers' eager_attention_forward): each head has a learned sink logit s_h that joins the
+softmax as one more column and is then dropped, so a head can put weight on "nothing":
+p_j = exp(score_j) / (Σ_k exp(score_k) + exp(s_h)). Its sliding layers mask key j from query i unless
+i - window < j <= i (masking_utils.sliding_window_causal_mask_function).
 """
 
 from __future__ import annotations
@@ -49,15 +55,27 @@ def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return (w @ x.T).T
 
 
-def softmax_causal(scores: np.ndarray, start: int) -> np.ndarray:
-    """scores f32 [..., t, T] of queries at start .. start+t-1 over keys 0 .. T-1 -> causal softmax."""
+def softmax_causal(scores: np.ndarray, start: int, *, first: int = 0, window: int | None = None,
+                   sinks: np.ndarray | None = None) -> np.ndarray:
+    """scores f32 [..., t, T] of queries at positions start .. start+t-1 over keys at positions
+    first .. first+T-1 -> their softmax under the causal mask (and the sliding window when `window`).
+
+    `sinks` f32 broadcastable to [..., 1, 1] (one logit per head): an extra softmax column, dropped from
+    the result, so a row sums to less than 1."""
     t, total = scores.shape[-2:]
-    # query i sees keys j <= start + i; a query never sees a later position
-    visible = np.arange(total)[None, :] <= (start + np.arange(t))[:, None]  # (t, T)
-    scores = np.where(visible, scores, np.float32(-np.inf))
-    scores = scores - scores.max(axis=-1, keepdims=True)  # each row sees at least key 0: max is finite
-    e = np.exp(scores)
-    return e / e.sum(axis=-1, keepdims=True)
+    query = (start + np.arange(t))[:, None]  # (t, 1)
+    key = (first + np.arange(total))[None, :]  # (1, T)
+    visible = key <= query  # a query never sees a later position
+    if window is not None:
+        visible &= key > query - window
+    scores = np.where(visible, scores, np.float32(-np.inf))  # (..., t, T)
+    peak = scores.max(axis=-1, keepdims=True)  # each row sees at least its own key: finite
+    if sinks is None:
+        e = np.exp(scores - peak)
+        return e / e.sum(axis=-1, keepdims=True)
+    peak = np.maximum(peak, sinks)  # the max over [scores, sink], as eager_attention_forward subtracts it
+    e = np.exp(scores - peak)
+    return e / (e.sum(axis=-1, keepdims=True) + np.exp(sinks - peak))
 
 
 @dataclass(frozen=True)
@@ -66,7 +84,10 @@ class GqaWeights:
     o: np.ndarray  # (d_model, n_heads·head_dim)
     q_norm: np.ndarray | None  # (head_dim,)
     k_norm: np.ndarray | None  # (head_dim,)
-    qkv_bias: np.ndarray | None = None  # (n_heads·head_dim + 2·n_kv_heads·head_dim,): GLM-4.5's q/k/v biases
+    qkv_bias: np.ndarray | None = None  # (n_heads·head_dim + 2·n_kv_heads·head_dim,): q/k/v biases (GLM-4.5, gpt-oss)
+    o_bias: np.ndarray | None = None  # (d_model,): gpt-oss's o_proj bias
+    sinks: np.ndarray | None = None  # (n_heads,): gpt-oss's per-head sink logits
+    window: int | None = None  # this layer's sliding window; None: full causal attention
 
 
 @dataclass(frozen=True)
@@ -94,6 +115,10 @@ def attention_tensor_shapes(spec: TransformerSpec, layer: int) -> dict[str, tupl
             out |= {p + "q_norm.weight": (hd,), p + "k_norm.weight": (hd,)}
         if spec.attention_bias:
             out |= {p + "q_proj.bias": (h * hd,), p + "k_proj.bias": (kvh * hd,), p + "v_proj.bias": (kvh * hd,)}
+        if spec.o_proj_bias:
+            out[p + "o_proj.bias"] = (d,)
+        if spec.attention_sinks:
+            out[p + "sinks"] = (h,)
         return out
     rank, rope, nope, v = spec.kv_lora_rank, spec.qk_rope_head_dim, spec.qk_nope_head_dim, spec.v_head_dim
     out = {}
@@ -113,7 +138,9 @@ def gqa_weights(spec: TransformerSpec, tensors: Mapping[str, np.ndarray], layer:
         if spec.attention_bias else None
     return GqaWeights(qkv=qkv, o=tensors[p + "o_proj.weight"],
                       q_norm=tensors.get(p + "q_norm.weight") if spec.qk_norm else None,
-                      k_norm=tensors.get(p + "k_norm.weight") if spec.qk_norm else None, qkv_bias=bias)
+                      k_norm=tensors.get(p + "k_norm.weight") if spec.qk_norm else None, qkv_bias=bias,
+                      o_bias=tensors[p + "o_proj.bias"] if spec.o_proj_bias else None,
+                      sinks=tensors[p + "sinks"] if spec.attention_sinks else None, window=spec.window(layer))
 
 
 def mla_weights(spec: TransformerSpec, tensors: Mapping[str, np.ndarray], layer: int) -> MlaWeights:
@@ -134,7 +161,9 @@ def mla_weights(spec: TransformerSpec, tensors: Mapping[str, np.ndarray], layer:
 
 Segment = tuple[int, int, np.ndarray, np.ndarray]
 """One sequence's rows in a batch: (start, rows, past_a, past_b): its rows sit at positions start ..
-start+rows-1 and attend to its own cached entries past_a, past_b of positions 0 .. start-1."""
+start+rows-1 and attend to its own cached entries past_a, past_b [P, ...] of the P positions just before,
+start-P .. start-1. P is start (every earlier position) on a full-attention layer; on a sliding layer of
+window W it may be as few as min(start, W-1), all that the first row can see (KVCache keeps no more)."""
 
 
 def self_attention(spec: TransformerSpec, w: GqaWeights | MlaWeights, rope: RopeTables, x: np.ndarray,
@@ -147,6 +176,12 @@ def self_attention(spec: TransformerSpec, w: GqaWeights | MlaWeights, rope: Rope
     out as they would alone, up to the float rounding of a matrix product with more rows."""
     if sum(rows for _, rows, _, _ in segments) != x.shape[0]:
         raise ValueError(f"segments cover {sum(rows for _, rows, _, _ in segments)} rows, x has {x.shape[0]}")
+    window = w.window if isinstance(w, GqaWeights) else None
+    for start, _, past_a, _ in segments:
+        need = start if window is None else min(start, window - 1)
+        if not need <= len(past_a) <= start:
+            wants = f"all {start}" if window is None else f"{need} to {start} (window {window})"
+            raise ValueError(f"a segment at position {start} has {len(past_a)} cached rows; this layer needs {wants}")
     positions = np.concatenate([np.arange(start, start + rows) for start, rows, _, _ in segments])
     if isinstance(w, GqaWeights):
         return _gqa(spec, w, rope, x, positions, segments)
@@ -155,7 +190,8 @@ def self_attention(spec: TransformerSpec, w: GqaWeights | MlaWeights, rope: Rope
 
 def _gqa(spec: TransformerSpec, w: GqaWeights, rope: RopeTables, x: np.ndarray, positions: np.ndarray,
          segments: Sequence[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """k and v new rows f32 [n, n_kv_heads, head_dim]; past_k, past_v of each segment [start, kvh, hd]."""
+    """k and v new rows f32 [n, n_kv_heads, head_dim]; past_k, past_v of each segment [P, kvh, hd], the P
+    positions before its start."""
     n, h, kvh, hd = x.shape[0], spec.n_heads, spec.n_kv_heads, spec.head_dim
     qkv = linear(x, w.qkv)  # one product for the three: (n, (h + 2·kvh)·hd)
     if w.qkv_bias is not None:
@@ -170,18 +206,23 @@ def _gqa(spec: TransformerSpec, w: GqaWeights, rope: RopeTables, x: np.ndarray, 
     q, k = rope.apply(q, cos, sin), rope.apply(k, cos, sin)
     ctx = np.empty((n, h * hd), dtype=np.float32)
     rep, offset = h // kvh, 0
+    # query head g·rep + r reads kv head g (transformers repeat_kv), and has sink g·rep + r
+    sinks = None if w.sinks is None else w.sinks.reshape(kvh, rep, 1, 1)
     for start, t, past_k, past_v in segments:
         rows = slice(offset, offset + t)
         offset += t
-        keys = np.concatenate([past_k, k[rows]]) if start else k[rows]  # (T, kvh, hd)
-        values = np.concatenate([past_v, v[rows]]) if start else v[rows]
-        # query head g·rep + r reads kv head g (transformers repeat_kv)
+        keys = np.concatenate([past_k, k[rows]]) if len(past_k) else k[rows]  # (T, kvh, hd)
+        values = np.concatenate([past_v, v[rows]]) if len(past_v) else v[rows]
         qg = q[rows].reshape(t, kvh, rep, hd).transpose(1, 2, 0, 3).reshape(kvh, rep * t, hd)  # (kvh, rep·t, hd)
         scores = (qg @ keys.transpose(1, 2, 0)) * np.float32(spec.attn_scale)  # (kvh, rep·t, T)
-        probs = softmax_causal(scores.reshape(kvh, rep, t, -1), start)  # (kvh, rep, t, T)
+        probs = softmax_causal(scores.reshape(kvh, rep, t, -1), start, first=start - len(past_k), window=w.window,
+                               sinks=sinks)  # (kvh, rep, t, T)
         c = probs.reshape(kvh, rep * t, -1) @ values.transpose(1, 0, 2)  # (kvh, rep·t, hd)
         ctx[rows] = c.reshape(kvh, rep, t, hd).transpose(2, 0, 1, 3).reshape(t, h * hd)
-    return linear(ctx, w.o), k, v
+    out = linear(ctx, w.o)
+    if w.o_bias is not None:
+        out += w.o_bias
+    return out, k, v
 
 
 def _mla(spec: TransformerSpec, w: MlaWeights, rope: RopeTables, x: np.ndarray, positions: np.ndarray,
@@ -204,8 +245,8 @@ def _mla(spec: TransformerSpec, w: MlaWeights, rope: RopeTables, x: np.ndarray, 
     for start, t, past_latent, past_k_rot in segments:
         rows = slice(offset, offset + t)
         offset += t
-        lat = np.concatenate([past_latent, latent[rows]]) if start else latent[rows]  # (T, rank)
-        kr = np.concatenate([past_k_rot, k_rot[rows]]) if start else k_rot[rows]  # (T, rope)
+        lat = np.concatenate([past_latent, latent[rows]]) if len(past_latent) else latent[rows]  # (T, rank)
+        kr = np.concatenate([past_k_rot, k_rot[rows]]) if len(past_k_rot) else k_rot[rows]  # (T, rope)
         scores = q_lat[:, rows] @ lat.T + q_rot[:, rows] @ kr.T  # (h, t, T)
         ctx_lat[:, rows] = softmax_causal(scores * np.float32(spec.attn_scale), start) @ lat
     ctx = (ctx_lat @ w.w_uv_t).transpose(1, 0, 2).reshape(n, h * spec.v_head_dim)  # (h, n, v) -> (n, h·v)

@@ -10,7 +10,8 @@ shared experts: what ExpertRuntime.forward_local or the distributed forward retu
                                          FFN = dense SwiGLU here, or  yield (layer, x) / send(y)
 
 Final: logits = lm_head(norm(h)) (embed_tokens when tie_word_embeddings). Every step is the math of
-transformers' Qwen3MoeForCausalLM / DeepseekV3ForCausalLM (apps/generation/attention.py for attention).
+transformers' Qwen3MoeForCausalLM / DeepseekV3ForCausalLM / Glm4MoeForCausalLM / GptOssForCausalLM
+(apps/generation/attention.py for attention).
 
 The generator form (`WholeModel.run`) lets an asyncio caller await the network between layers
 without this module knowing about I/O; `forward` drives it with a plain callable. `run_batch` steps
@@ -65,17 +66,63 @@ class _Rows:
         return self._data.nbytes
 
 
+class _WindowRows:
+    """The last `keep` rows appended (f32 [<= keep, *row_shape]) in a buffer of at most 2·keep rows: the
+    slack lets appends go without moving rows but once every keep rows or so, and the memory stays flat
+    however many rows come."""
+
+    def __init__(self, row_shape: tuple[int, ...], keep: int, capacity: int = 0) -> None:
+        self.keep = keep
+        self._data = np.empty((min(capacity, self.limit(keep)), *row_shape), dtype=np.float32)
+        self._lo = self._hi = 0  # the kept rows are _data[_lo:_hi]
+
+    @staticmethod
+    def limit(keep: int) -> int:
+        return 2 * keep
+
+    def view(self) -> np.ndarray:
+        return self._data[self._lo: self._hi]
+
+    def append(self, rows: np.ndarray) -> None:
+        rows = rows[max(rows.shape[0] - self.keep, 0):]  # a chunk longer than keep: only its tail stays
+        new = rows.shape[0]
+        if self._hi + new > self._data.shape[0]:
+            # out of room: the rows still needed (the last keep - new) move to the front, of a larger
+            # buffer while it is under its limit
+            live = min(self._hi - self._lo, self.keep - new)
+            size = min(self.limit(self.keep), max(2 * self._data.shape[0], 16, live + new))
+            data = self._data if size <= self._data.shape[0] else \
+                np.empty((size, *self._data.shape[1:]), dtype=np.float32)
+            data[:live] = self._data[self._hi - live: self._hi]  # numpy copies overlapping ranges safely
+            self._data, self._lo, self._hi = data, 0, live
+        self._data[self._hi: self._hi + new] = rows
+        self._hi += new
+        self._lo = max(self._lo, self._hi - self.keep)
+
+    @property
+    def nbytes(self) -> int:
+        return self._data.nbytes
+
+
 class KVCache:
-    """Per-layer cached attention entries of positions [0, length) (see apps/generation/attention.py):
-    GQA keeps k and v [T, n_kv_heads, head_dim]; MLA keeps the kv latent [T, kv_lora_rank] and the
-    roped shared key [T, qk_rope_head_dim]. Grows only through WholeModel.run, all layers at once.
-    `capacity` positions are allocated at once (a generation's prompt and max_new_tokens: the bytes it
-    was admitted for, never copied as it grows); past them it doubles."""
+    """Per-layer cached attention entries of positions [first(layer), length) (see
+    apps/generation/attention.py): GQA keeps k and v [T, n_kv_heads, head_dim]; MLA keeps the kv latent
+    [T, kv_lora_rank] and the roped shared key [T, qk_rope_head_dim]. Grows only through WholeModel.run,
+    all layers at once. A full-attention layer keeps every position (first 0); a sliding layer of window
+    W keeps only the last W-1, all a later query can see (as transformers' DynamicSlidingWindowLayer),
+    so its memory stays flat however long the generation. `capacity` positions are allocated at once (a
+    generation's prompt and max_new_tokens: the bytes it was admitted for, never copied as it grows);
+    past them a full layer doubles."""
 
     def __init__(self, spec: TransformerSpec, capacity: int = 0) -> None:
         self.spec = spec
         shapes = self.row_shapes(spec)
-        self._layers = [(_Rows(shapes[0], capacity), _Rows(shapes[1], capacity)) for _ in range(spec.n_layers)]
+
+        def rows(shape: tuple[int, ...], window: int | None) -> _Rows | _WindowRows:
+            return _Rows(shape, capacity) if window is None else _WindowRows(shape, window - 1, capacity)
+
+        self._layers = [(rows(shapes[0], spec.window(i)), rows(shapes[1], spec.window(i)))
+                        for i in range(spec.n_layers)]
         self._length = 0
 
     @staticmethod
@@ -86,9 +133,13 @@ class KVCache:
 
     @classmethod
     def bytes_for(cls, spec: TransformerSpec, positions: int) -> int:
-        """Bytes a cache of `positions` positions holds (f32, every layer)."""
+        """Bytes a cache of `positions` positions holds (f32, every layer; a sliding layer's rows are
+        bounded by its buffer's limit): what KVCache(spec, capacity=positions) allocates, and the most it
+        holds while its length stays within `positions`."""
         a, b = cls.row_shapes(spec)
-        return 4 * positions * spec.n_layers * (int(np.prod(a)) + int(np.prod(b)))
+        rows = sum(positions if (w := spec.window(i)) is None else min(positions, _WindowRows.limit(w - 1))
+                   for i in range(spec.n_layers))
+        return 4 * rows * (int(np.prod(a)) + int(np.prod(b)))
 
     @property
     def length(self) -> int:
@@ -100,8 +151,13 @@ class KVCache:
         return sum(a.nbytes + b.nbytes for a, b in self._layers)
 
     def past(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """`layer`'s cached entries of positions first(layer) .. length-1, oldest first."""
         a, b = self._layers[layer]
         return a.view(), b.view()
+
+    def first(self, layer: int) -> int:
+        """The position of `layer`'s oldest cached entry: 0, or later on a sliding layer."""
+        return self._length - self._layers[layer][0].view().shape[0]
 
     def _commit(self, rows: list[tuple[np.ndarray, np.ndarray]]) -> None:
         # every layer's rows at once, after the whole step succeeded: an abandoned or failed step

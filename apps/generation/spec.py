@@ -6,7 +6,7 @@ ModelShape (apps/catalog/shapes.py), whose layer rule this module reuses so the 
 prepared experts can never disagree about which layers are MoE.
 
 Families (the math of transformers 5.x, modeling_qwen3_moe.py / modeling_deepseek_v3.py /
-modeling_glm4_moe.py):
+modeling_glm4_moe.py / modeling_gpt_oss.py):
   ``qwen3_moe``    GQA attention with per-head q/k RMSNorm, rotate-half RoPE, scale head_dim^-0.5
   ``glm4_moe``     GQA attention with q/k/v biases (attention_bias), q/k RMSNorm only with use_qk_norm,
                    rotate-half RoPE on the first head_dim·partial_rotary_factor dims of each head (the
@@ -15,6 +15,12 @@ modeling_glm4_moe.py):
                    latent), RoPE on qk_rope_head_dim dims (interleaved pairs unless rope_interleave
                    is false), scale qk_head_dim^-0.5 · mscale(factor, mscale_all_dim)² under YaRN;
                    ``kimi_k2`` configs are read as deepseek_v3 (same architecture).
+  ``gpt_oss``      GQA with q/k/v AND o_proj biases (attention_bias), no q/k norm, a learned attention sink
+                   per head, ``layer_types`` alternating sliding-window ("sliding_attention", the last
+                   sliding_window positions) and full causal layers, rotate-half YaRN RoPE (``truncate``
+                   false: the ramp's bounds are not rounded), scale head_dim^-0.5; every layer MoE.
+                   Keys the config leaves out take GptOssConfig's defaults (head_dim 64, 8 kv heads,
+                   sliding_window 128, YaRN factor 32 over 4096 positions, rope_theta 150000).
 """
 
 from __future__ import annotations
@@ -26,8 +32,18 @@ from typing import Any
 
 from apps.catalog.shapes import CatalogError, shape_from_config
 
-FAMILIES = {"qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3", "glm4_moe": "glm4_moe"}
+FAMILIES = {"qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3", "glm4_moe": "glm4_moe",
+            "gpt_oss": "gpt_oss"}
 ROPE_KINDS = ("default", "yarn")
+LAYER_TYPES = ("sliding_attention", "full_attention")
+# transformers GptOssConfig's field defaults, for keys a gpt_oss config.json leaves out (note head_dim 64,
+# not hidden_size // num_attention_heads, and 8 kv heads: the class defaults, not derived values)
+GPT_OSS_DEFAULTS: dict[str, Any] = {
+    "head_dim": 64, "num_key_value_heads": 8, "sliding_window": 128, "rms_norm_eps": 1e-5, "attention_bias": True,
+    "rope_theta": 150000.0,
+}
+GPT_OSS_ROPE: dict[str, Any] = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                "truncate": False, "original_max_position_embeddings": 4096}
 
 
 @dataclass(frozen=True)
@@ -55,7 +71,7 @@ class TransformerSpec:
     *_lora_rank and *_head_dim fields (head_dim is then qk_nope_head_dim + qk_rope_head_dim)."""
 
     model_id: str
-    family: str  # "qwen3_moe" | "deepseek_v3" | "glm4_moe"
+    family: str  # "qwen3_moe" | "deepseek_v3" | "glm4_moe" | "gpt_oss"
     vocab_size: int
     d_model: int
     n_layers: int
@@ -76,7 +92,15 @@ class TransformerSpec:
     qk_nope_head_dim: int | None = None
     qk_rope_head_dim: int | None = None
     max_position_embeddings: int | None = None
-    attention_bias: bool = False  # GLM-4.5's q/k/v projection biases
+    attention_bias: bool = False  # q/k/v projection biases (GLM-4.5, gpt-oss)
+    o_proj_bias: bool = False  # gpt-oss's output projection bias
+    attention_sinks: bool = False  # gpt-oss's learned per-head sink logit (self_attn.sinks [n_heads])
+    sliding_window: int | None = None  # keys visible to a query of a sliding layer: itself and the window-1 before
+    sliding_layers: tuple[int, ...] = ()  # the layers of layer_types "sliding_attention"
+
+    def window(self, layer: int) -> int | None:
+        """`layer`'s sliding window (query i sees keys j with i - window < j <= i), or None: full causal."""
+        return self.sliding_window if layer in self.sliding_layers else None
 
     def is_moe(self, layer: int) -> bool:
         """Whether `layer`'s FFN is the MoE block (run on the network) rather than a local dense SwiGLU."""
@@ -171,7 +195,7 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 
 def spec_from_config(config: Mapping[str, Any], *, model_id: str) -> TransformerSpec:
-    """TransformerSpec of a qwen3_moe / deepseek_v3 / kimi_k2 / glm4_moe ``config.json`` (a dict).
+    """TransformerSpec of a qwen3_moe / deepseek_v3 / kimi_k2 / glm4_moe / gpt_oss ``config.json`` (a dict).
 
     A multimodal wrapper's ``text_config`` is read through, as apps.catalog.shapes does.
     Raises CatalogError: reason "unknown_model" for an unsupported model_type, "shape_incomplete"
@@ -188,6 +212,8 @@ def spec_from_config(config: Mapping[str, Any], *, model_id: str) -> Transformer
         raise _bad(f"unsupported model_type {model_type!r} for whole-model generation (supported: "
                    f"{', '.join(FAMILIES)})", reason="unknown_model")
     where = str(model_type)
+    if family == "gpt_oss":
+        config = _gpt_oss_config(config)
     try:
         shape = shape_from_config(model_id, config)
     except CatalogError as exc:
@@ -195,7 +221,7 @@ def spec_from_config(config: Mapping[str, Any], *, model_id: str) -> Transformer
     if config.get("hidden_act", "silu") != "silu":
         raise _bad(f"config.json ({where}) hidden_act {config.get('hidden_act')!r} is not supported (silu only)")
     attention_bias = _bool(config, "attention_bias", where, False)
-    if attention_bias and family != "glm4_moe":
+    if attention_bias and family not in ("glm4_moe", "gpt_oss"):
         raise _bad(f"config.json ({where}) attention_bias true is not supported (hub checkpoints have none)")
     d_model = _int(config, "hidden_size", where)
     n_layers = _int(config, "num_hidden_layers", where)
@@ -210,6 +236,8 @@ def spec_from_config(config: Mapping[str, Any], *, model_id: str) -> Transformer
         tie_word_embeddings=_bool(config, "tie_word_embeddings", where, False), n_heads=n_heads,
         dense_d_ff=dense_d_ff, max_position_embeddings=_int(config, "max_position_embeddings", where, default=None),
     )
+    if family == "gpt_oss":
+        return _gpt_oss(config, where, common, attention_bias)
     if family in ("qwen3_moe", "glm4_moe"):
         glm = family == "glm4_moe"
         if _bool(config, "use_sliding_window", where, False):
@@ -238,6 +266,38 @@ def spec_from_config(config: Mapping[str, Any], *, model_id: str) -> Transformer
         q_lora_rank=_int(config, "q_lora_rank", where, default=None), kv_lora_rank=_int(config, "kv_lora_rank", where),
         qk_nope_head_dim=nope, qk_rope_head_dim=rope_dim,
     )
+
+
+def _gpt_oss_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """`config` with GptOssConfig's defaults for the keys it leaves out (an explicit null stays null:
+    transformers then derives num_key_value_heads and head_dim from the head count)."""
+    out = {**GPT_OSS_DEFAULTS, **config}
+    if not (config.get("rope_parameters") or config.get("rope_scaling")):
+        out["rope_scaling"] = GPT_OSS_ROPE
+    return out
+
+
+def _gpt_oss(config: Mapping[str, Any], where: str, common: dict[str, Any], attention_bias: bool) -> TransformerSpec:
+    n_heads, n_layers = common["n_heads"], common["n_layers"]
+    head_dim = _int(config, "head_dim", where, default=None) or common["d_model"] // n_heads
+    n_kv = _int(config, "num_key_value_heads", where, default=n_heads)
+    if n_heads % n_kv:
+        raise _bad(f"config.json ({where}) num_attention_heads {n_heads} is not a multiple of "
+                   f"num_key_value_heads {n_kv}")
+    # GptOssConfig: sliding, full, sliding, full, ... when layer_types is absent
+    types = config.get("layer_types") or [LAYER_TYPES[i % 2] for i in range(n_layers)]
+    if not isinstance(types, list | tuple) or len(types) != n_layers or any(t not in LAYER_TYPES for t in types):
+        raise _bad(f"config.json ({where}) layer_types must list {n_layers} of {', '.join(LAYER_TYPES)}, "
+                   f"received {types!r}")
+    sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    window = _int(config, "sliding_window", where, default=None)
+    if sliding and window is None:
+        raise _bad(f"config.json ({where}) has sliding_attention layers but no 'sliding_window'")
+    # intermediate_size is the experts' width here: no layer is a dense FFN
+    return TransformerSpec(**{**common, "dense_d_ff": None}, attention="gqa", n_kv_heads=n_kv, head_dim=head_dim,
+                           v_head_dim=head_dim, qk_norm=False, rope=_rope(config, where, head_dim, interleave=False),
+                           attn_scale=head_dim ** -0.5, attention_bias=attention_bias, o_proj_bias=attention_bias,
+                           attention_sinks=True, sliding_window=window if sliding else None, sliding_layers=sliding)
 
 
 __all__ = ["FAMILIES", "RopeSpec", "TransformerSpec", "spec_from_config", "yarn_mscale"]

@@ -121,18 +121,20 @@ def test_the_published_glm_4_5_config_gives_its_counts():
 
 def test_the_published_gpt_oss_120b_config_gives_its_counts():
     """openai/gpt-oss-120b's config.json: 36 layers, all MoE, 128 experts and no shared one, top-4, experts
-    as wide as the model (2880); its router rule (biased logits) is not claimed, and whole-model
-    generation names the family it does not run yet."""
+    as wide as the model (2880); the router is the softmax one over the top-k of biased logits
+    (norm_topk_prob, the gate payload's logit_bias)."""
     from apps.generation.spec import spec_from_config
     config = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "configs" / "openai_gpt-oss-120b.json")
                         .read_text())
     shape = shape_from_config("gpt-oss-120b", config)
     assert (shape.family, shape.n_routed_experts, shape.n_active, shape.n_shared_experts) == ("gpt_oss", 128, 4, 0)
     assert shape.moe_layers == tuple(range(36)) and shape.n_experts_total == 128 and shape.n_layers == 36
-    assert (shape.d_model, shape.expert_d_ff, shape.checkpoint_layout, shape.router) == (2880, 2880, "gpt_oss", None)
-    assert "biased logits" in shape.sources["router"]
+    assert (shape.d_model, shape.expert_d_ff, shape.checkpoint_layout) == (2880, 2880, "gpt_oss")
+    assert (shape.router, shape.norm_topk_prob, shape.routed_scaling_factor) == ("softmax", True, 1.0)
+    assert "h·Wᵀ + b" in shape.sources["router"]
     built_in = catalog_shape("gpt-oss-120b")  # the catalog's own entry agrees with the published config
-    for f in ("n_routed_experts", "n_active", "n_shared_experts", "n_layers", "moe_layers", "d_model", "expert_d_ff"):
+    for f in ("n_routed_experts", "n_active", "n_shared_experts", "n_layers", "moe_layers", "d_model", "expert_d_ff",
+              "router", "norm_topk_prob"):
         assert getattr(built_in, f) == getattr(shape, f), f
-    with pytest.raises(CatalogError, match="unsupported model_type 'gpt_oss'"):
-        spec_from_config(config, model_id="gpt-oss-120b")
+    spec = spec_from_config(config, model_id="gpt-oss-120b")  # whole-model generation reads it as the catalog does
+    assert (spec.family, spec.moe_layers, spec.d_model) == ("gpt_oss", shape.moe_layers, shape.d_model)

@@ -36,7 +36,7 @@ from tests.e2e.test_gossip import wait_for
 pytestmark = pytest.mark.e2e
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "generation"
 MODELS = {"qwen3_moe": "test/gen-qwen3-moe", "deepseek_v3": "test/gen-deepseek-v3",
-          "glm4_moe": "test/gen-glm4-moe"}
+          "glm4_moe": "test/gen-glm4-moe", "gpt_oss": "test/gen-gpt-oss", "gpt_oss_mxfp4": "test/gen-gpt-oss-mxfp4"}
 
 
 def expected(name: str) -> tuple[dict, np.ndarray]:
@@ -94,7 +94,10 @@ def test_the_logits_equal_transformers(network, name) -> None:
                                                           "wire": "f32"}, token=TOKEN)
     got = np.frombuffer(base64.b64decode(answer["logits"]), dtype="<f4").reshape(answer["tokens"], -1)
     assert got.shape == want.shape
-    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-4
+    # MXFP4 experts run on the holders' integer kernels, which quantize the activation rows to int8 as
+    # llama.cpp does (~1 % per expert, docs/performance.md); f32 experts are exact up to f32 rounding
+    bound = 3e-2 if name.endswith("mxfp4") else 1e-4
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < bound
     assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
     moe_layers = [layer["layer"] for layer in answer["layers"]]
     assert moe_layers == sorted(moe_layers) and moe_layers  # every MoE layer went over the network, in order
@@ -214,8 +217,8 @@ def test_eight_generations_at_once_share_iterations_and_each_gets_its_tokens_alo
 
 
 def test_killing_a_holder_mid_generation_changes_no_token(network) -> None:
-    """Four generations decoding together when a holder dies, a GLM one beside them: each step fails over
-    once for the batch, and no token changes."""
+    """Four generations decoding together when a holder dies, a GLM and a gpt-oss (MXFP4) one beside them:
+    each step fails over once for the batch, and no token changes."""
     a, c = network[0], network[2]
     meta, _ = expected("qwen3_moe")
     n = len(meta["greedy_ids"])
@@ -225,10 +228,12 @@ def test_killing_a_holder_mid_generation_changes_no_token(network) -> None:
     started = a.result("tenzro_moeGenerate", {"model_id": MODELS["qwen3_moe"], "prompt_ids": meta["prompt_ids"],
                                               "max_new_tokens": n, "wire": "f32", "wait": False}, token=TOKEN)
     gid = started["generation_id"]
-    glm, _ = expected("glm4_moe")  # another family decoding beside them through the same kill
-    glm_id = a.result("tenzro_moeGenerate", {"model_id": MODELS["glm4_moe"], "prompt_ids": glm["prompt_ids"],
-                                             "max_new_tokens": len(glm["greedy_ids"]), "wire": "f32", "wait": False},
-                      token=TOKEN)["generation_id"]
+    beside = {}  # other families decoding beside them through the same kill
+    for family in ("glm4_moe", "gpt_oss_mxfp4"):
+        want, _ = expected(family)
+        beside[family] = (want["greedy_ids"], a.result("tenzro_moeGenerate", {
+            "model_id": MODELS[family], "prompt_ids": want["prompt_ids"], "max_new_tokens": len(want["greedy_ids"]),
+            "wire": "f32", "wait": False}, token=TOKEN)["generation_id"])
 
     deadline = time.monotonic() + 60
     at_kill = a.result("tenzro_moeGeneration", {"generation_id": gid, "steps": False})
@@ -245,7 +250,8 @@ def test_killing_a_holder_mid_generation_changes_no_token(network) -> None:
     assert generation["state"] == "done", generation.get("error")
     assert generation["tokens"] == meta["greedy_ids"]
     assert [r["tokens"] for r in _finished(a, others)] == [meta["greedy_ids"]] * 3
-    assert [r["tokens"] for r in _finished(a, [glm_id])] == [glm["greedy_ids"]]
+    for family, (greedy_ids, generation_id) in beside.items():
+        assert [r["tokens"] for r in _finished(a, [generation_id])] == [greedy_ids], family
 
 
 def test_dense_weights_that_do_not_fit_the_memory_budget_are_refused(start_node) -> None:

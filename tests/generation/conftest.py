@@ -21,7 +21,7 @@ from core.experts.backends import CpuBackend
 from core.experts.runtime import ExpertRuntime
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "generation"
-NAMES = ("qwen3_moe", "deepseek_v3", "glm4_moe")
+NAMES = ("qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss", "gpt_oss_mxfp4")
 
 
 @dataclass

@@ -18,7 +18,7 @@ from core.errors import PayloadTooLarge
 from testkit.checkpoints import FileServer, f32_to_bf16_bits, fp8_block_quantize, write_checkpoint
 from tests.generation.conftest import FIXTURES, NAMES
 
-MOE_PARTS = (".mlp.experts.", ".mlp.gate.", ".mlp.shared_experts.")
+MOE_PARTS = (".mlp.experts.", ".mlp.gate.", ".mlp.shared_experts.", ".mlp.router.")  # gpt-oss: mlp.router
 
 
 def open_fixture(name: str) -> tuple[CheckpointReader, object]:
