@@ -807,16 +807,40 @@ static void silu_mul(float *gu, int d_ff) {
     for (int j = 0; j < d_ff; j++) gu[j] = gu[j] / (1.0f + expf(-gu[j])) * u[j];
 }
 
+/* The GLU of one row gu = [g | u] (d_ff each) into its first half, after the biases b = [b_g | b_u]
+ * (NULL: none): GLU_SILU silu(g)·u, GLU_CLAMPED gpt-oss's g'·sigmoid(alpha·g')·(u' + 1) with
+ * g' = min(g, limit), u' = clip(u, ±limit). expf(-alpha·g') overflows to inf for g' << 0: g'/inf = -0. */
+enum { GLU_SILU = 0, GLU_CLAMPED = 1 };
+static void glu_row(float *gu, int d_ff, const float *b, int glu, float alpha, float limit) {
+    float *u = gu + d_ff;
+    if (b)
+        for (int j = 0; j < 2 * d_ff; j++) gu[j] += b[j];
+    if (glu == GLU_SILU) {
+        silu_mul(gu, d_ff);
+        return;
+    }
+    for (int j = 0; j < d_ff; j++) {
+        const float g = fminf(gu[j], limit), up = fminf(fmaxf(u[j], -limit), limit);
+        gu[j] = g / (1.0f + expf(-alpha * g)) * (up + 1.0f);
+    }
+}
+
 static PyObject *qdot_expert(PyObject *self, PyObject *args) {
     (void)self;
     const char *gu_name, *down_name, *variant_name;
-    Py_buffer gub, downb, xb, yb;
-    int d_model, d_ff, t, threads;
+    Py_buffer gub, downb, xb, yb, gu_bias = {0}, down_bias = {0};
+    int d_model, d_ff, t, threads, glu = GLU_SILU;
     long long min_macs;
-    if (!PyArg_ParseTuple(args, "sy*sy*iiy*iw*siL", &gu_name, &gub, &down_name, &downb, &d_model, &d_ff, &xb, &t,
-                          &yb, &variant_name, &threads, &min_macs))
+    float alpha = 1.0f, limit = 0.0f;
+    if (!PyArg_ParseTuple(args, "sy*sy*iiy*iw*siL|iffz*z*", &gu_name, &gub, &down_name, &downb, &d_model, &d_ff, &xb,
+                          &t, &yb, &variant_name, &threads, &min_macs, &glu, &alpha, &limit, &gu_bias, &down_bias))
         return NULL;
     PyObject *result = NULL;
+    if ((glu != GLU_SILU && glu != GLU_CLAMPED) || (gu_bias.buf && (size_t)gu_bias.len != 2 * (size_t)d_ff * 4) ||
+        (down_bias.buf && (size_t)down_bias.len != (size_t)d_model * 4)) {
+        PyErr_Format(PyExc_ValueError, "bad glu %d or bias sizes for d_model=%d d_ff=%d", glu, d_model, d_ff);
+        goto done;
+    }
     const int fg = find_format(gu_name);
     if (fg < 0) goto done;
     const int fd = find_format(down_name);
@@ -854,19 +878,28 @@ static PyObject *qdot_expert(PyObject *self, PyObject *args) {
     /* gate and up: one quantization of x, one tile loop over the stacked [2·d_ff, d_model] */
     acts_fill(var, (const float *)xb.buf, ab_gu, &xa);
     run_rows(var->fns[fg], (const uint8_t *)gub.buf, rb_gu, 2 * d_ff, &xa, gu, threads_for(2 * macs, min_macs, threads));
-    /* h = silu(g)·u, quantized row by row (h row tt sits at gu + tt·2·d_ff) */
+    /* h = glu(g + b_g, u + b_u), quantized row by row (h row tt sits at gu + tt·2·d_ff) */
     for (int tt = 0; tt < t; tt++) {
         float *row = gu + (size_t)tt * 2 * d_ff;
-        silu_mul(row, d_ff);
+        glu_row(row, d_ff, (const float *)gu_bias.buf, glu, alpha, limit);
         var->quantize(row, d_ff, ab_down, ha.qs + (size_t)tt * d_ff, ha.d + (size_t)tt * (d_ff / ab_down),
                       ha.bsums ? ha.bsums + (size_t)tt * (d_ff / ab_down) * 16 : NULL);
     }
     run_rows(var->fns[fd], (const uint8_t *)downb.buf, rb_down, d_model, &ha, (float *)yb.buf,
              threads_for(macs, min_macs, threads));
+    if (down_bias.buf) {
+        const float *bd = (const float *)down_bias.buf;
+        for (int tt = 0; tt < t; tt++) {
+            float *yr = (float *)yb.buf + (size_t)tt * d_model;
+            for (int i = 0; i < d_model; i++) yr[i] += bd[i];
+        }
+    }
     Py_END_ALLOW_THREADS
     result = Py_None;
     Py_INCREF(result);
 done:
+    PyBuffer_Release(&gu_bias);
+    PyBuffer_Release(&down_bias);
     PyBuffer_Release(&gub);
     PyBuffer_Release(&downb);
     PyBuffer_Release(&xb);
@@ -887,11 +920,14 @@ static PyMethodDef qdot_methods[] = {
      "blocks, m·row_bytes bytes; out: writable f32 (r1 - r0)·n, C-contiguous. Splits the rows over\n"
      "`threads` threads (this one included). Releases the GIL while computing."},
     {"expert", qdot_expert, METH_VARARGS,
-     "expert(gu_fmt, w_gu, down_fmt, w_down, d_model, d_ff, x, t, y, variant, threads, min_macs) -> None\n\n"
-     "y[t, d_model] = down(silu(gate·x) ⊙ up·x) with int8 activations. w_gu: gate and up stacked,\n"
-     "[2·d_ff, d_model] blocks of gu_fmt; w_down: [d_model, d_ff] blocks of down_fmt; x, y: f32\n"
-     "t·d_model, C-contiguous. Each projection runs on one thread per min_macs multiply-adds, at\n"
-     "most `threads` (0: always `threads`). Releases the GIL while computing."},
+     "expert(gu_fmt, w_gu, down_fmt, w_down, d_model, d_ff, x, t, y, variant, threads, min_macs\n"
+     "       [, glu, alpha, limit, gu_bias, down_bias]) -> None\n\n"
+     "y[t, d_model] = down(glu(gate·x + b_g, up·x + b_u)) + b_d with int8 activations. w_gu: gate and\n"
+     "up stacked, [2·d_ff, d_model] blocks of gu_fmt; w_down: [d_model, d_ff] blocks of down_fmt; x, y:\n"
+     "f32 t·d_model, C-contiguous. glu 0: silu(g)·u; 1: gpt-oss's clamped SwiGLU (alpha, limit).\n"
+     "gu_bias: f32 [2·d_ff] (b_g | b_u) or None; down_bias: f32 [d_model] or None. Each projection\n"
+     "runs on one thread per min_macs multiply-adds, at most `threads` (0: always `threads`).\n"
+     "Releases the GIL while computing."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -232,11 +232,13 @@ def _c_order(y: np.ndarray) -> np.ndarray:
 
 
 def _fused_expert(prepared: CpuExpert) -> bool:
-    """Whether the C kernels run this expert in one call: gate and up stacked, all block types, the
-    plain SiLU GLU without biases (the one the C call computes)."""
+    """Whether the C kernels run this expert in one call: gate and up stacked, all block types (the
+    call adds the biases and computes either GLU itself)."""
     return len(prepared.gate_up) == 1 and prepared.gate_up[0].ggml_type in BLOCK_TYPES and (
-        prepared.down.ggml_type in BLOCK_TYPES) and prepared.activation.kind == "silu" and (
-        prepared.gate_up_bias is None)
+        prepared.down.ggml_type in BLOCK_TYPES)
+
+
+_C_GLU = {"silu": 0, "clamped_swiglu": 1}  # _quant_matmul.expert's glu argument
 
 
 class CpuBackend:
@@ -346,8 +348,10 @@ class CpuBackend:
             (gu,), down = prepared.gate_up, prepared.down
             x = np.ascontiguousarray(x, dtype=np.float32)
             y = np.empty((t, down.shape[0]), dtype=np.float32)
+            act = prepared.activation
             _quant_matmul.expert(gu.ggml_type, gu.data, down.ggml_type, down.data, down.shape[0], d_ff, x, t, y,
-                         self._c_variant, self._threads, _C_MIN_MACS_PER_THREAD)
+                                 self._c_variant, self._threads, _C_MIN_MACS_PER_THREAD, _C_GLU[act.kind],
+                                 act.alpha or 1.0, act.limit or 0.0, prepared.gate_up_bias, prepared.down_bias)
             return y
         if len(prepared.gate_up) == 1:
             gu = self.matmul(x, prepared.gate_up[0])  # [t, 2·d_ff], fresh, so ours to overwrite
