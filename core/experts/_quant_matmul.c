@@ -992,6 +992,19 @@ static inline float SFX(hsum)(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* acc[tt] += d_w·d_a[tt] · Σ q·q_a[tt] for 32 int8 weights q of block b (Q8_0's as stored, MXFP4's
+ * looked up). The sign trick makes the weights the unsigned operand: |q| · (q_a with q's sign). */
+static inline __attribute__((always_inline)) void SFX(i8_block)(__m256i q, float dw, int b, const int8_t *qa,
+                                                               const float *da, int n, int nb, __m256 *acc,
+                                                               const int T) {
+    const __m256i aq = _mm256_sign_epi8(q, q);
+    for (int tt = 0; tt < T; tt++) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(qa + (size_t)tt * n + 32 * b));
+        const __m256i p = DOT_U8S8(_mm256_setzero_si256(), aq, _mm256_sign_epi8(x, q));
+        acc[tt] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * da[(size_t)tt * nb + b]), acc[tt]);
+    }
+}
+
 #ifdef QDOT_512
 /* Q8_0 on 512-bit vectors: blocks b and b+1 (34 bytes apart, so two 256-bit loads) in one
  * dpbusd; lanes 0-7 hold block b's partial sums, lanes 8-15 block b+1's, each scaled by its
@@ -1046,20 +1059,12 @@ static inline __attribute__((always_inline)) void SFX(q8_0_tile)(const uint8_t *
     }
 }
 #else
-/* acc[tt] += d_w·d_a[tt] · Σ q_w·q_a[tt] over Q8_0 block b of row `wr`. The sign trick
- * makes the weights the unsigned operand: |q_w| · (q_a with q_w's sign). */
+/* Q8_0 block b of row `wr`: its int8 weights as stored, its f16 scale. */
 static inline __attribute__((always_inline)) void SFX(q8_0_block)(const uint8_t *wr, int b, const int8_t *qa,
                                                                  const float *da, int n, int nb, __m256 *acc,
                                                                  const int T) {
     const uint8_t *blk = wr + (size_t)b * Q8_0_BYTES;
-    const float dw = _cvtsh_ss(rd16(blk));
-    const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 2));
-    const __m256i aq = _mm256_sign_epi8(q, q);
-    for (int tt = 0; tt < T; tt++) {
-        const __m256i x = _mm256_loadu_si256((const __m256i *)(qa + (size_t)tt * n + 32 * b));
-        const __m256i p = DOT_U8S8(_mm256_setzero_si256(), aq, _mm256_sign_epi8(x, q));
-        acc[tt] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * da[(size_t)tt * nb + b]), acc[tt]);
-    }
+    SFX(i8_block)(_mm256_loadu_si256((const __m256i *)(blk + 2)), _cvtsh_ss(rd16(blk)), b, qa, da, n, nb, acc, T);
 }
 
 /* T tokens (a compile-time constant after inlining, so the per-token accumulators live in
@@ -1197,20 +1202,12 @@ static inline __attribute__((always_inline)) __m256i SFX(mxfp4_weights)(const ui
     return _mm256_shuffle_epi8(lut, _mm256_and_si256(nib, _mm256_set1_epi8(0x0f)));
 }
 
-/* acc[tt] += d_w·d_a[tt] · Σ k·q_a[tt] over MXFP4 block b, with Q8_0's sign trick (|k| <= 12 is
- * the unsigned operand, the activations take k's sign). */
+/* MXFP4 block b: its codes looked up as int8 weights k (|k| <= 12), its E8M0 scale. */
 static inline __attribute__((always_inline)) void SFX(mxfp4_block)(const uint8_t *wr, int b, const int8_t *qa,
                                                                   const float *da, int n, int nb, __m256i lut,
                                                                   __m256 *acc, const int T) {
     const uint8_t *blk = wr + (size_t)b * MXFP4_BYTES;
-    const float dw = e8m0_half(blk[0]);
-    const __m256i q = SFX(mxfp4_weights)(blk, lut);
-    const __m256i aq = _mm256_sign_epi8(q, q);
-    for (int tt = 0; tt < T; tt++) {
-        const __m256i x = _mm256_loadu_si256((const __m256i *)(qa + (size_t)tt * n + 32 * b));
-        const __m256i p = DOT_U8S8(_mm256_setzero_si256(), aq, _mm256_sign_epi8(x, q));
-        acc[tt] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * da[(size_t)tt * nb + b]), acc[tt]);
-    }
+    SFX(i8_block)(SFX(mxfp4_weights)(blk, lut), e8m0_half(blk[0]), b, qa, da, n, nb, acc, T);
 }
 
 /* Q8_0's 256-bit tile with MXFP4 blocks (every variant; AVX-512 gets its 8 token accumulators

@@ -102,9 +102,10 @@ def q8_0_matmul(w: np.ndarray, x: np.ndarray, lut: np.ndarray, y: np.ndarray) ->
             y[tt, o] = acc[tt].sum()
 
 
-def _kquant_matmul(decode: Any, block_bytes: int) -> Any:
-    """The fused matmul of a 256-value K-quant format: each block decoded by `decode` into a
-    scratch row, then dotted with every token. Q4_K and Q6_K differ only in their decoder."""
+def _decoded_matmul(decode: Any, block_bytes: int, block_values: int) -> Any:
+    """The fused matmul of a format whose blocks are decoded by `decode` into a scratch row, then
+    dotted with every token: the K-quants (256 values) and MXFP4 (32; its table lookups do not fuse
+    into the dot the way Q8_0's int8 widening does). They differ only in the decoder."""
 
     @numba.njit(**_JIT)
     def matmul(w: np.ndarray, x: np.ndarray, lut: np.ndarray, y: np.ndarray) -> None:
@@ -112,36 +113,20 @@ def _kquant_matmul(decode: Any, block_bytes: int) -> Any:
         t, n = x.shape
         for o in prange(m):
             wr = w[o]
-            wf = np.empty(256, dtype=np.float32)
-            acc = np.zeros((t, 256), dtype=np.float32)
-            for b in range(n // 256):
+            wf = np.empty(block_values, dtype=np.float32)
+            acc = np.zeros((t, block_values), dtype=np.float32)
+            for b in range(n // block_values):
                 decode(wr, b * block_bytes, lut, wf, 0)
-                _dot_block(wf, x, b * 256, acc, 256)
+                _dot_block(wf, x, b * block_values, acc, block_values)
             for tt in range(t):
                 y[tt, o] = acc[tt].sum()
 
     return matmul
 
 
-q4_k_matmul = _kquant_matmul(decode_q4_k, Q4_K_BYTES)
-q6_k_matmul = _kquant_matmul(decode_q6_k, Q6_K_BYTES)
-
-
-@numba.njit(**_JIT)
-def mxfp4_matmul(w: np.ndarray, x: np.ndarray, lut: np.ndarray, y: np.ndarray) -> None:
-    """Decode-then-dot as the K-quants, one 32-value block at a time (the table lookups do not
-    fuse into the dot the way Q8_0's int8 widening does)."""
-    m = w.shape[0]
-    t, n = x.shape
-    for o in prange(m):
-        wr = w[o]
-        wf = np.empty(32, dtype=np.float32)
-        acc = np.zeros((t, 32), dtype=np.float32)
-        for b in range(n // 32):
-            decode_mxfp4(wr, b * MXFP4_BYTES, lut, wf, 0)
-            _dot_block(wf, x, b * 32, acc, 32)
-        for tt in range(t):
-            y[tt, o] = acc[tt].sum()
+q4_k_matmul = _decoded_matmul(decode_q4_k, Q4_K_BYTES, 256)
+q6_k_matmul = _decoded_matmul(decode_q6_k, Q6_K_BYTES, 256)
+mxfp4_matmul = _decoded_matmul(decode_mxfp4, MXFP4_BYTES, 32)
 
 
 # --- row-tile dequantizers ----------------------------------------------------------------------
