@@ -119,6 +119,8 @@ class DeviceCounts(Out):
     device_rows: int
     cpu_rows: int = Field(description="Rows run on the CPU by this backend: fallbacks, experts over the budget.")
     too_large: int
+    cpu_format: int = Field(description="Requests run on the CPU because the device kernels do not compute the "
+                                        "expert (MXFP4 blocks, biases or gpt-oss's clamped SwiGLU).")
     device_errors: int
     upload_ms: int
 

@@ -25,8 +25,11 @@ ST = Path(sys.executable).with_name("st")
 @pytest.mark.parametrize("as_operator", [False, True], ids=["outsider", "operator"])
 def test_schemathesis_finds_no_failure(start_module_node, as_operator: bool) -> None:
     node = start_module_node()
+    # the outsider's answers do not depend on the data (the door refuses before a body is read): fewer
+    # examples per operation still reach every operation and every link
+    examples = "25" if as_operator else "8"
     argv = [str(ST), "--config-file", str(HERE / "schemathesis.toml"), "run", f"{node.url}/api/openapi.json",
-            "--checks", "all", "--max-examples", "25", "--seed", "20261130", "--request-timeout", "30"]
+            "--checks", "all", "--max-examples", examples, "--seed", "20261130", "--request-timeout", "30"]
     if as_operator:
         argv += ["-H", f"Authorization: Bearer {TOKEN}"]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.e2e.schemathesis_hooks", "PYTHONPATH": str(ROOT)}

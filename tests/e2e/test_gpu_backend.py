@@ -111,7 +111,9 @@ def test_the_gpu_holder_computes_on_the_device(pair, weights):
     reference = (g / (1 + np.exp(-g)) * u) @ w["down"].T
     assert np.abs(y - reference).max() <= 1e-4 * np.abs(reference).max()
     after = gpu.result("tenzro_moeExpertStatus", live)["compute"]["device"]["counts"]
-    assert after["device_rows"] == before["device_rows"] + 5 and after["cpu_rows"] == before["cpu_rows"] == 0
+    # the warm-up's MXFP4 pass ran on the CPU (the device kernels do not read MXFP4), nothing since
+    assert after["device_rows"] == before["device_rows"] + 5 and after["cpu_rows"] == before["cpu_rows"]
+    assert after["cpu_format"] == before["cpu_format"]
 
 
 def test_a_forced_backend_that_cannot_run_stops_the_start_with_the_reason(tmp_path):

@@ -128,12 +128,12 @@ def test_a_lying_holder_is_refused_inline_and_the_backup_serves_the_forward(tmp_
             kept: list[str] = []
             caller = HolderCaller(self_id="router", model_id=MODEL, d_model=D_MODEL, run_local=None, pool=pool,
                                   http=http, codecs=(codec,), codec_executor=ThreadPoolExecutor(2),
-                                  max_body=1 << 24, timeout_s=10, receipt_topk=16,
+                                  max_body=1 << 24, timeout_s=30, receipt_topk=16,
                                   keep_receipt=lambda h: kept.append(h) or True)
             combine = StreamingCombine(n_tokens=n_tokens, d_model=D_MODEL, layer=0, tokens=tokens, experts=experts,
                                        weights=weights, n_routed=N_EXPERTS)
-            # no hedge (60 s, past the 10 s timeout): the backup serves because the liar is refused, never
-            # because a loaded machine made an answer slow
+            # no hedge (60 s, past the 30 s timeout): the backup serves because the liar is refused, never
+            # because a loaded machine made an answer slow (nor timed it out: 30 s, not 10)
             report = await run_forward(combine, hidden, np.zeros(len(experts), np.int64), plan, caller,
                                        LatencyBook(HedgePolicy(default_s=60.0, floor_s=60.0)), ForwardLimits())
             await pool.close()
