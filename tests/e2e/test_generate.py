@@ -339,8 +339,11 @@ def test_a_router_whose_expert_worker_dies_closes_its_generation_and_generates_a
     reader = threading.Thread(target=read_stream)
     reader.start()
     wait_for(lambda: chunks, 60, "the stream's first tokens")
-    psutil.Process(worker_pid).kill()
     gid = node.result("tenzro_moeGenerations", {"limit": 1})["generations"][0]["generation_id"]
+    # the record's steps are written in batches, behind the stream: kill once it holds tokens
+    wait_for(lambda: node.result("tenzro_moeGeneration", {"generation_id": gid, "steps": False})["tokens"], 60,
+             "the generation's record to hold its first tokens")
+    psutil.Process(worker_pid).kill()
 
     def restarted() -> int | None:
         try:  # while no worker answers, the web process may hold the call past the client's timeout

@@ -124,8 +124,13 @@ def test_an_expert_held_once_is_raised_to_two_holders_by_a_scheduled_pass(start_
     last = by_id[rendezvous_order(MODEL, 0, 0, list(ids.values()))[-1]]
     keep = sorted(pid for pid in ids.values() if by_id[pid] != last)
     wait_for(lambda: holders_of(a, 0) == keep, 90, "expert 0 trimmed to its two best-ranked holders")
-    passes = nodes[last].result("tenzro_moeRepairPasses", {"limit": 200})["passes"]
-    outcomes = [r["outcome"] for p in reversed(passes) for r in p["rows"] if (r["expert"], r["action"]) == (0, "drop")]
-    assert outcomes[-1] == "dropped" and "drop_pending" in outcomes[:-1], outcomes
+
+    def drop_outcomes() -> list[str] | None:  # the pass that dropped it may still be writing its rows
+        passes = nodes[last].result("tenzro_moeRepairPasses", {"limit": 200})["passes"]
+        rows = [r["outcome"] for p in reversed(passes) for r in p["rows"] if (r["expert"], r["action"]) == (0, "drop")]
+        return rows if rows and rows[-1] == "dropped" else None
+
+    outcomes = wait_for(drop_outcomes, 30, f"{last}'s pass to record the drop")
+    assert "drop_pending" in outcomes[:-1], outcomes
     time.sleep(5)
     assert [len(holders_of(a, e)) for e in range(4)] == [2, 2, 2, 2]  # and it stays so: no flapping
