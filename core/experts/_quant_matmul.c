@@ -155,7 +155,28 @@ static inline void q4_k_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
 
 /* --- portable scalar kernels (same integer sums as the SIMD ones) --------------------------- */
 
-static void q8_0_rows_scalar(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m) {
+/* One 32-weight block dotted with 32 int8 activations: the integer sum, and the weights' scale in *dw. */
+typedef int32_t (*block32_dot_fn)(const uint8_t *blk, const int8_t *q8, float *dw);
+
+static int32_t q8_0_block_scalar(const uint8_t *blk, const int8_t *q8, float *dw) {
+    const int8_t *qw = (const int8_t *)(blk + 2);
+    int32_t s = 0;
+    for (int i = 0; i < 32; i++) s += qw[i] * q8[i];
+    *dw = f16_to_f32(rd16(blk));
+    return s;
+}
+
+static int32_t mxfp4_block_scalar(const uint8_t *blk, const int8_t *q8, float *dw) {
+    int32_t s = 0;
+    for (int i = 0; i < 16; i++)  /* byte i: value i (low nibble) and i + 16 (high) */
+        s += MXFP4_KVALUES[blk[1 + i] & 15] * q8[i] + MXFP4_KVALUES[blk[1 + i] >> 4] * q8[16 + i];
+    *dw = e8m0_half(blk[0]);
+    return s;
+}
+
+/* The formats with 32-weight blocks and A8_32 activations (Q8_0, MXFP4): y += d_w·d_a·Σ q_w·q_a. */
+static void block32_rows_scalar(block32_dot_fn dot, size_t block_bytes, const uint8_t *w, size_t rb, int r0, int r1,
+                                const acts_t *a, float *y, int m) {
     int nb = a->n / 32;
     for (int o = r0; o < r1; o++) {
         const uint8_t *wr = w + (size_t)o * rb;
@@ -164,15 +185,17 @@ static void q8_0_rows_scalar(const uint8_t *w, size_t rb, int r0, int r1, const 
             const float *da = a->d + (size_t)tt * nb;
             float acc = 0.0f;
             for (int b = 0; b < nb; b++) {
-                const uint8_t *blk = wr + (size_t)b * Q8_0_BYTES;
-                const int8_t *qw = (const int8_t *)(blk + 2);
-                int32_t s = 0;
-                for (int i = 0; i < 32; i++) s += qw[i] * qa[32 * b + i];
-                acc += f16_to_f32(rd16(blk)) * da[b] * (float)s;
+                float dw;
+                const int32_t s = dot(wr + (size_t)b * block_bytes, qa + 32 * b, &dw);
+                acc += dw * da[b] * (float)s;
             }
             y[(size_t)tt * m + o] = acc;
         }
     }
+}
+
+static void q8_0_rows_scalar(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m) {
+    block32_rows_scalar(q8_0_block_scalar, Q8_0_BYTES, w, rb, r0, r1, a, y, m);
 }
 
 static void q4_k_rows_scalar(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m) {
@@ -240,24 +263,7 @@ static void q6_k_rows_scalar(const uint8_t *w, size_t rb, int r0, int r1, const 
 }
 
 static void mxfp4_rows_scalar(const uint8_t *w, size_t rb, int r0, int r1, const acts_t *a, float *y, int m) {
-    int nb = a->n / 32;
-    for (int o = r0; o < r1; o++) {
-        const uint8_t *wr = w + (size_t)o * rb;
-        for (int tt = 0; tt < a->t; tt++) {
-            const int8_t *qa = a->qs + (size_t)tt * a->n;
-            const float *da = a->d + (size_t)tt * nb;
-            float acc = 0.0f;
-            for (int b = 0; b < nb; b++) {
-                const uint8_t *blk = wr + (size_t)b * MXFP4_BYTES;
-                const int8_t *q8 = qa + 32 * b;
-                int32_t s = 0;
-                for (int i = 0; i < 16; i++)  /* byte i: value i (low nibble) and i + 16 (high) */
-                    s += MXFP4_KVALUES[blk[1 + i] & 15] * q8[i] + MXFP4_KVALUES[blk[1 + i] >> 4] * q8[16 + i];
-                acc += e8m0_half(blk[0]) * da[b] * (float)s;
-            }
-            y[(size_t)tt * m + o] = acc;
-        }
-    }
+    block32_rows_scalar(mxfp4_block_scalar, MXFP4_BYTES, w, rb, r0, r1, a, y, m);
 }
 
 /* --- dequantizers: rows r0..r1 of W to f32, for the large-batch path (tile, then BLAS sgemm) ---
