@@ -18,7 +18,7 @@ from testkit.checkpoints import qwen3_moe
 from testkit.nodes import TOKEN
 from tests.e2e.test_gossip import wait_for
 from tests.e2e.test_prepare_blobs import MODEL, prepare
-from tests.e2e.test_repair import ENV, holders_of, shorten_interval
+from tests.e2e.test_repair import ENV, holders_of, set_interval
 
 pytestmark = pytest.mark.e2e
 
@@ -46,7 +46,7 @@ def test_experts_whose_last_holder_left_are_published_again_by_the_node_that_pre
     assert held(a) == {}
 
     fault = faults.inject("last holder lost", "b, the only holder of experts 0-3, SIGKILLed; a prepared them")
-    shorten_interval(a, 2)
+    set_interval(a, 2)
     b.kill()
     wait_for(lambda: held(a) == uris, 90, "a to hold the four experts again")
     outcomes = sorted({r["outcome"] for r in recover_rows(a)})
