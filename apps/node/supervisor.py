@@ -138,7 +138,7 @@ def child_commands(options: NodeOptions) -> list[Child]:
                                 "-Q", "celery" if not env_bool("TENZRO_PREPARE_ON_NODE", True)
                                 else f"celery,{PREPARE_QUEUE}",
                                 "--without-gossip", "--without-mingle"]),
-        Child("celery-beat", [py, "-m", "celery", "-A", "tenzro_site", "beat", "--loglevel", "INFO",
+        Child("celery-beat", [py, "-m", "celery", "-A", "tenzro_site.beat", "beat", "--loglevel", "INFO",
                               "-s", str(beat_schedule), "--pidfile="]),
     ]
 
