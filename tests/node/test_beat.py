@@ -13,7 +13,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import json, sys
-from celery.beat import PersistentScheduler
 import tenzro_site.beat as beat
 from tenzro_site.settings import base
 app = beat.app
