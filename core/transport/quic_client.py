@@ -15,8 +15,8 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any, ClassVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 from core.transport import quic_lib
 from core.transport.framing import KIND_RESPONSE, Body, Frame, FrameDecoder, FramingError, request_frame_parts
@@ -35,12 +35,10 @@ def _retrieved(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-class _ClientConnection:
+class _ClientConnection(quic_lib.GuardedTransmit):
     """One client connection; mixed into the QUIC library's asyncio protocol class."""
 
-    _lib: ClassVar[quic_lib.QuicLibrary]
     _quic: Any
-    transmit: Callable[[], None]
 
     def __init__(self, *args: Any, max_body: int = 0, socket_buffer_bytes: int = 0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -130,20 +128,12 @@ class _ClientConnection:
         finally:
             self._waiters.pop(stream_id, None)
 
-    def transmit(self) -> None:
-        """The library's transmit, with its core's own failure turned into a dead connection.
-
-        qh3's packet core can raise from a timer ("packet builder capacity exhausted", seen once
-        under restart churn behind a relay): the asyncio adapter does not catch it, so the loop
-        logged an ERROR traceback and the connection lingered half-dead. Here it ends the
-        connection like a ConnectionTerminated would: its calls fail with `connection_closed`,
-        the pool drops it, and the next call reconnects."""
-        try:
-            super().transmit()  # type: ignore[misc]
-        except self._lib.connection_error as exc:
-            if self.terminated is None:
-                logger.warning("QUIC connection closed by the library itself (%s): dropped", exc)
-            self._terminate(f"closed by the library: {exc}")
+    def closed_by_library(self, why: str) -> None:
+        """The library's core failed transmit after transmit (quic_lib.GuardedTransmit): the connection is dead,
+        its calls fail with `connection_closed`, the pool drops it and the next call reconnects."""
+        if self.terminated is None:
+            logger.warning("QUIC connection %s: dropped", why)
+        self._terminate(why)
 
     def _terminate(self, why: str) -> None:
         """Mark the connection dead and fail every call waiting on it."""

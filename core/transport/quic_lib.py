@@ -15,14 +15,18 @@ node's JSON-RPC door at every size measured. `TENZRO_QUIC_LIB=aioquic` switches 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
+import logging
 import os
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 from . import quic_tolerant
+
+logger = logging.getLogger(__name__)
 
 LIBRARIES = ("qh3", "aioquic")
 DEFAULT_LIBRARY = "qh3"
@@ -99,6 +103,59 @@ class QuicLibrary:
                                  f"not {congestion_control!r}")
             kwargs["congestion_control_algorithm"] = congestion_control
         return self.configuration_class(**kwargs)
+
+
+# A transmit the library's core failed is retried after 10 ms, then after 4x as long as the
+# transmits have been failing, at most 0.25 s; a connection whose transmits have all failed for
+# TRANSMIT_GIVE_UP_S is ended. Most failures pass: qh3's server fails the transmits of a handshake
+# whose flight does not fit yet (an aioquic client, every time) and succeeds once the client's next
+# datagrams came.
+TRANSMIT_RETRY_FIRST_S, TRANSMIT_RETRY_MAX_S = 0.01, 0.25
+TRANSMIT_GIVE_UP_S = 1.0
+
+
+class GuardedTransmit:
+    """Mixed in before the library's asyncio protocol: its transmit, with the core's own failures handled.
+
+    qh3's packet core can raise from inside a transmit ("packet builder capacity exhausted"). The
+    library's asyncio adapter does not catch it: the loop logged an ERROR traceback and, when the
+    transmit was the timer's, left the connection without a timer (no retransmission, no idle
+    timeout: half-dead for good; seen on a server whose peer had restarted). Here a failed transmit
+    is retried; when every transmit has failed for TRANSMIT_GIVE_UP_S, `closed_by_library` ends the
+    connection as each side ends a ConnectionTerminated."""
+
+    _lib: ClassVar[QuicLibrary]
+    _loop: asyncio.AbstractEventLoop  # the library's protocol sets it
+    _failing_since: float | None = None  # loop time of the first of the failed transmits in a row
+    _transmit_retry: asyncio.TimerHandle | None = None
+    _transmit_given_up = False
+
+    def transmit(self) -> None:
+        try:
+            super().transmit()  # type: ignore[misc]
+        except self._lib.connection_error as exc:
+            self._transmit_failed(exc)
+        else:
+            self._failing_since = None
+
+    def _transmit_failed(self, exc: Exception) -> None:
+        if self._transmit_given_up:
+            return
+        now = self._loop.time()
+        if self._failing_since is None:
+            self._failing_since = now
+        failing_for = now - self._failing_since
+        if failing_for >= TRANSMIT_GIVE_UP_S:
+            self._transmit_given_up = True
+            self.closed_by_library(f"closed by the library: {exc} (every transmit for {failing_for:.2f} s)")
+            return
+        if self._transmit_retry is None or self._transmit_retry.when() <= now:  # none pending
+            delay = min(TRANSMIT_RETRY_MAX_S, max(TRANSMIT_RETRY_FIRST_S, 4 * failing_for))
+            logger.debug("QUIC transmit failed in the library (%s): retried in %g s", exc, delay)
+            self._transmit_retry = self._loop.call_later(delay, self.transmit)
+
+    def closed_by_library(self, why: str) -> None:
+        raise NotImplementedError
 
 
 # Attribute our client configurations carry: the largest UDP payload this client receives.

@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from core import metrics
 from core.transport import quic_lib
@@ -89,12 +89,10 @@ class PeerServer:
         return unfinished
 
 
-class _ServerConnection:
+class _ServerConnection(quic_lib.GuardedTransmit):
     """One server-side connection; mixed into the QUIC library's asyncio protocol class."""
 
-    _lib: ClassVar[quic_lib.QuicLibrary]
     _quic: Any  # the library's QuicConnection (set by the protocol base class)
-    transmit: Callable[[], None]
 
     def __init__(self, *args: Any, handler: ServerHandler, limits: PeerLimits,
                  peers: PeerTable, drain: _Drain, **kwargs: Any) -> None:
@@ -110,6 +108,7 @@ class _ServerConnection:
         self._admitted: set[int] = set()  # streams holding an admission slot
         self._dropping: set[int] = set()  # streams already answered: their further bytes are ignored
         self._tasks: dict[int, asyncio.Task] = {}
+        self._ended = False  # _release has run
 
     # -- events ------------------------------------------------------------------------------
 
@@ -124,15 +123,37 @@ class _ServerConnection:
         elif isinstance(event, events.HandshakeCompleted):
             self._count_host()
         elif isinstance(event, events.ConnectionTerminated):
-            for task in list(self._tasks.values()):
-                task.cancel()  # nobody is left to read the answers
-            for stream_id in list(self._admitted):
-                self._forget(stream_id)
-            if self._admission_state is not None:
-                self._admission_state.close()
-            if self._host_key is not None:
-                self._peers.disconnect(self._host_key)
-                self._host_key = None
+            self._release()
+
+    def _release(self) -> None:
+        """The connection ended: cancel its answers (nobody is left to read them), free its slots (once)."""
+        if self._ended:
+            return
+        self._ended = True
+        for task in list(self._tasks.values()):
+            task.cancel()
+        for stream_id in list(self._admitted):
+            self._forget(stream_id)
+        if self._admission_state is not None:
+            self._admission_state.close()
+        if self._host_key is not None:
+            self._peers.disconnect(self._host_key)
+            self._host_key = None
+
+    def closed_by_library(self, why: str) -> None:
+        """The library's core failed transmit after transmit (quic_lib.GuardedTransmit). The connection is ended
+        as a ConnectionTerminated would end it, its timer stopped, and it is taken off the server's table,
+        so the peer's further datagrams do not reach a core that fails; the peer's client sees its calls
+        time out, drops the connection and opens a new one."""
+        if self._ended:
+            return
+        logger.warning("QUIC connection from %s:%s %s: dropped", *self._peer(), why)
+        self._release()
+        timer = getattr(self, "_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._timer = None
+        self._connection_terminated_handler()  # the library's server forgets the connection's ids
 
     def _peer(self) -> tuple[str, int]:
         return self._lib.peer_address(self._quic) or ("?", 0)

@@ -356,10 +356,28 @@ def test_a_connection_the_library_closed_itself_is_dropped_and_the_next_call_rec
     assert stats["handshakes"] == 2 and stats["open_connections"] == 1
 
 
+def _fail_transmits(protocol, times: int | None = None) -> None:
+    """Make the library's core raise from the next `times` transmits (all of them if None), as qh3's does
+    ("packet builder capacity exhausted")."""
+    error, original = protocol._lib.connection_error, protocol._quic.datagrams_to_send
+    left = [times]
+
+    def failing(*args, **kwargs):
+        if left[0] == 0:
+            return original(*args, **kwargs)
+        if left[0] is not None:
+            left[0] -= 1
+        if protocol._lib.name == "qh3":
+            raise error(1, 0, "packet builder capacity exhausted")
+        raise error(error_code=1, frame_type=0, reason_phrase="packet builder capacity exhausted")
+
+    protocol._quic.datagrams_to_send = failing
+
+
 def test_a_connection_the_librarys_core_fails_in_a_timer_is_dropped_not_left_half_dead(identity, library) -> None:
-    # qh3's packet core can raise from a timer's transmit ("packet builder capacity exhausted"):
-    # the connection is then closed as if the peer had closed it, no traceback escapes to the loop,
-    # and the next call reconnects.
+    # qh3's packet core can raise from a timer's transmit: retried, and when it keeps failing the
+    # connection is closed as if the peer had closed it, no traceback escapes to the loop, and the
+    # next call reconnects.
     async def scenario():
         server = await Server(identity, library).start()
         pool = _pool(library)
@@ -369,16 +387,12 @@ def test_a_connection_the_librarys_core_fails_in_a_timer_is_dropped_not_left_hal
         try:
             await _call(pool, server, params={"n": 1})
             protocol = next(iter(pool._pooled.values())).connection.protocol
-            error = protocol._lib.connection_error
-
-            def broken(*args, **kwargs):
-                raise error(1, 0, "packet builder capacity exhausted") if library == "qh3" else error(
-                    error_code=1, frame_type=0, reason_phrase="packet builder capacity exhausted")
-
             original = protocol._quic.datagrams_to_send
-            protocol._quic.datagrams_to_send = broken
+            _fail_transmits(protocol)
             loop.call_soon(protocol.transmit)  # as the library's timer calls it
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            assert protocol.terminated is None  # still being retried
+            await asyncio.sleep(1.0)
             protocol._quic.datagrams_to_send = original  # so that closing the dropped connection ends
             assert protocol.terminated and "capacity exhausted" in protocol.terminated
             result, _ = await _call(pool, server, params={"n": 2})
@@ -390,6 +404,64 @@ def test_a_connection_the_librarys_core_fails_in_a_timer_is_dropped_not_left_hal
 
     stats = asyncio.run(scenario())
     assert stats["reconnects"] == 1, stats
+
+
+def test_a_server_connection_whose_librarys_core_fails_is_dropped_and_the_client_reconnects(identity, library) -> None:
+    # The same failure, lasting, on the server's side of a connection (seen from the timer of a
+    # connection whose peer had restarted): no traceback escapes to the loop, the connection leaves the
+    # library's server table with its timer stopped, and the client's next calls get through on
+    # a new connection once its pool has found the old one silent.
+    async def scenario():
+        server = await Server(identity, library).start()
+        pool = _pool(library)
+        loop = asyncio.get_running_loop()
+        escaped: list[dict] = []
+        loop.set_exception_handler(lambda _, context: escaped.append(context))
+        try:
+            await _call(pool, server, params={"n": 1})
+            table = server._server._protocols
+            (protocol,) = set(table.values())
+            _fail_transmits(protocol)
+            loop.call_soon(protocol.transmit)  # as the library's timer calls it
+            await asyncio.sleep(1.5)
+            assert protocol not in table.values() and protocol._timer is None
+            with pytest.raises(TransportError) as silent:
+                await _call(pool, server, params={"n": 2}, timeout_s=0.5)
+            assert silent.value.reason == "timeout"
+            result, _ = await _call(pool, server, params={"n": 3})
+            assert result == {"n": 3} and escaped == []
+            return pool.stats()
+        finally:
+            await pool.close()
+            server.stop()
+
+    stats = asyncio.run(scenario())
+    assert stats["reconnects"] == 1, stats
+
+
+def test_a_transmit_the_librarys_core_fails_a_few_times_is_retried_and_the_connection_kept(identity, library) -> None:
+    # qh3's server fails some transmits and succeeds a moment later (every handshake with an
+    # aioquic client): the answer still arrives, on the same connection, and nothing is logged at ERROR.
+    async def scenario():
+        server = await Server(identity, library).start()
+        pool = _pool(library)
+        loop = asyncio.get_running_loop()
+        escaped: list[dict] = []
+        loop.set_exception_handler(lambda _, context: escaped.append(context))
+        try:
+            await _call(pool, server, params={"n": 1})
+            (protocol,) = set(server._server._protocols.values())
+            _fail_transmits(protocol, times=3)
+            result, reply = await _call(pool, server, params={"n": 2}, body=b"abc")
+            assert (result, bytes(reply)) == ({"n": 2}, b"cba") and escaped == []
+            assert protocol._failing_since is None and protocol in server._server._protocols.values()
+            return pool.stats()
+        finally:
+            await pool.close()
+            server.stop()
+
+    stats = asyncio.run(scenario())
+    assert stats["handshakes"] == 1 and stats["reconnects"] == 0, stats
 
 
 def test_a_ping_given_up_on_leaves_no_unretrieved_future(identity, library) -> None:
