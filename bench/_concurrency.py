@@ -81,7 +81,8 @@ def profiled_level(router: NodeProcess, holders: list[NodeProcess], model_id: st
     row = one_level(router, holders, model_id, n, vocab, max_new, n_moe_layers, rng)
     summary = spy.finish(steps=max(1, round(row["iterations"])))
     print_table(f"Profile of the router's expert worker, {n} generations at once: CPU ms per iteration by thread "
-                f"(/proc, the first 6 s), then the event loop's busy samples (py-spy, raw: {summary['raw']})",
+                f"(/proc, the first 6 s), then the event loop's busy functions (py-spy or its own cProfile, "
+                f"raw: {summary['raw']})",
                 ["thread / frame", "ms per iteration / share"],
                 [*([k, v] for k, v in summary["cpu_ms_per_step"].items()),
                  *([f, f"{share:.1%}"] for f, share in summary["event_loop_busy"])])
@@ -93,7 +94,7 @@ def concurrency(router: NodeProcess, holders: list[NodeProcess], model_id: str, 
                 ) -> list[dict[str, Any]]:
     one_level(router, holders, model_id, 2, vocab, 4, n_moe_layers, rng)  # warm
     rows = [one_level(router, holders, model_id, n, vocab, max_new, n_moe_layers, rng) for n in levels]
-    if profile and _pyspy.available():  # the largest level again, profiled: the table's row is unprofiled
+    if profile:  # the largest level again, profiled: the table's row is unprofiled
         profiled_level(router, holders, model_id, levels[-1], vocab, max_new, n_moe_layers, rng)
     base = rows[0]
     for row in rows:

@@ -27,7 +27,8 @@ critical path, if the holders ran side by side); network + dispatch = the rest o
 MoE layer per step; hedges fired and won per remote batch. All processes share this machine's cores,
 so the holders' compute competes with the router and the transport as it would on one host.
 `--profile` samples the router's and one holder's expert worker with py-spy during one decode
-generation of the first shape and prints where their threads' CPU went (bench/_pyspy.py).
+generation of the first shape and prints where their threads' CPU went (bench/_pyspy.py); where
+py-spy cannot attach, each worker cProfiles its own event loop (TENZRO_PROFILE_DIR, set for the nodes).
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ def run_shape(shape: Shape, args: argparse.Namespace, work: Path, nodes: list[No
         for wire in wires:
             runs[wire].append(generate(router, shape.model_id, prompt, max_new, wire))
     profile = None
-    if args.profile and _pyspy.available():
+    if args.profile:
         profile = profiled(nodes, shape, prompt, max_new)
     local.close()
     batched = None
@@ -188,7 +189,8 @@ def profiled(nodes: list[NodeProcess], shape: Shape, prompt: list[int], max_new:
     out = {name: spy.finish(steps=steps) for name, spy in spies.items()}
     for name, summary in out.items():
         print_table(f"Profile of the {name}'s expert worker over {steps} steps of {shape.name} (q8_0): CPU ms per "
-                    f"step by thread (/proc), then the event loop's busy samples (py-spy, raw: {summary['raw']})",
+                    f"step by thread (/proc), then the event loop's busy functions (py-spy samples, or its own "
+                    f"cProfile where py-spy cannot attach; raw: {summary['raw']})",
                     ["thread / frame", "ms per step / share"],
                     [*([k, v] for k, v in summary["cpu_ms_per_step"].items()),
                      *([f, f"{share:.1%}"] for f, share in summary["event_loop_busy"])])
@@ -253,13 +255,16 @@ def main() -> None:
     parser.add_argument("--shapes", default="2x128,24x16", help="LAYERSxEXPERTS, comma-separated")
     parser.add_argument("--vocab", type=int, default=None, help="vocab_size instead of the real share "
                         f"({REAL_VOCAB:,} is Qwen3-30B-A3B's: 2.5 GB f32 of embedding and LM head)")
-    parser.add_argument("--profile", action="store_true", help="py-spy the router and a holder during a decode")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile the router and a holder during a decode (py-spy, else their loops' cProfile)")
     parser.add_argument("--concurrency", default="", help="e.g. 1,4,16: that many generations at once on the "
                         "first shape, through continuous batching (bench/_concurrency.py)")
     args = parser.parse_args()
     plan = [Shape.parse(s, args.vocab) for s in ("2x128" if args.quick else args.shapes).split(",")]
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="tenzro-bench-generate-"))
+    if args.profile:  # the nodes inherit it: their fallback when py-spy cannot attach
+        os.environ.setdefault("TENZRO_PROFILE_DIR", str(RESULTS_DIR / "loop-profiles"))
     nodes: list[NodeProcess] = []
     try:
         with private_redis() as redis_host:

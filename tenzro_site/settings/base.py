@@ -340,4 +340,6 @@ CELERY_BEAT_SCHEDULE = {
 
 # Every process of a node logs through one redacting handler (core/logs.py): text by
 # default, one JSON object per line with TENZRO_LOG_FORMAT=json.
+# A folder: the expert worker's event loop is cProfiled between two SIGUSR1 (docs/operations.md "Profiling a node").
+TENZRO_PROFILE_DIR = env_str("TENZRO_PROFILE_DIR", "")
 LOGGING = logging_config(level=env_str("TENZRO_LOG_LEVEL", "INFO"), fmt=env_str("TENZRO_LOG_FORMAT", "text"))
