@@ -100,7 +100,9 @@ def cpu_seconds(pid: int | None) -> float:
     return total
 
 
-async def _timed(one_trip: Callable[[], Awaitable[None]], repeats: int, child: int | None) -> Timing:
+async def _timed(one_trip: Callable[[], Awaitable[None]], repeats: int, child: int | None, gap_s: float = 0.0
+                 ) -> Timing:
+    """`repeats` trips, `gap_s` apart (the CPU of the gaps counted: what a trip leaves to send goes then)."""
     await one_trip()  # warm: socket buffers, the pool's handshake, first allocations
     samples = []
     cpu = cpu_seconds(child)
@@ -108,10 +110,12 @@ async def _timed(one_trip: Callable[[], Awaitable[None]], repeats: int, child: i
         start = time.perf_counter()
         await one_trip()
         samples.append(time.perf_counter() - start)
+        if gap_s:
+            await asyncio.sleep(gap_s)
     return Timing(samples, cpu_seconds(child) - cpu)
 
 
-async def time_tcp(port: int, body: bytes, repeats: int, child: int | None) -> Timing:
+async def time_tcp(port: int, body: bytes, repeats: int, child: int | None, gap_s: float = 0.0) -> Timing:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
 
     async def one_trip() -> None:
@@ -122,19 +126,20 @@ async def time_tcp(port: int, body: bytes, repeats: int, child: int | None) -> T
         await reader.readexactly(size)
 
     try:
-        return await _timed(one_trip, repeats, child)
+        return await _timed(one_trip, repeats, child, gap_s)
     finally:
         writer.close()
         await writer.wait_closed()
 
 
-async def time_quic(pool: QuicPool, port: int, pin: str, body: bytes, repeats: int, child: int | None) -> Timing:
+async def time_quic(pool: QuicPool, port: int, pin: str, body: bytes, repeats: int, child: int | None,
+                    gap_s: float = 0.0) -> Timing:
     async def one_trip() -> None:
         _, out = await pool.call(host="127.0.0.1", port=port, pin_sha256=pin, method="echo", params={}, body=body,
                                  timeout_s=120)
         assert len(out) == len(body), (len(out), len(body))
 
-    return await _timed(one_trip, repeats, child)
+    return await _timed(one_trip, repeats, child, gap_s)
 
 
 async def time_quic_concurrent(pool: QuicPool, port: int, pin: str, body: bytes, streams: int, repeats: int,

@@ -16,6 +16,10 @@ Run: .venv/bin/python -m bench.transport_quic [--quick] [--no-node]
    on the node and the client) and over HTTP (`POST /peer/moe/execute`, the same TZ frames,
    when the node has that route; else JSON-RPC `tenzro_moeExecute` with base64 rows, as
    bench/transport.py); each door's cost is the round trip less the holder's own compute_ms.
+3. Paced small calls, across processes: an 8 KB echo every 8 ms (a router calling one holder
+   layer after layer), each library with its ACKs held (the default, docs/protocol.md "QUIC
+   transport parameters") and sent at once (TENZRO_QUIC_ACK_HOLD_MS=0), beside a TCP echo at
+   the same pace: median round trip and CPU of both ends per call, gaps included.
 """
 
 from __future__ import annotations
@@ -198,6 +202,43 @@ def echo_table(rows: list[dict[str, Any]], mode: str) -> list[list[Any]]:
     return table
 
 
+PACED_BODY, PACED_GAP_S = 8 * 1024, 0.008
+
+
+async def _paced(spec: dict[str, Any] | None, identity: Any, calls: int) -> Timing:
+    port = _free_udp_port()
+    body = b"\x5a" * PACED_BODY
+    async with _servers(spec or {}, str(identity.cert_path), str(identity.cert_key_path), port,
+                        cross_process=True) as (tcp_port, child):
+        if spec is None:
+            return await time_tcp(tcp_port, body, calls, child, PACED_GAP_S)
+        pool = QuicPool(settings_from(spec))
+        try:
+            return await time_quic(pool, port, identity.cert_sha256, body, calls, child, PACED_GAP_S)
+        finally:
+            await pool.close()
+
+
+def run_paced(libraries: tuple[str, ...], rounds: int, calls: int, work: Path) -> list[dict[str, Any]]:
+    identity = load_or_create_identity(work / "paced-identity")
+    every: list[tuple[str, dict[str, Any] | None]] = [("tcp reference (asyncio, loopback)", None)]
+    for lib in libraries:
+        every += [(f"{lib}: ACKs held (default)", {"library": lib}),
+                  (f"{lib}: ACKs at once (hold 0)", {"library": lib, "ack_hold_s": 0.0})]
+    samples: dict[str, list[float]] = {label: [] for label, _ in every}
+    cpu: dict[str, list[float]] = {label: [] for label, _ in every}
+    for round_ in range(rounds):
+        print(f"  paced: round {round_ + 1} of {rounds}", flush=True)
+        for label, spec in every:
+            timing = run_loop(_paced(spec, identity, calls), uvloop=False)
+            samples[label] += timing.samples
+            cpu[label].append(timing.cpu_ms_per_call)
+    ref_ms, ref_cpu = median_ms(samples[every[0][0]]), statistics.median(cpu[every[0][0]])
+    return [{"variant": label, "ms": median_ms(samples[label]), "vs_tcp": median_ms(samples[label]) / ref_ms,
+             "cpu_ms": statistics.median(cpu[label]), "cpu_vs_tcp": statistics.median(cpu[label]) / ref_cpu}
+            for label, _ in every]
+
+
 def granted_buffers() -> dict[str, Any]:
     """What the kernel grants a UDP socket for each buffer size the variants ask for."""
     out = {}
@@ -214,6 +255,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one round, fewer repeats")
     parser.add_argument("--no-node", action="store_true", help="skip the rows through a real node")
     parser.add_argument("--no-echo", action="store_true", help="skip the echo tables")
+    parser.add_argument("--no-paced", action="store_true", help="skip the paced small calls")
     parser.add_argument("--libraries", default=",".join(LIBRARIES), help="comma-separated: qh3,aioquic")
     args = parser.parse_args()
     libraries = tuple(name for name in args.libraries.split(",") if name)
@@ -237,8 +279,17 @@ def main() -> None:
 
             node_rows = run_node(libraries, work, repeats)
             print_table(*node_table(node_rows))
+        paced = [] if args.no_paced else run_paced(libraries, rounds, 60 if args.quick else 150, work)
+        if paced:
+            print_table(f"Paced small calls, cross-process: {PACED_BODY // 1024} KB echo every "
+                        f"{PACED_GAP_S * 1000:g} ms, median round trip and CPU ms of both ends per call (gaps "
+                        f"included), each against the TCP echo at the same pace ({rounds} interleaved rounds)",
+                        ["variant", "ms", "/tcp", "cpu ms", "cpu /tcp"],
+                        [[r["variant"], r["ms"], f"{r['vs_tcp']:.2f}x", r["cpu_ms"], f"{r['cpu_vs_tcp']:.2f}x"]
+                         for r in paced])
         write_results("transport_quic", {"sizes": SIZES, "rounds": rounds, "repeats": repeats,
-                                         "socket_buffers_granted": buffers, "echo": rows, "node": node_rows},
+                                         "socket_buffers_granted": buffers, "echo": rows, "node": node_rows,
+                                         "paced": paced},
                       [headline(f"node moe/execute {r['size']} over QUIC ({r['library']})", r["quic"]["ms"], "ms",
                                 reference="over HTTP", reference_value=r["http"]["ms"], target="QUIC ≤ HTTP")
                        for r in node_rows])

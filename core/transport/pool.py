@@ -121,8 +121,10 @@ class QuicPool:
 
     def _suspect(self, key: Key, pooled: _Pooled, sent_at: float) -> None:
         """A call timed out: is the peer gone (crashed, restarted, unreachable) without a word?"""
-        if pooled.connection.protocol.last_received < sent_at:
-            # Not one datagram (not even an ACK) came back during the whole call.
+        protocol = pooled.connection.protocol
+        if protocol.last_received < sent_at and time.monotonic() - sent_at > 2 * protocol.ack_hold_s:
+            # Not one datagram (not even an ACK) came back during the whole call, and the call was
+            # longer than a peer holds the ACK of a request it is answering (quic_lib.GuardedTransmit).
             self._drop(key, pooled, why="silent through a whole call")
         else:  # something came back, but perhaps only the tail of an earlier exchange: ask
             self._check_soon(key, pooled)

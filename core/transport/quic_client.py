@@ -113,7 +113,7 @@ class _ClientConnection(quic_lib.GuardedTransmit):
             self._quic.send_stream_data(stream_id, head, end_stream=not len(payload))
             if len(payload):
                 self._quic.send_stream_data(stream_id, payload, end_stream=True)
-            self.transmit()
+            self.transmit_now()
             return await future
         except asyncio.CancelledError:
             self._abandon(stream_id)
@@ -127,6 +127,11 @@ class _ClientConnection(quic_lib.GuardedTransmit):
             raise TransportError("connection_closed", f"connection closed: {self.terminated}") from exc
         finally:
             self._waiters.pop(stream_id, None)
+
+    def may_hold(self) -> bool:
+        """Hold the ACK of an answer while no call waits: the next request carries it
+        (quic_lib.GuardedTransmit). Not while an answer is half-received or a request unanswered."""
+        return all(future.done() for _, future in self._waiters.values())
 
     def closed_by_library(self, why: str) -> None:
         """The library's core failed transmit after transmit (quic_lib.GuardedTransmit): the connection is dead,
@@ -154,7 +159,7 @@ class _ClientConnection(quic_lib.GuardedTransmit):
         for stop in (self._quic.reset_stream, self._quic.stop_stream):
             with contextlib.suppress(Exception):  # the stream's side may already be finished
                 stop(stream_id, CANCELLED_STREAM)
-        self.transmit()
+        self.transmit_now()
 
     def quic_event_received(self, event: Any) -> None:
         events = self._lib.events
@@ -227,8 +232,10 @@ async def open_connection(*, host: str, port: int, pin_sha256: str, settings: Qu
     protocol_class = _protocol_class(settings.library)
 
     def create_protocol(*args: Any, **kwargs: Any) -> Any:
-        return protocol_class(*args, max_body=settings.max_body, socket_buffer_bytes=settings.socket_buffer_bytes,
-                              **kwargs)
+        protocol = protocol_class(*args, max_body=settings.max_body, socket_buffer_bytes=settings.socket_buffer_bytes,
+                                  **kwargs)
+        protocol.ack_hold_s = settings.ack_hold_s
+        return protocol
 
     opening = settings.lib.connect(host, port, configuration=configuration, create_protocol=create_protocol)
     try:

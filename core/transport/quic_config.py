@@ -68,6 +68,16 @@ class QuicSettings:
     # Receive and send buffer asked for on each UDP socket; 0 = the kernel's default.
     socket_buffer_bytes: int = field(default_factory=lambda: _env_int("TENZRO_QUIC_SOCKET_BUFFER", 4 * MIB))
     library: str = field(default_factory=quic_lib.default_library)
+    # How long the sends a received datagram prompts (ACKs, stream credit) may wait for an answer or
+    # request to carry them (quic_lib.GuardedTransmit); 0 sends them at once, as the libraries do.
+    # Below the 25 ms max_ack_delay the libraries announce; long enough that a router's next
+    # request to a holder (the next MoE layer) usually carries them.
+    ack_hold_s: float = field(default_factory=lambda: _env_int("TENZRO_QUIC_ACK_HOLD_MS", 20) / 1000)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.ack_hold_s < quic_lib.MAX_ACK_HOLD_S:
+            raise ValueError(f"TENZRO_QUIC_ACK_HOLD_MS must be 0-{quic_lib.MAX_ACK_HOLD_S * 1000 - 1:g} (below the "
+                             f"peers' 25 ms max_ack_delay), got {self.ack_hold_s * 1000:g}")
 
     @property
     def lib(self) -> quic_lib.QuicLibrary:
@@ -106,4 +116,4 @@ class QuicSettings:
                 "connection_window": self.connection_window, "stream_window": self.stream_window,
                 "congestion_control": self.congestion_control or self.lib.default_congestion_control
                 or "the library's own",
-                "socket_buffer_bytes": self.socket_buffer_bytes}
+                "socket_buffer_bytes": self.socket_buffer_bytes, "ack_hold_ms": self.ack_hold_s * 1000}

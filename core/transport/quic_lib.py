@@ -107,36 +107,95 @@ class QuicLibrary:
 
 # A transmit the library's core failed is retried after 10 ms, then after 4x as long as the
 # transmits have been failing, at most 0.25 s; a connection whose transmits have all failed for
-# TRANSMIT_GIVE_UP_S is ended. Most failures pass: qh3's server fails the transmits of a handshake
-# whose flight does not fit yet (an aioquic client, every time) and succeeds once the client's next
-# datagrams came.
+# TRANSMIT_GIVE_UP_S is ended (HANDSHAKE_GIVE_UP_S before its handshake completed). Most failures
+# pass: qh3's server fails the transmits of a handshake whose flight does not fit yet (an aioquic
+# client, every time: the server may send 3x what it received until the client's address is
+# validated) and succeeds once the client's next datagrams came, which on a loaded machine or after
+# the client's backed-off retransmissions can take more than a second.
 TRANSMIT_RETRY_FIRST_S, TRANSMIT_RETRY_MAX_S = 0.01, 0.25
-TRANSMIT_GIVE_UP_S = 1.0
+TRANSMIT_GIVE_UP_S, HANDSHAKE_GIVE_UP_S = 1.0, 10.0
+# A hold at or past the max_ack_delay both libraries announce (25 ms) would make the peer's loss
+# detection fire on ACKs it is owed (QuicSettings refuses one).
+MAX_ACK_HOLD_S = 0.025
 
 
 class GuardedTransmit:
-    """Mixed in before the library's asyncio protocol: its transmit, with the core's own failures handled.
+    """Mixed in before the library's asyncio protocol: its transmit, with the core's own failures handled
+    and the sends a received datagram prompts held back a moment.
 
-    qh3's packet core can raise from inside a transmit ("packet builder capacity exhausted"). The
-    library's asyncio adapter does not catch it: the loop logged an ERROR traceback and, when the
-    transmit was the timer's, left the connection without a timer (no retransmission, no idle
-    timeout: half-dead for good; seen on a server whose peer had restarted). Here a failed transmit
-    is retried; when every transmit has failed for TRANSMIT_GIVE_UP_S, `closed_by_library` ends the
-    connection as each side ends a ConnectionTerminated."""
+    Failures: qh3's packet core can raise from inside a transmit ("packet builder capacity
+    exhausted"). The library's asyncio adapter does not catch it: the loop logged an ERROR
+    traceback and, when the transmit was the timer's, left the connection without a timer (no
+    retransmission, no idle timeout: half-dead for good; seen on a server whose peer had restarted).
+    Here a failed transmit is retried; when every transmit has failed for TRANSMIT_GIVE_UP_S,
+    `closed_by_library` ends the connection as each side ends a ConnectionTerminated.
+
+    Held-back sends: after each datagram it receives, the library transmits at once what the
+    datagram prompted, which for one small request and its answer on qh3 is three datagrams more
+    than the two that carry them (the server's ACK of the request, the client's ACK of the answer,
+    the server's new stream credit once that ACK arrives, and its ACK): each one a system call on
+    one side and a wake-up on the other, in the middle of the caller's step. When `ack_hold_s` > 0
+    and the connection `may_hold` (nothing half-received that the peer is waiting to send on), that
+    transmit is held for up to `ack_hold_s`: an answer or request sent meanwhile carries the ACKs
+    and credit, and otherwise they go when the hold ends. Sends of our own (`transmit_now`), timers
+    and the handshake are never held. `ack_hold_s` stays below the 25 ms max_ack_delay both
+    libraries announce, so the peer's loss detection allows for it."""
 
     _lib: ClassVar[QuicLibrary]
     _loop: asyncio.AbstractEventLoop  # the library's protocol sets it
+    _connected: bool  # the library's protocol sets it: the handshake has completed
     _failing_since: float | None = None  # loop time of the first of the failed transmits in a row
     _transmit_retry: asyncio.TimerHandle | None = None
     _transmit_given_up = False
+    ack_hold_s = 0.0
+    _receiving = False  # inside the library's datagram(s)_received
+    _held: asyncio.TimerHandle | None = None
+
+    def datagram_received(self, data: Any, addr: Any) -> None:
+        self._receiving = True
+        try:
+            super().datagram_received(data, addr)  # type: ignore[misc]
+        finally:
+            self._receiving = False
+
+    def datagrams_received(self, data: Any, addr: Any) -> None:  # qh3 hands over a batch (recvmmsg/GRO)
+        self._receiving = True
+        try:
+            super().datagrams_received(data, addr)  # type: ignore[misc]
+        finally:
+            self._receiving = False
+
+    def may_hold(self) -> bool:
+        """Whether what a received datagram prompts may wait (each side says; default: no)."""
+        return False
+
+    def transmit_now(self) -> None:
+        """Send what our own code just queued (an answer, a request, a refusal): never held."""
+        receiving, self._receiving = self._receiving, False
+        try:
+            self.transmit()
+        finally:
+            self._receiving = receiving
 
     def transmit(self) -> None:
+        # may_hold is asked on every receive: the server's says whether this one brought a whole request
+        if self._receiving and self.ack_hold_s > 0 and self.may_hold() and self._connected:
+            if self._held is None:
+                self._held = self._loop.call_later(self.ack_hold_s, self._release_held)
+            return
+        if self._held is not None:
+            self._held.cancel()
+            self._held = None
         try:
             super().transmit()  # type: ignore[misc]
         except self._lib.connection_error as exc:
             self._transmit_failed(exc)
         else:
             self._failing_since = None
+
+    def _release_held(self) -> None:
+        self._held = None
+        self.transmit()
 
     def _transmit_failed(self, exc: Exception) -> None:
         if self._transmit_given_up:
@@ -145,7 +204,7 @@ class GuardedTransmit:
         if self._failing_since is None:
             self._failing_since = now
         failing_for = now - self._failing_since
-        if failing_for >= TRANSMIT_GIVE_UP_S:
+        if failing_for >= (TRANSMIT_GIVE_UP_S if self._connected else HANDSHAKE_GIVE_UP_S):
             self._transmit_given_up = True
             self.closed_by_library(f"closed by the library: {exc} (every transmit for {failing_for:.2f} s)")
             return

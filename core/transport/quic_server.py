@@ -109,6 +109,7 @@ class _ServerConnection(quic_lib.GuardedTransmit):
         self._dropping: set[int] = set()  # streams already answered: their further bytes are ignored
         self._tasks: dict[int, asyncio.Task] = {}
         self._ended = False  # _release has run
+        self._answer_coming = False  # this receive handed a whole request to the handler
 
     # -- events ------------------------------------------------------------------------------
 
@@ -175,7 +176,7 @@ class _ServerConnection(quic_lib.GuardedTransmit):
                            host, self._limits.max_connections_per_host)
             metrics.PEER_REFUSED.labels("quic", refusal.reason).inc()
             self._quic.close(error_code=0x2, reason_phrase="too many connections from this host")
-            self.transmit()
+            self.transmit_now()
             return
         self._host_key = key
 
@@ -234,7 +235,15 @@ class _ServerConnection(quic_lib.GuardedTransmit):
             task.cancel()
         self._forget(stream_id)
 
+    def may_hold(self) -> bool:
+        """Hold the ACK of a request that just arrived whole: its answer, when it comes within the hold,
+        carries it (quic_lib.GuardedTransmit). Not while a request is half-received: its sender waits
+        on those ACKs to send the rest."""
+        coming, self._answer_coming = self._answer_coming, False
+        return coming and not self._decoders
+
     def _start_answer(self, stream_id: int, frame: Frame) -> None:
+        self._answer_coming = True
         task = asyncio.ensure_future(self._answer(stream_id, frame))
         self._tasks[stream_id] = task
         self._drain.answering.add(task)
@@ -265,7 +274,7 @@ class _ServerConnection(quic_lib.GuardedTransmit):
             self._quic.send_stream_data(stream_id, head, end_stream=not len(body))
             if len(body):
                 self._quic.send_stream_data(stream_id, body, end_stream=True)
-            self.transmit()
+            self.transmit_now()
         except Exception:  # the stream or connection went away while we computed
             logger.debug("could not answer on stream %s", stream_id, exc_info=True)
         finally:
@@ -302,7 +311,9 @@ async def start_server(
     protocol_class = _protocol_class(settings.library)
 
     def create_protocol(*args: Any, **kwargs: Any) -> Any:
-        return protocol_class(*args, handler=handler, limits=limits, peers=peers, drain=drain, **kwargs)
+        protocol = protocol_class(*args, handler=handler, limits=limits, peers=peers, drain=drain, **kwargs)
+        protocol.ack_hold_s = settings.ack_hold_s
+        return protocol
 
     server = await settings.lib.serve(host, port, configuration=configuration, create_protocol=create_protocol)
     transport = getattr(server, "_transport", None)
