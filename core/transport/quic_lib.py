@@ -143,7 +143,7 @@ class GuardedTransmit:
 
     _lib: ClassVar[QuicLibrary]
     _loop: asyncio.AbstractEventLoop  # the library's protocol sets it
-    _connected: bool  # the library's protocol sets it: the handshake has completed
+    _quic: Any  # the library's QuicConnection (set by the protocol base class)
     _failing_since: float | None = None  # loop time of the first of the failed transmits in a row
     _transmit_retry: asyncio.TimerHandle | None = None
     _transmit_given_up = False
@@ -169,6 +169,10 @@ class GuardedTransmit:
         """Whether what a received datagram prompts may wait (each side says; default: no)."""
         return False
 
+    def _handshake_complete(self) -> bool:
+        # the connection's own flag: the asyncio adapters' `_connected` is a client's only (aioquic)
+        return bool(self._quic._handshake_complete)
+
     def transmit_now(self) -> None:
         """Send what our own code just queued (an answer, a request, a refusal): never held."""
         receiving, self._receiving = self._receiving, False
@@ -179,7 +183,7 @@ class GuardedTransmit:
 
     def transmit(self) -> None:
         # may_hold is asked on every receive: the server's says whether this one brought a whole request
-        if self._receiving and self.ack_hold_s > 0 and self.may_hold() and self._connected:
+        if self._receiving and self.ack_hold_s > 0 and self.may_hold() and self._handshake_complete():
             if self._held is None:
                 self._held = self._loop.call_later(self.ack_hold_s, self._release_held)
             return
@@ -204,7 +208,7 @@ class GuardedTransmit:
         if self._failing_since is None:
             self._failing_since = now
         failing_for = now - self._failing_since
-        if failing_for >= (TRANSMIT_GIVE_UP_S if self._connected else HANDSHAKE_GIVE_UP_S):
+        if failing_for >= (TRANSMIT_GIVE_UP_S if self._handshake_complete() else HANDSHAKE_GIVE_UP_S):
             self._transmit_given_up = True
             self.closed_by_library(f"closed by the library: {exc} (every transmit for {failing_for:.2f} s)")
             return

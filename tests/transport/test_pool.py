@@ -3,6 +3,7 @@ timeouts, idle close, and cancellation reaching the server's handler."""
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
 import socket
 import threading
@@ -356,6 +357,20 @@ def test_a_connection_the_library_closed_itself_is_dropped_and_the_next_call_rec
     assert stats["handshakes"] == 2 and stats["open_connections"] == 1
 
 
+@contextlib.asynccontextmanager
+async def _served(identity, library: str):
+    """A server, a pool, and what reached the loop's exception handler (a traceback the loop logged)."""
+    server = await Server(identity, library).start()
+    pool = _pool(library)
+    escaped: list[dict] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: escaped.append(context))
+    try:
+        yield server, pool, escaped
+    finally:
+        await pool.close()
+        server.stop()
+
+
 def _fail_transmits(protocol, times: int | None = None) -> None:
     """Make the library's core raise from the next `times` transmits (all of them if None), as qh3's does
     ("packet builder capacity exhausted")."""
@@ -379,12 +394,8 @@ def test_a_connection_the_librarys_core_fails_in_a_timer_is_dropped_not_left_hal
     # connection is closed as if the peer had closed it, no traceback escapes to the loop, and the
     # next call reconnects.
     async def scenario():
-        server = await Server(identity, library).start()
-        pool = _pool(library)
-        loop = asyncio.get_running_loop()
-        escaped: list[dict] = []
-        loop.set_exception_handler(lambda _, context: escaped.append(context))
-        try:
+        async with _served(identity, library) as (server, pool, escaped):
+            loop = asyncio.get_running_loop()
             await _call(pool, server, params={"n": 1})
             protocol = next(iter(pool._pooled.values())).connection.protocol
             original = protocol._quic.datagrams_to_send
@@ -398,9 +409,6 @@ def test_a_connection_the_librarys_core_fails_in_a_timer_is_dropped_not_left_hal
             result, _ = await _call(pool, server, params={"n": 2})
             assert result == {"n": 2} and escaped == []
             return pool.stats()
-        finally:
-            await pool.close()
-            server.stop()
 
     stats = asyncio.run(scenario())
     assert stats["reconnects"] == 1, stats
@@ -412,12 +420,8 @@ def test_a_server_connection_whose_librarys_core_fails_is_dropped_and_the_client
     # library's server table with its timer stopped, and the client's next calls get through on
     # a new connection once its pool has found the old one silent.
     async def scenario():
-        server = await Server(identity, library).start()
-        pool = _pool(library)
-        loop = asyncio.get_running_loop()
-        escaped: list[dict] = []
-        loop.set_exception_handler(lambda _, context: escaped.append(context))
-        try:
+        async with _served(identity, library) as (server, pool, escaped):
+            loop = asyncio.get_running_loop()
             await _call(pool, server, params={"n": 1})
             table = server._server._protocols
             (protocol,) = set(table.values())
@@ -431,9 +435,6 @@ def test_a_server_connection_whose_librarys_core_fails_is_dropped_and_the_client
             result, _ = await _call(pool, server, params={"n": 3})
             assert result == {"n": 3} and escaped == []
             return pool.stats()
-        finally:
-            await pool.close()
-            server.stop()
 
     stats = asyncio.run(scenario())
     assert stats["reconnects"] == 1, stats
@@ -443,12 +444,7 @@ def test_a_transmit_the_librarys_core_fails_a_few_times_is_retried_and_the_conne
     # qh3's server fails some transmits and succeeds a moment later (every handshake with an
     # aioquic client): the answer still arrives, on the same connection, and nothing is logged at ERROR.
     async def scenario():
-        server = await Server(identity, library).start()
-        pool = _pool(library)
-        loop = asyncio.get_running_loop()
-        escaped: list[dict] = []
-        loop.set_exception_handler(lambda _, context: escaped.append(context))
-        try:
+        async with _served(identity, library) as (server, pool, escaped):
             await _call(pool, server, params={"n": 1})
             (protocol,) = set(server._server._protocols.values())
             _fail_transmits(protocol, times=3)
@@ -456,9 +452,6 @@ def test_a_transmit_the_librarys_core_fails_a_few_times_is_retried_and_the_conne
             assert (result, bytes(reply)) == ({"n": 2}, b"cba") and escaped == []
             assert protocol._failing_since is None and protocol in server._server._protocols.values()
             return pool.stats()
-        finally:
-            await pool.close()
-            server.stop()
 
     stats = asyncio.run(scenario())
     assert stats["handshakes"] == 1 and stats["reconnects"] == 0, stats
