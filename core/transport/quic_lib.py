@@ -20,6 +20,7 @@ import functools
 import importlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar
@@ -144,6 +145,7 @@ class GuardedTransmit:
     _lib: ClassVar[QuicLibrary]
     _loop: asyncio.AbstractEventLoop  # the library's protocol sets it
     _quic: Any  # the library's QuicConnection (set by the protocol base class)
+    closed_by_library: Callable[[str], None]  # each side's: end the connection as a ConnectionTerminated would
     _failing_since: float | None = None  # loop time of the first of the failed transmits in a row
     _transmit_retry: asyncio.TimerHandle | None = None
     _transmit_given_up = False
@@ -217,8 +219,6 @@ class GuardedTransmit:
             logger.debug("QUIC transmit failed in the library (%s): retried in %g s", exc, delay)
             self._transmit_retry = self._loop.call_later(delay, self.transmit)
 
-    def closed_by_library(self, why: str) -> None:
-        raise NotImplementedError
 
 
 # Attribute our client configurations carry: the largest UDP payload this client receives.
