@@ -28,7 +28,7 @@ import psutil
 
 from core.transport.framing import Reply
 from core.transport.pool import QuicPool
-from core.transport.quic import PeerRequest, QuicSettings, start_server
+from core.transport.quic import PeerRequest, QuicSettings, quic_connection, start_server
 
 LENGTH = struct.Struct(">Q")
 # The body sizes every table reports: a few rows, a decode batch, a prefill batch of f32 rows.
@@ -150,6 +150,34 @@ async def time_quic_concurrent(pool: QuicPool, port: int, pin: str, body: bytes,
                                          body=body, timeout_s=120) for _ in range(streams)))
 
     return await _timed(one_trip, repeats, child)
+
+
+async def time_occasional(how: str, *, settings: QuicSettings, pool: QuicPool, port: int, tcp_port: int, pin: str,
+                          body: bytes, repeats: int, child: int | None, gap_s: float) -> Timing:
+    """A gossip call's pattern, `gap_s` apart: "kept" = a PING on the pooled connection, then the call
+    (apps/providers/rounds.py); "per call" = open a connection, call, PING, close (as gossip did);
+    "tcp" = connect, echo, close: the reference."""
+    async def kept() -> None:
+        await pool.round_trip_s(host="127.0.0.1", port=port, pin_sha256=pin, timeout_s=5)
+        await pool.call(host="127.0.0.1", port=port, pin_sha256=pin, method="echo", params={}, body=body,
+                        timeout_s=5)
+
+    async def per_call() -> None:
+        async with quic_connection(host="127.0.0.1", port=port, pin_sha256=pin, settings=settings,
+                                   timeout_s=5) as connection:
+            await connection.call("echo", {}, body, timeout_s=5)
+            await connection.round_trip_s(timeout_s=5)
+
+    async def tcp() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", tcp_port)
+        writer.write(LENGTH.pack(len(body)) + body)
+        await writer.drain()
+        (size,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
+        await reader.readexactly(size)
+        writer.close()
+        await writer.wait_closed()
+
+    return await _timed({"kept": kept, "per call": per_call, "tcp": tcp}[how], repeats, child, gap_s)
 
 
 @contextlib.asynccontextmanager

@@ -20,15 +20,20 @@ Run: .venv/bin/python -m bench.transport_quic [--quick] [--no-node]
    layer after layer), each library with its ACKs held (the default, docs/protocol.md "QUIC
    transport parameters") and sent at once (TENZRO_QUIC_ACK_HOLD_MS=0), beside a TCP echo at
    the same pace: median round trip and CPU of both ends per call, gaps included.
+4. Occasional calls, across processes: a 1 KB echo every 100 ms (gossip calling a peer), on a kept
+   connection with a PING first (apps/providers/rounds.py) and on a new connection per call (open,
+   call, PING, close: QUIC's closing period included), beside a TCP connection per call.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import socket
 import statistics
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +52,7 @@ from ._quic_echo import (
     settings_from,
     start_quic_echo,
     start_tcp_echo,
+    time_occasional,
     time_quic,
     time_quic_concurrent,
     time_tcp,
@@ -219,24 +225,64 @@ async def _paced(spec: dict[str, Any] | None, identity: Any, calls: int) -> Timi
             await pool.close()
 
 
-def run_paced(libraries: tuple[str, ...], rounds: int, calls: int, work: Path) -> list[dict[str, Any]]:
-    identity = load_or_create_identity(work / "paced-identity")
-    every: list[tuple[str, dict[str, Any] | None]] = [("tcp reference (asyncio, loopback)", None)]
-    for lib in libraries:
-        every += [(f"{lib}: ACKs held (default)", {"library": lib}),
-                  (f"{lib}: ACKs at once (hold 0)", {"library": lib, "ack_hold_s": 0.0})]
+def _interleaved(what: str, every: list[tuple[str, Callable[[], Timing]]], rounds: int) -> list[dict[str, Any]]:
+    """Each variant measured once a round, rounds interleaved; the first is the reference of the ratios."""
     samples: dict[str, list[float]] = {label: [] for label, _ in every}
     cpu: dict[str, list[float]] = {label: [] for label, _ in every}
     for round_ in range(rounds):
-        print(f"  paced: round {round_ + 1} of {rounds}", flush=True)
-        for label, spec in every:
-            timing = run_loop(_paced(spec, identity, calls), uvloop=False)
+        print(f"  {what}: round {round_ + 1} of {rounds}", flush=True)
+        for label, measure in every:
+            timing = measure()
             samples[label] += timing.samples
             cpu[label].append(timing.cpu_ms_per_call)
     ref_ms, ref_cpu = median_ms(samples[every[0][0]]), statistics.median(cpu[every[0][0]])
     return [{"variant": label, "ms": median_ms(samples[label]), "vs_tcp": median_ms(samples[label]) / ref_ms,
              "cpu_ms": statistics.median(cpu[label]), "cpu_vs_tcp": statistics.median(cpu[label]) / ref_cpu}
             for label, _ in every]
+
+
+def run_paced(libraries: tuple[str, ...], rounds: int, calls: int, work: Path) -> list[dict[str, Any]]:
+    identity = load_or_create_identity(work / "paced-identity")
+    specs: list[tuple[str, dict[str, Any] | None]] = [("tcp reference (asyncio, loopback)", None)]
+    for lib in libraries:
+        specs += [(f"{lib}: ACKs held (default)", {"library": lib}),
+                  (f"{lib}: ACKs at once (hold 0)", {"library": lib, "ack_hold_s": 0.0})]
+    return _interleaved("paced", [(label, functools.partial(lambda spec: run_loop(
+        _paced(spec, identity, calls), uvloop=False), spec)) for label, spec in specs], rounds)
+
+
+OCCASIONAL_BODY, OCCASIONAL_GAP_S = 1024, 0.1
+
+
+async def _occasional(spec: dict[str, Any], how: str, identity: Any, calls: int) -> Timing:
+    port = _free_udp_port()
+    async with _servers(spec, str(identity.cert_path), str(identity.cert_key_path), port,
+                        cross_process=True) as (tcp_port, child):
+        pool = QuicPool(settings_from(spec))
+        try:
+            return await time_occasional(how, settings=settings_from(spec), pool=pool, port=port, tcp_port=tcp_port,
+                                         pin=identity.cert_sha256, body=b"\x5a" * OCCASIONAL_BODY, repeats=calls,
+                                         child=child, gap_s=OCCASIONAL_GAP_S)
+        finally:
+            await pool.close()
+
+
+def run_occasional(libraries: tuple[str, ...], rounds: int, calls: int, work: Path) -> list[dict[str, Any]]:
+    """Gossip's pattern: a small call now and then to a peer, on a kept connection or a new one each time."""
+    identity = load_or_create_identity(work / "occasional-identity")
+    specs: list[tuple[str, str, dict[str, Any]]] = [("tcp reference: connect, echo, close", "tcp", {})]
+    for lib in libraries:
+        specs += [(f"{lib}: kept connection, PING + call", "kept", {"library": lib}),
+                  (f"{lib}: connection per call (open, call, PING, close)", "per call", {"library": lib})]
+    return _interleaved("occasional", [(label, functools.partial(lambda spec, how: run_loop(
+        _occasional(spec, how, identity, calls), uvloop=False), spec, how)) for label, how, spec in specs], rounds)
+
+
+def _print_against_tcp(rows: list[dict[str, Any]], title: str) -> None:
+    if rows:
+        print_table(title, ["variant", "ms", "/tcp", "cpu ms", "cpu /tcp"],
+                    [[r["variant"], r["ms"], f"{r['vs_tcp']:.2f}x", r["cpu_ms"], f"{r['cpu_vs_tcp']:.2f}x"]
+                     for r in rows])
 
 
 def granted_buffers() -> dict[str, Any]:
@@ -256,6 +302,7 @@ def main() -> None:
     parser.add_argument("--no-node", action="store_true", help="skip the rows through a real node")
     parser.add_argument("--no-echo", action="store_true", help="skip the echo tables")
     parser.add_argument("--no-paced", action="store_true", help="skip the paced small calls")
+    parser.add_argument("--no-occasional", action="store_true", help="skip the occasional calls (gossip's pattern)")
     parser.add_argument("--libraries", default=",".join(LIBRARIES), help="comma-separated: qh3,aioquic")
     args = parser.parse_args()
     libraries = tuple(name for name in args.libraries.split(",") if name)
@@ -280,16 +327,17 @@ def main() -> None:
             node_rows = run_node(libraries, work, repeats)
             print_table(*node_table(node_rows))
         paced = [] if args.no_paced else run_paced(libraries, rounds, 60 if args.quick else 150, work)
-        if paced:
-            print_table(f"Paced small calls, cross-process: {PACED_BODY // 1024} KB echo every "
-                        f"{PACED_GAP_S * 1000:g} ms, median round trip and CPU ms of both ends per call (gaps "
-                        f"included), each against the TCP echo at the same pace ({rounds} interleaved rounds)",
-                        ["variant", "ms", "/tcp", "cpu ms", "cpu /tcp"],
-                        [[r["variant"], r["ms"], f"{r['vs_tcp']:.2f}x", r["cpu_ms"], f"{r['cpu_vs_tcp']:.2f}x"]
-                         for r in paced])
+        _print_against_tcp(paced, f"Paced small calls, cross-process: {PACED_BODY // 1024} KB echo every "
+                           f"{PACED_GAP_S * 1000:g} ms, median round trip and CPU ms of both ends per call (gaps "
+                           f"included), each against the TCP echo at the same pace ({rounds} interleaved rounds)")
+        occasional = [] if args.no_occasional else run_occasional(libraries, rounds, 10 if args.quick else 25, work)
+        _print_against_tcp(occasional, f"Occasional calls (gossip's pattern), cross-process: a "
+                           f"{OCCASIONAL_BODY // 1024} KB echo every {OCCASIONAL_GAP_S * 1000:g} ms, median time per "
+                           f"call and CPU ms of both ends per call, against a TCP connection per call ({rounds} "
+                           "interleaved rounds)")
         write_results("transport_quic", {"sizes": SIZES, "rounds": rounds, "repeats": repeats,
                                          "socket_buffers_granted": buffers, "echo": rows, "node": node_rows,
-                                         "paced": paced},
+                                         "paced": paced, "occasional": occasional},
                       [headline(f"node moe/execute {r['size']} over QUIC ({r['library']})", r["quic"]["ms"], "ms",
                                 reference="over HTTP", reference_value=r["http"]["ms"], target="QUIC ≤ HTTP")
                        for r in node_rows])

@@ -20,6 +20,8 @@ when QUIC fails or the peer announces no QUIC endpoint.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import logging
 import random
 import time
@@ -35,7 +37,9 @@ from apps.node.selectors import node_identity, redis_client
 from apps.providers import services
 from apps.providers.models import Provider, Reachability
 from core.env import split_host_port
-from core.transport.quic import QuicPeerConnection, QuicSettings, TransportError, quic_connection
+from core.transport.loop_thread import LoopThread
+from core.transport.pool import QuicPool
+from core.transport.quic import QuicSettings, TransportError, quic_connection
 
 logger = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 10.0
@@ -51,6 +55,13 @@ def round_call_timeout_s() -> float:
     node's heartbeats back from the live ones for longer than an interval, or their views expire
     this node (and everything it holds) while it is up. A live peer answers a gossip call in milliseconds."""
     return min(CALL_TIMEOUT_S, max(5.0, float(settings.TENZRO_GOSSIP_INTERVAL_S)))
+# The rounds of this process run on one loop that outlives them, so that its pool keeps a connection
+# to each peer from round to round: a new connection per call cost both ends ~10 ms of CPU (the
+# handshake) and the caller ~100 ms of waiting (QUIC's closing period). Code that calls peer_call on
+# a loop of its own (tests, a one-off asyncio.run) gets a connection per call, closed with it.
+_ROUNDS_LOOP = LoopThread("gossip-rounds")
+_POOL: contextvars.ContextVar[QuicPool | None] = contextvars.ContextVar("gossip_pool", default=None)
+_pools: dict[asyncio.AbstractEventLoop, QuicPool] = {}
 # Peers whose last gossip call failed, in the node's Redis: a peer going down is logged once at
 # WARNING and its return once at INFO, however many rounds it stays away (each failure at DEBUG).
 DOWN_KEY = "tenzro:gossip:down"
@@ -92,13 +103,10 @@ async def peer_call(target: PeerTarget, method: str, params: dict[str, Any], *,
         # with an HTTP door to fall back on, QUIC gets most of the time, not all of it
         quic_timeout_s = timeout_s * (0.6 if target.http_endpoint else 1.0)
         try:
-            async with quic_connection(host=host, port=port, pin_sha256=target.quic_cert_sha256,
-                                       settings=QuicSettings(max_body=settings.TENZRO_QUIC_MAX_BODY),
-                                       timeout_s=quic_timeout_s) as connection:
-                result, _ = await connection.call(method, params, timeout_s=max(0.001, deadline - time.monotonic()))
-                if target.provider_id:
-                    await _measure_round_trip(connection, target.provider_id, deadline=deadline)
-            return result
+            pool = _POOL.get()
+            if pool is None:
+                return await _call_once(target, host, port, method, params, timeout_s=quic_timeout_s)
+            return await _call_pooled(pool, target, host, port, method, params, timeout_s=quic_timeout_s)
         except TransportError as exc:
             failures.append(f"quic: {exc.reason}: {exc}")
     if target.http_endpoint and (left := deadline - time.monotonic()) > 0:
@@ -116,19 +124,47 @@ async def peer_call(target: PeerTarget, method: str, params: dict[str, Any], *,
     raise TransportError("unreachable", f"peer {target.key[:24]}: " + ("; ".join(failures) or "no endpoint"))
 
 
-async def _measure_round_trip(connection: QuicPeerConnection, provider_id: str, *, deadline: float) -> None:
-    """Fold the peer's network round trip (a PING on the call's connection) into its measured
-    latency, as a forward folds a holder's wire share: the planner adds compute time from the
-    holder's rate, so the handshake and the gossip work a call's wall time holds are not latency
-    (with them, a holder that served no forward lately looked 100+ ms away and was never planned on)."""
-    timeout_s = min(ROUND_TRIP_TIMEOUT_S, deadline - time.monotonic())
-    if timeout_s <= 0:
-        return
+async def _call_pooled(pool: QuicPool, target: PeerTarget, host: str, port: int, method: str,
+                       params: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+    """The call on the peer's kept connection, after a PING on it: a peer restarted on the same address
+    ignores the old connection, and the PING's silence drops it within ROUND_TRIP_TIMEOUT_S, so the
+    call reconnects instead of waiting out its timeout. The PING's round trip is the peer's latency
+    sample (as a forward folds a holder's wire share: the planner adds compute time from the holder's
+    rate, so a call's own work is not latency)."""
+    deadline = time.monotonic() + timeout_s
+    pin = str(target.quic_cert_sha256)
     try:
-        seconds = await connection.round_trip_s(timeout_s=timeout_s)
-    except (TimeoutError, ConnectionError):
-        return  # no sample: the call itself was answered, and a slow PING says nothing certain
-    await asyncio.to_thread(services.provider_latency_record, provider_id=provider_id, latency_ms=seconds * 1000)
+        seconds: float | None = await pool.round_trip_s(host=host, port=port, pin_sha256=pin,
+                                                        timeout_s=min(ROUND_TRIP_TIMEOUT_S, timeout_s))
+    except TransportError as exc:
+        if exc.reason != "timeout":  # refused, unreachable, the wrong certificate: the call would be too
+            raise
+        seconds = None  # the kept connection was silent and is dropped: the call opens a new one
+    result, _ = await pool.call(host=host, port=port, pin_sha256=pin, method=method, params=params,
+                                timeout_s=max(0.001, deadline - time.monotonic()))
+    if seconds is not None and target.provider_id:
+        await asyncio.to_thread(services.provider_latency_record, provider_id=target.provider_id,
+                                latency_ms=seconds * 1000)
+    return result
+
+
+async def _call_once(target: PeerTarget, host: str, port: int, method: str, params: dict[str, Any], *,
+                     timeout_s: float) -> dict[str, Any]:
+    """The call on a connection of its own, then a PING on it for the peer's latency sample."""
+    deadline = time.monotonic() + timeout_s
+    async with quic_connection(host=host, port=port, pin_sha256=str(target.quic_cert_sha256),
+                               settings=QuicSettings(max_body=settings.TENZRO_QUIC_MAX_BODY),
+                               timeout_s=timeout_s) as connection:
+        result, _ = await connection.call(method, params, timeout_s=max(0.001, deadline - time.monotonic()))
+        left = min(ROUND_TRIP_TIMEOUT_S, deadline - time.monotonic())
+        if target.provider_id and left > 0:
+            try:
+                seconds = await connection.round_trip_s(timeout_s=left)
+            except (TimeoutError, ConnectionError):
+                return result  # no sample: the call itself was answered, and a slow PING says nothing certain
+            await asyncio.to_thread(services.provider_latency_record, provider_id=target.provider_id,
+                                    latency_ms=seconds * 1000)
+    return result
 
 
 def _left_s(deadline: float) -> float:
@@ -258,6 +294,24 @@ async def _round(rng: random.Random) -> dict[str, Any]:
     return {"peers": len(targets), "pushed_to": len(fanout), "synced_with": synced, "expired": expired}
 
 
+async def _pooled_round() -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    pool = _pools.get(loop)
+    if pool is None:
+        # idle connections close after a minute: a peer is called every few rounds at most
+        pool = _pools[loop] = QuicPool(QuicSettings(max_body=settings.TENZRO_QUIC_MAX_BODY), idle_close_s=60.0)
+    _POOL.set(pool)  # this task's context, and the calls' tasks it starts
+    # Each round's database work on threads of its own, as asyncio.run gave it: when they end, their
+    # connections go with them, so none is kept across rounds past a database restart.
+    executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="gossip-round")
+    loop.set_default_executor(executor)
+    try:
+        return await _round(random.Random())
+    finally:
+        executor.shutdown(wait=False)
+
+
 def gossip_round() -> dict[str, Any]:
-    """Run one round (blocking); what happened, for the task's log."""
-    return asyncio.run(_round(random.Random()))
+    """Run one round (blocking) on this process's rounds loop; what happened, for the task's log."""
+    # a round lasts its first dial-back's time and one more round's time, and its database work
+    return _ROUNDS_LOOP.run(_pooled_round(), timeout_s=2 * round_call_timeout_s() + 30.0)

@@ -119,6 +119,36 @@ class QuicPool:
                 self._drop(key, pooled, why=str(exc))
             raise
 
+    async def round_trip_s(self, *, host: str, port: int, pin_sha256: str, timeout_s: float) -> float:
+        """Seconds from a PING on the peer's pooled connection (opened if there is none) to its
+        acknowledgement: the network's round trip, without a handshake or any work of the peer's.
+
+        A kept connection the peer does not acknowledge within `timeout_s` is dropped (a peer restarted
+        on the same address ignores the old connection's packets, and a call on it would wait out its
+        whole timeout), so the next call reconnects. Raises TransportError: `timeout`, or what opening
+        the connection raised."""
+        if self._closed:
+            raise TransportError("connection_closed", "the QUIC pool is closed")
+        self._start_reaper()
+        key = (host, port, pin_sha256.lower())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        try:
+            async with asyncio.timeout_at(deadline):
+                pooled = await self._connection(key)
+        except TimeoutError as exc:
+            raise TransportError("timeout", f"no QUIC handshake with {host}:{port} within {timeout_s} s") from exc
+        try:
+            return await pooled.connection.protocol.ping_within(max(0.001, deadline - loop.time()))
+        except TimeoutError as exc:
+            self._drop(key, pooled, why=f"no acknowledgement of a PING within {timeout_s:g} s")
+            raise TransportError("timeout", f"{host}:{port} did not acknowledge a PING within {timeout_s:g} s") from exc
+        except ConnectionError as exc:
+            self._drop(key, pooled, why="closed during a PING")
+            raise TransportError("connection_closed", f"the connection to {host}:{port} closed: {exc}") from exc
+        finally:
+            pooled.last_used = time.monotonic()
+
     def _suspect(self, key: Key, pooled: _Pooled, sent_at: float) -> None:
         """A call timed out: is the peer gone (crashed, restarted, unreachable) without a word?"""
         protocol = pooled.connection.protocol

@@ -87,9 +87,12 @@ class _ClientConnection(quic_lib.GuardedTransmit):
         try:
             async with asyncio.timeout(timeout_s):
                 await self.ping()
-        except BaseException:
+        except BaseException as exc:
             for waiter in list(getattr(self, "_ping_waiters", {}).values()):
                 waiter.add_done_callback(_retrieved)
+            if isinstance(exc, self._lib.connection_error):  # closed in the library's core, its event not yet in
+                self.terminated = self.terminated or f"closed by the library: {exc}"
+                raise ConnectionError(f"connection closed: {self.terminated}") from exc
             raise
         return time.monotonic() - started
 

@@ -24,16 +24,18 @@ def take_down_and_back(a, b, b_id: str, how: str) -> str | None:
     """SIGKILL (its whole process group) or SIGTERM b, let a notice and try a few more rounds, start b
     again and wait until a hears it; the stopped node's log for a SIGTERM."""
     stopped = None
+    gone, back = f"peer {b_id[:24]} does not answer", f"peer {b_id[:24]} answers again"
+    said_gone = a.log().count(gone)  # counted before: a said it the time before too
     if how == "SIGKILL":
         b.kill()
     else:
         assert b.stop() == 0
         stopped = b.log()
-    wait_for(lambda: f"peer {b_id[:24]} does not answer" in a.log(), 30, f"a to notice b is gone ({how})")
+    wait_for(lambda: a.log().count(gone) > said_gone, 30, f"a to notice b is gone ({how})")
     time.sleep(3)  # a few more rounds against the missing peer: said once, not every round
+    said_back = a.log().count(back)  # before the start: a may hear b before start() returns
     b.start(**FAST)
-    marks = a.log().count(f"peer {b_id[:24]} answers again")
-    wait_for(lambda m=marks: a.log().count(f"peer {b_id[:24]} answers again") > m, 60, "a to hear b again")
+    wait_for(lambda: a.log().count(back) > said_back, 60, "a to hear b again")
     return stopped
 
 

@@ -26,11 +26,6 @@ def _free_udp_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.fixture
-def identity(tmp_path):
-    return load_or_create_identity(tmp_path / "server")
-
-
 class Server:
     """A real QUIC server in this event loop with a handler that records what it saw."""
 
