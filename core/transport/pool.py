@@ -133,15 +133,18 @@ class QuicPool:
         key = (host, port, pin_sha256.lower())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        kept = key in self._pooled
         try:
             async with asyncio.timeout_at(deadline):
                 pooled = await self._connection(key)
         except TimeoutError as exc:
             raise TransportError("timeout", f"no QUIC handshake with {host}:{port} within {timeout_s} s") from exc
+        pooled.last_used = time.monotonic()  # in use: the idle reaper leaves it be
         try:
             return await pooled.connection.protocol.ping_within(max(0.001, deadline - loop.time()))
         except TimeoutError as exc:
-            self._drop(key, pooled, why=f"no acknowledgement of a PING within {timeout_s:g} s")
+            if kept:  # a connection just opened answered its handshake: the handshake took the time
+                self._drop(key, pooled, why=f"no acknowledgement of a PING within {timeout_s:g} s")
             raise TransportError("timeout", f"{host}:{port} did not acknowledge a PING within {timeout_s:g} s") from exc
         except ConnectionError as exc:
             self._drop(key, pooled, why="closed during a PING")
