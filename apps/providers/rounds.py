@@ -145,9 +145,8 @@ async def _call_pooled(pool: QuicPool, target: PeerTarget, host: str, port: int,
         seconds = None  # the kept connection was silent or closed, and is dropped: the call opens a new one
     result, _ = await pool.call(host=host, port=port, pin_sha256=pin, method=method, params=params,
                                 timeout_s=max(0.001, deadline - time.monotonic()))
-    if seconds is not None and target.provider_id:
-        await asyncio.to_thread(services.provider_latency_record, provider_id=target.provider_id,
-                                latency_ms=seconds * 1000)
+    if seconds is not None:
+        await _record_latency(target, seconds)
     return result
 
 
@@ -165,9 +164,14 @@ async def _call_once(target: PeerTarget, host: str, port: int, method: str, para
                 seconds = await connection.round_trip_s(timeout_s=left)
             except (TimeoutError, ConnectionError):
                 return result  # no sample: the call itself was answered, and a slow PING says nothing certain
-            await asyncio.to_thread(services.provider_latency_record, provider_id=target.provider_id,
-                                    latency_ms=seconds * 1000)
+            await _record_latency(target, seconds)
     return result
+
+
+async def _record_latency(target: PeerTarget, seconds: float) -> None:
+    if target.provider_id:
+        await asyncio.to_thread(services.provider_latency_record, provider_id=target.provider_id,
+                                latency_ms=seconds * 1000)
 
 
 def _left_s(deadline: float) -> float:

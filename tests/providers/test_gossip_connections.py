@@ -4,6 +4,7 @@ a peer that restarted under a kept connection is reconnected to at once, not aft
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
@@ -15,7 +16,7 @@ from core.transport.framing import Reply
 from core.transport.loop_thread import LoopThread
 from core.transport.pool import QuicPool
 from core.transport.quic import PeerRequest, QuicSettings, start_server
-from tests.transport.test_pool import _free_udp_port
+from testkit.nodes import free_port
 
 
 class GossipPeer:
@@ -70,7 +71,7 @@ def rounds_loop():
 def test_calls_to_a_peer_share_one_connection_and_a_restarted_peer_is_redialed_at_once(rounds_loop, tmp_path):
     call, pool = rounds_loop
     identity = load_or_create_identity(tmp_path / "peer")  # the restarted peer keeps its data dir: same pin
-    port = _free_udp_port()
+    port = free_port(socket.SOCK_DGRAM)
     peer = GossipPeer(identity, port).start()
     target = PeerTarget("ab" * 32, None, f"127.0.0.1:{port}", identity.cert_sha256, None)  # QUIC only
     try:
