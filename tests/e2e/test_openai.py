@@ -71,8 +71,13 @@ def client(node: NodeProcess, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{node.url}/v1", api_key=key, max_retries=0, timeout=120)
 
 
-def record(node: NodeProcess, response_id: str) -> dict:
-    return node.result("tenzro_moeGeneration", {"generation_id": response_id.split("-", 1)[1], "steps": False})
+def record(node: NodeProcess, response_id: str, steps: bool = False) -> dict:
+    """The generation's record once it has ended: the worker writes steps off the decode path, so the
+    answer can reach the client a flush before the record holds its last tokens (docs/openai.md "Streaming")."""
+    generation_id = response_id.split("-", 1)[1]
+    return wait_for(lambda: (g := node.result("tenzro_moeGeneration", {"generation_id": generation_id,
+                                                                        "steps": steps}))["state"] != "running" and g,
+                    30, "the generation's record to end")
 
 
 def test_models_lists_what_the_router_can_generate(served) -> None:
@@ -116,7 +121,7 @@ def test_sixteen_streaming_clients_at_once_share_iterations_and_each_gets_its_te
         streamed = list(pool.map(stream, lengths))
     assert [text for _, text in streamed] == [alone[n] for n in lengths]
     batches = [layer["batch"] for response_id, _ in streamed
-               for step in a.result("tenzro_moeGeneration", {"generation_id": response_id.split("-", 1)[1]})["steps"]
+               for step in record(a, response_id, steps=True)["steps"]
                for layer in step["layers"]]
     # at least a quarter of the clients in one iteration: on a loaded 2-core machine the 16 client
     # threads start staggered and the short generations of the first ones end before the last join
@@ -167,9 +172,7 @@ def test_a_client_that_leaves_mid_stream_cancels_its_generation(served) -> None:
         lines = response.iter_lines()
         first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
         next(line for line in lines if '"content":"' in line and '"content":""' not in line)  # a token arrived
-    generation_id = first["id"].split("-", 1)[1]
-    done = wait_for(lambda: (g := a.result("tenzro_moeGeneration", {"generation_id": generation_id, "steps": False}))
-                    ["state"] != "running" and g, 30, "the generation to end")
+    done = record(a, first["id"])
     assert done["state"] == "cancelled" and done["finish_reason"] == "cancelled"
     assert 0 < len(done["tokens"]) < 240
 
