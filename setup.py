@@ -7,6 +7,8 @@
   reference Q4_K/Q6_K encoders; without it core.quantization uses its numpy encoders, which
   write the same bytes.  -ffp-contract=off keeps every multiply and add separately rounded,
   as the reference's bytes require.
+* apps.receipts._q8_sketch (apps/receipts/_q8_sketch.c): the receipt sketch of Q8_0 answers;
+  without it apps.receipts.topk_kernel's numba kernel computes the same bytes.
 
 Both are optional at build time (no compiler: the install still succeeds) and at run time.
 """
@@ -19,4 +21,5 @@ setup(ext_modules=[
     Extension("core.quantization._kquant_encoders", ["core/quantization/_kquant_encoders.c"],
               extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread"],
               extra_link_args=["-pthread"], optional=True),
+    Extension("apps.receipts._q8_sketch", ["apps/receipts/_q8_sketch.c"], extra_compile_args=["-O3"], optional=True),
 ])

@@ -17,7 +17,10 @@ Then the same per batch when a holder answers E batches of one layer step in one
 request (docs/protocol.md, "Multi-expert execute"): one v2 receipt, one carrier hash, one signature
 and one verification for all E, each batch its own sketch; per-batch cost = the receipt's / E.
 
-Medians of repeated runs; prints the CPU kernel variant the backend picked.
+Last, the sketch alone, per row, for each kernel this machine has (apps/receipts/_q8_sketch.c's
+variants, and the numba kernel they are held to as the reference), over 64 distinct rows.
+
+Medians of repeated runs; prints the CPU kernel variant the backend picked and the sketch's.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections.abc import Callable
 import numpy as np
 from nacl.signing import SigningKey
 
+from apps.receipts import topk_kernel
 from apps.receipts.commitment import (
     Expected,
     ExpectedBatches,
@@ -110,20 +114,36 @@ def main() -> None:
                                 "create_s": created_n / n, "verify_s": verified_n / n, "share": share_n,
                                 "target": TARGET})
     variant = (quant_matmul_variants() or ["numba/numpy"])[0]
-    print(f"cpu: {cpu_isa()}, kernel variant: {variant}, backend: {backend.name}, top-k {TOPK}, wire q8_0")
+    sketch_rows = _sketch_per_row(rng)
+    print(f"cpu: {cpu_isa()}, kernel variant: {variant}, backend: {backend.name}, top-k {TOPK}, wire q8_0, "
+          f"sketch kernel: {topk_kernel.sketch_variant()}")
     print_table("Receipt create + verify per batch vs the expert compute (Qwen3-30B-A3B expert, 2048 x 768)",
                 ["quant", "tokens", "compute ms", "create µs", "verify µs", "share", f"≤ {TARGET:.0%}"], rows_out)
     print_table("The same per batch, E batches of one layer step under one v2 receipt (create and verify "
                 "divided by E)", ["quant", "tokens", "E", "compute ms", "create µs / batch", "verify µs / batch",
                                   "share", f"≤ {TARGET:.0%}"], rows_multi)
+    numba_us = sketch_rows["numba"]
+    print_table(f"The Q8_0 sketch alone, per row (d_model {D_MODEL}, k {TOPK}, 64 distinct rows)",
+                ["kernel", "µs / row", "× numba"],
+                [[name, round(us, 3), round(us / numba_us, 2)] for name, us in sketch_rows.items()])
     write_results("receipts", {"cpu_isa": cpu_isa(), "kernel_variant": variant, "backend": backend.name,
-                               "topk": TOPK, "rows": results},
+                               "topk": TOPK, "rows": results, "sketch_kernel": topk_kernel.sketch_variant(),
+                               "sketch_us_per_row": sketch_rows},
                   [headline(f"receipt create + verify, {r['quant']}, {r['tokens']} tokens"
                             + (f", {r['experts_per_request']} batches per receipt" if "experts_per_request" in r
                                else ""),
                             (r["create_s"] + r["verify_s"]) * 1e3, "ms", reference="the expert compute it proves",
                             reference_value=r["compute_s"] * 1e3, target=f"≤ {TARGET:.0%} of compute")
                    for r in results])
+
+
+def _sketch_per_row(rng: np.random.Generator, tokens: int = 64) -> dict[str, float]:
+    """µs per row of each sketch kernel here (best C variant first, the numba reference last)."""
+    answer = encode_rows(rng.standard_normal((tokens, D_MODEL)).astype(np.float32), "q8_0")
+    built = topk_kernel._q8_sketch.variants() if topk_kernel._q8_sketch is not None else []
+    return {name: median_s(lambda name=name: topk_kernel.sketch_q8_0(answer, tokens=tokens, d_model=D_MODEL, k=TOPK,
+                                                                      variant=name), 200) / tokens * 1e6
+            for name in [*built, "numba"]}
 
 
 def _batches(signer: ReceiptSigner, carrier: bytes, answer: bytes, seen: np.ndarray, tokens: int, n: int,

@@ -33,6 +33,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, pairwise
 from typing import Any
 
 import blake3
@@ -40,13 +41,13 @@ import numpy as np
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
-from core.formats.wire import decode_rows
+from core.formats.wire import decode_rows, encoded_row_bytes
 
 try:  # the compiled selection; the numpy reference does the same where numba is missing
-    from apps.receipts.topk_kernel import sketch_q8_0 as _sketch_q8_0
+    from apps.receipts.topk_kernel import sketch_q8_0_parts as _sketch_q8_0_parts
     from apps.receipts.topk_kernel import topk_rows as _topk_rows
 except ImportError:  # pragma: no cover - numba is in requirements.txt
-    _topk_rows = _sketch_q8_0 = None
+    _topk_rows = _sketch_q8_0_parts = None
 
 RECEIPT_VERSION = 1
 RECEIPT_DOMAIN = b"tenzro/receipt/v1\n"
@@ -114,10 +115,27 @@ def answer_sketch(answer: bytes | bytearray | memoryview, encoding: str, *, toke
                   k: int) -> bytes:
     """The sketch of an encoded answer: the same bytes as sketch_bytes(decoded rows, k), computed
     from Q8_0 blocks directly when the compiled kernel is there (no decode, most blocks skipped)."""
-    if encoding == "q8_0" and _sketch_q8_0 is not None and tokens and min(k, d_model):
-        sketch = _sketch_q8_0(answer, tokens=tokens, d_model=d_model, k=min(k, d_model))  # uint32 [tokens, 2k]
-        return sketch.astype("<u4", copy=False).tobytes()
-    return sketch_bytes(decode_rows(answer, encoding, tokens=tokens, d_model=d_model), k)
+    return answer_sketches([answer], encoding, tokens=[tokens], d_model=d_model, k=k)[0][0]
+
+
+def answer_sketches(answers: Sequence[bytes | bytearray | memoryview], encoding: str, *, tokens: Sequence[int],
+                    d_model: int, k: int) -> tuple[list[bytes], list[bool | None]]:
+    """answer_sketch of several answers (answers[i] of tokens[i] rows), Q8_0 ones in one kernel call, and
+    per answer whether its rows are all finite where the kernel can tell from its block scales (None:
+    not looked at; the caller checks the decoded rows). ValueError on a wrong byte count."""
+    k = min(k, d_model)
+    if encoding == "q8_0" and _sketch_q8_0_parts is not None and k:
+        row_bytes = encoded_row_bytes(encoding, d_model)
+        for i, (answer, n) in enumerate(zip(answers, tokens, strict=True)):
+            if len(answer) != n * row_bytes:
+                raise ValueError(f"Q8_0 rows [{n}, {d_model}] need {n * row_bytes} bytes, got {len(answer)} "
+                                 f"(answer {i})")
+        sketch, finite = _sketch_q8_0_parts(answers, d_model=d_model, k=k)  # uint32 [all rows, 2k]
+        raw = sketch.astype("<u4", copy=False).tobytes()
+        ends = accumulate(n * 8 * k for n in tokens)  # each row's sketch: k indices and k values, 4 bytes each
+        return [raw[a:b] for a, b in pairwise([0, *ends])], list(finite)
+    return ([sketch_bytes(decode_rows(answer, encoding, tokens=n, d_model=d_model), k)
+             for answer, n in zip(answers, tokens, strict=True)], [None] * len(answers))
 
 
 def sketch_rows(sketch: bytes, *, tokens: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -217,13 +235,13 @@ def verify_receipt(wire: Any, expect: Expected, rows: np.ndarray, answer: bytes 
     if body["expert"] != expect.expert or type(body["expert"]) is not int:
         raise ReceiptError(f"the receipt names another expert: expert is {body['expert']!r}, "
                            f"expected {expect.expert!r}")
-    if rows.size and not np.isfinite(rows).all():
-        raise ReceiptError("the returned rows are not all finite")
     if answer is not None:
-        sketch = answer_sketch(answer, expect.output_encoding, tokens=rows.shape[0], d_model=rows.shape[1],
-                               k=expect.k)
+        [sketch], [finite] = answer_sketches([answer], expect.output_encoding, tokens=[rows.shape[0]],
+                                             d_model=rows.shape[1], k=expect.k)
     else:
-        sketch = sketch_bytes(rows, expect.k)
+        sketch, finite = sketch_bytes(rows, expect.k), None
+    if not _finite(rows, finite):
+        raise ReceiptError("the returned rows are not all finite")
     if body["sketch_hash"] != blake3_hex(sketch):
         raise ReceiptError("the receipt's commitment does not match the returned rows")
     return signed_receipt(wire, body, expect.provider_id), sketch
@@ -305,21 +323,27 @@ def verify_batches_receipt(wire: Any, expect: ExpectedBatches,
     if not isinstance(listed, list) or len(listed) != len(expect.batches) or len(answers) != len(expect.batches):
         raise ReceiptError(f"the receipt lists {len(listed) if isinstance(listed, list) else 'no'} batches, "
                            f"the request had {len(expect.batches)}")
-    sketches = []
-    for item, (expert, rows), (out, answer) in zip(listed, expect.batches, answers, strict=True):
+    for item, (expert, rows) in zip(listed, expect.batches, strict=True):
         if not isinstance(item, Mapping) or set(item) != {"expert", "rows", "sketch_hash"} \
                 or item["expert"] != expert or type(item["expert"]) is not int \
-                or item["rows"] != [int(r) for r in rows] or any(type(r) is not int for r in item["rows"]):
+                or item["rows"] != [int(r) for r in rows] or not {*map(type, item["rows"])} <= {int}:
             raise ReceiptError(f"the receipt's entry for expert {expert} is not the batch that was asked")
-        if out.size and not np.isfinite(out).all():
+    sketches, finite = answer_sketches([answer for _, answer in answers], expect.output_encoding,
+                                       tokens=[out.shape[0] for out, _ in answers], d_model=expect.d_model, k=expect.k)
+    for item, (expert, _), (out, _), sketch, known in zip(listed, expect.batches, answers, sketches, finite,
+                                                         strict=True):
+        if not _finite(out, known):
             raise ReceiptError(f"the rows returned for expert {expert} are not all finite")
-        sketch = answer_sketch(answer, expect.output_encoding, tokens=out.shape[0], d_model=out.shape[1],
-                               k=expect.k)
         if item["sketch_hash"] != blake3_hex(sketch):
             raise ReceiptError(f"the receipt's commitment for expert {expert} does not match the returned rows")
-        sketches.append(sketch)
     body["batches"] = [dict(item) for item in listed]
     return signed_receipt(wire, body, expect.provider_id), sketches
+
+
+def _finite(rows: np.ndarray, known: bool | None) -> bool:
+    """Whether rows are all finite: `known` when the sketch kernel read it off the answer's Q8_0 scales
+    (the rows are those bytes decoded), else a look at every value."""
+    return known if known is not None else not rows.size or bool(np.isfinite(rows).all())
 
 
 def signature_valid(receipt: SignedReceipt) -> bool:
@@ -358,8 +382,9 @@ class ReceiptSigner:
                 batches: Sequence[tuple[int, Sequence[int], bytes | bytearray | memoryview]]) -> dict[str, Any]:
         """One v2 receipt over a multi-expert answer: `batches` is [(expert, rows into the carrier,
         that expert's answer rows as encoded)], in request order."""
-        sketched = [(e, rows, answer_sketch(answer, output_encoding, tokens=len(rows), d_model=d_model, k=k))
-                    for e, rows, answer in batches]
+        sketches, _ = answer_sketches([answer for _, _, answer in batches], output_encoding,
+                                      tokens=[len(rows) for _, rows, _ in batches], d_model=d_model, k=k)
+        sketched = [(e, rows, sketch) for (e, rows, _), sketch in zip(batches, sketches, strict=True)]
         body = batches_receipt_body(provider_id=self.provider_id, model_id=model_id, layer=layer,
                                     token_indices=token_indices, d_model=d_model, input_encoding=input_encoding,
                                     input_carrier=input_carrier, output_encoding=output_encoding, k=k,

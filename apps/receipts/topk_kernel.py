@@ -16,14 +16,26 @@ scanned, and in them only the int8s large enough to reach it. A row whose scales
 finite is scanned whole, by the same rule. ~3.5 µs per row for d = 2048, k = 16 on a 2.4 GHz
 AVX2 core, from ~5 with every block scanned (bench/receipts.py); what is left is mostly the
 mispredicted branches of the two selections.
+
+Where it was built, apps/receipts/_q8_sketch.c does the same in C (`sketch_q8_0` and
+`sketch_q8_0_parts` pick it), its AVX2 variant without the per-value branches: ~0.4 µs per row on
+an AVX-512 Xeon core where this kernel takes ~2 (bench/receipts.py prints both). This kernel stays
+the reference the tests hold the C one to, and the path where no compiler was there.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numba
 import numpy as np
 
 from core.quantization.f16 import F16_TO_F32
+
+try:  # built by setup.py where a compiler was there; optional, like the expert kernels
+    from apps.receipts import _q8_sketch
+except ImportError:  # pragma: no cover - the numba kernel below computes the same bytes
+    _q8_sketch = None
 
 Q8_BLOCK, Q8_BLOCK_BYTES = 32, 34
 
@@ -124,12 +136,39 @@ def _sketch_q8_0(raw: np.ndarray, d: int, k: int, lut: np.ndarray) -> np.ndarray
     return out
 
 
-def sketch_q8_0(data: bytes | bytearray | memoryview, *, tokens: int, d_model: int, k: int) -> np.ndarray:
+def sketch_variant() -> str:
+    """Which kernel sketch_q8_0 runs: the C extension's best variant ("avx2", "scalar"), else "numba"."""
+    return _q8_sketch.variants()[0] if _q8_sketch is not None else "numba"
+
+
+def sketch_q8_0(data: bytes | bytearray | memoryview, *, tokens: int, d_model: int, k: int,
+                variant: str = "") -> np.ndarray:
     """Q8_0 rows (core.quantization.activations' layout) -> uint32 [tokens, 2k]: per row the k indices,
     then the f32 bits of the values the rows decode to (apps.receipts.commitment's sketch layout),
     1 <= k <= d_model. ValueError on a wrong byte count."""
     row_bytes = -(-d_model // Q8_BLOCK) * Q8_BLOCK_BYTES
     if len(data) != tokens * row_bytes:
         raise ValueError(f"Q8_0 rows [{tokens}, {d_model}] need {tokens * row_bytes} bytes, got {len(data)}")
-    raw = np.frombuffer(data, dtype=np.uint8).reshape(tokens, row_bytes)
-    return _sketch_q8_0(raw, d_model, k, F16_TO_F32)
+    return sketch_q8_0_parts([data], d_model=d_model, k=k, variant=variant)[0]
+
+
+def sketch_q8_0_parts(parts: Sequence[bytes | bytearray | memoryview], *, d_model: int, k: int, variant: str = ""
+                      ) -> tuple[np.ndarray, tuple[bool | None, ...]]:
+    """Several answers' Q8_0 rows sketched in one call: uint32 [all rows, 2k], the parts' rows one
+    after another, and per part whether its block scales are all finite (its rows are finite exactly
+    then; None where the numba kernel ran, which does not say). ValueError on a part that is not whole rows.
+
+    The C extension (apps/receipts/_q8_sketch.c: the same passes, ~5x faster) when it was built, its
+    best variant unless `variant` names one ("avx2", "scalar", or "numba" for this module's kernel)."""
+    row_bytes = -(-d_model // Q8_BLOCK) * Q8_BLOCK_BYTES
+    rows = 0
+    for i, part in enumerate(parts):
+        if len(part) % row_bytes:
+            raise ValueError(f"answer {i} has {len(part)} bytes, not whole Q8_0 rows of {row_bytes}")
+        rows += len(part) // row_bytes
+    if _q8_sketch is not None and variant != "numba":
+        out = np.empty((rows, 2 * k), dtype=np.uint32)
+        return out, _q8_sketch.sketch_q8_0(parts, d_model, k, F16_TO_F32, out, variant)
+    sketches = [_sketch_q8_0(np.frombuffer(part, dtype=np.uint8).reshape(-1, row_bytes), d_model, k, F16_TO_F32)
+                for part in parts]
+    return (np.concatenate(sketches) if sketches else np.empty((0, 2 * k), np.uint32)), (None,) * len(parts)
