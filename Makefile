@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: bytecode screenshots run test test-e2e test-long test-postgres test-fast bench lint install install-gpu-wgsl install-gpu-cuda lavapipe redis chromium superuser clean
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt pyproject.toml setup.py $(wildcard apps/*/*.c core/*/*.c)  # the C extensions build at install
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
