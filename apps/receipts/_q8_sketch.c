@@ -221,18 +221,52 @@ static inline __m256 max_abs_8_blocks(const uint8_t *blk) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m));
 }
 
-/* The k-th largest of v[0:n] (n >= k, all >= 0, none NaN), without data-dependent branches: it is the
- * least v_i that fewer than k values exceed. First a lower bound (the least of the maxima of k
- * disjoint groups: k values reach it) keeps only the v_i that can be it, then each kept v_i counts the
- * kept values above it (eight v_i at a time). tmp: n + 8 floats. */
-static float kth_largest(const float *v, int n, int k, float *tmp) {
-    int width = n / k;
-    float bound = INFINITY;
-    for (int g = 0; g < k; g++) {
-        float top = v[g * width];
-        for (int i = g * width + 1; i < (g + 1) * width; i++) top = v[i] > top ? v[i] : top;
-        bound = top < bound ? top : bound;
+/* A lower bound of the k-th largest of v[0:n] (all >= 0, none NaN) that k of them reach. Up to k = 32:
+ * each of 8 lanes keeps its j = ceil(k/8) largest of the values v[i], i = lane mod 8, and the least of
+ * the lanes' j-th is reached by j values in each lane (8j >= k); a lane with fewer than j values has
+ * -inf there, and so does the bound (still a bound: every value passes it). Above 32, the least of the
+ * maxima of k disjoint groups. */
+static inline float lower_bound(const float *v, int n, int k) {
+    if (k > 32) {
+        int width = n / k;
+        float bound = INFINITY;
+        for (int g = 0; g < k; g++) {
+            float top = v[g * width];
+            for (int i = g * width + 1; i < (g + 1) * width; i++) top = v[i] > top ? v[i] : top;
+            bound = top < bound ? top : bound;
+        }
+        return bound;
     }
+    int j = (k + 7) / 8;
+    __m256 top[4];
+    for (int t = 0; t < 4; t++) top[t] = _mm256_set1_ps(-INFINITY);
+    for (int i = 0; i < n; i += 8) {
+        __m256 x;
+        if (i + 8 <= n) {
+            x = _mm256_loadu_ps(v + i);
+        } else {
+            float tail[8];
+            for (int q = 0; q < 8; q++) tail[q] = i + q < n ? v[i + q] : -INFINITY;
+            x = _mm256_loadu_ps(tail);
+        }
+        for (int t = 0; t < j; t++) {  /* insert x into each lane's sorted top j */
+            __m256 hi = _mm256_max_ps(top[t], x);
+            x = _mm256_min_ps(top[t], x);
+            top[t] = hi;
+        }
+    }
+    __m256 least = top[j - 1];
+    __m128 h = _mm_min_ps(_mm256_castps256_ps128(least), _mm256_extractf128_ps(least, 1));
+    h = _mm_min_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_min_ss(h, _mm_shuffle_ps(h, h, 1));
+    return _mm_cvtss_f32(h);
+}
+
+/* The k-th largest of v[0:n] (n >= k, all >= 0, none NaN), without data-dependent branches: it is the
+ * least v_i that fewer than k values exceed. The lower bound keeps only the v_i that can be it, then
+ * each kept v_i counts the kept values above it (eight v_i at a time). tmp: n + 8 floats. */
+static float kth_largest(const float *v, int n, int k, float *tmp) {
+    float bound = lower_bound(v, n, k);
     int m = 0;
     for (int i = 0; i < n; i++) {
         tmp[m] = v[i];

@@ -270,7 +270,8 @@ def _checked_body(wire: Any, expect: Expected | ExpectedBatches, fields: tuple[s
         if body[name] != want or type(body[name]) is not type(want):
             raise ReceiptError(f"{why}: {name} is {body[name]!r}, expected {want!r}")
     tokens = body["token_indices"]
-    if not isinstance(tokens, list) or tokens != [int(t) for t in expect.token_indices] \
+    # list(): numpy ints compare equal to the wire's ints; the type check below refuses true and 1.0
+    if not isinstance(tokens, list) or tokens != list(expect.token_indices) \
             or any(type(t) is not int for t in tokens):
         raise ReceiptError("the receipt's token set is not the request's")
     return body
@@ -326,7 +327,7 @@ def verify_batches_receipt(wire: Any, expect: ExpectedBatches,
     for item, (expert, rows) in zip(listed, expect.batches, strict=True):
         if not isinstance(item, Mapping) or set(item) != {"expert", "rows", "sketch_hash"} \
                 or item["expert"] != expert or type(item["expert"]) is not int \
-                or item["rows"] != [int(r) for r in rows] or not {*map(type, item["rows"])} <= {int}:
+                or item["rows"] != list(rows) or not {*map(type, item["rows"])} <= {int}:
             raise ReceiptError(f"the receipt's entry for expert {expert} is not the batch that was asked")
     sketches, finite = answer_sketches([answer for _, answer in answers], expect.output_encoding,
                                        tokens=[out.shape[0] for out, _ in answers], d_model=expect.d_model, k=expect.k)
