@@ -1,8 +1,8 @@
 /* The receipt sketch of Q8_0 rows in C: per row the k values of largest |value| (ties to the lower
- * index), their indices ascending, then the values' f32 bits. The same rule, the same passes and
- * the same float operations as apps/receipts/topk_kernel.py's numba kernel, so the bytes are the
- * same (tests/receipts/test_sketch_kernel.py compares them over random, tied, saturated and
- * non-finite rows):
+ * index), their indices ascending, then the values' f32 bits. The same rule and the same float
+ * products as apps/receipts/topk_kernel.py's numba kernel, so the bytes are the same
+ * (tests/receipts/test_sketch_kernel.py compares every variant with the numpy reference over random,
+ * tied, saturated and non-finite rows). The scalar variant takes the numba kernel's passes:
  *
  *   1. each block's scale |f16 -> f32| (a table from the caller, the one every decoder uses);
  *   2. each block's largest |value|: |scale| times its largest |int8|;
@@ -12,11 +12,14 @@
  *      the selection in index order (a value replaces the weakest kept one only when strictly
  *      greater).
  *
- * The AVX2 variant does passes 2 and 4 on 32 int8s at a time (the largest |int8| by a byte max,
- * the candidates as a bit mask walked in index order), which removes the per-value branches the
- * scalar loops mispredict. Chosen at run time with __builtin_cpu_supports; the scalar variant runs
- * everywhere else and can be forced by name (the tests run both). The GIL is released while a
- * call computes. No fast-math: the products and compares must be the IEEE ones.
+ * The AVX2 variant (sketch_row_avx2) keeps 1-3 but without the branches that scalar loops mispredict
+ * on every new row: eight scales and eight blocks' maxima at a time, the floor found by counting, and
+ * for step 4 the values at or above the floor gathered by a bit mask a block, then the k-th largest
+ * of those found by counting too. Chosen at run time with __builtin_cpu_supports; the scalar variant
+ * runs everywhere else and can be forced by name (the tests run both). One call sketches several
+ * answers (a multi-expert request's batches) and says per answer whether its scales were all finite.
+ * The GIL is released while a call computes. No fast-math: the products and compares must be the
+ * IEEE ones.
  */
 
 #define PY_SSIZE_T_CLEAN
