@@ -73,6 +73,10 @@ class QuicSettings:
     # Below the 25 ms max_ack_delay the libraries announce; long enough that a router's next
     # request to a holder (the next MoE layer) usually carries them.
     ack_hold_s: float = field(default_factory=lambda: _env_int("TENZRO_QUIC_ACK_HOLD_MS", 20) / 1000)
+    # A server sends each connection's datagrams in batches where its library can (qh3: GSO through
+    # quinn-udp, quic_lib._serve_batched); False keeps asyncio's endpoint, one system call each (the
+    # benchmark's reference).
+    batched_server: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.ack_hold_s < quic_lib.MAX_ACK_HOLD_S:

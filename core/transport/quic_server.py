@@ -315,7 +315,8 @@ async def start_server(
         protocol.ack_hold_s = settings.ack_hold_s
         return protocol
 
-    server = await settings.lib.serve(host, port, configuration=configuration, create_protocol=create_protocol)
+    serve = settings.lib.serve_batched if settings.batched_server and settings.lib.serve_batched else settings.lib.serve
+    server = await serve(host, port, configuration=configuration, create_protocol=create_protocol)
     transport = getattr(server, "_transport", None)
     buffers = tune_socket(transport.get_extra_info("socket") if transport else None, settings.socket_buffer_bytes)
     logger.info("QUIC (%s %s) on %s:%d: datagrams of %d bytes, windows %d/%d, socket buffers %s",
