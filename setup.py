@@ -10,7 +10,7 @@
 * apps.receipts._q8_sketch (apps/receipts/_q8_sketch.c): the receipt sketch of Q8_0 answers;
   without it apps.receipts.topk_kernel's numba kernel computes the same bytes.
 
-Both are optional at build time (no compiler: the install still succeeds) and at run time.
+All are optional at build time (no compiler: the install still succeeds) and at run time.
 """
 
 from setuptools import Extension, setup
