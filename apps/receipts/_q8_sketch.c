@@ -104,16 +104,20 @@ static inline int scan_scalar(const int8_t *q, int stop, int need, float scale, 
     return filled;
 }
 
-/* The row's tail after the selection: indices ascending, then the f32 bits of the values. */
-static void write_row(const uint8_t *row, const float *lut, int32_t *idx, int k, uint32_t *out) {
-    sort_indices(idx, k);
-    for (int c = 0; c < k; c++) {
+/* The row's tail after the selection: indices (ascending already), then the f32 bits of the values. */
+static void write_sorted(const uint8_t *row, const float *lut, const int32_t *idx, int k, uint32_t *out) {
+    for (int c = 0; c < k; c++) {  /* the values as the decoder computes them: the table's scale times the int8 */
         int32_t j = idx[c];
         const uint8_t *blk = row + (size_t)(j / QK) * QB;
         float value = lut[u16_at(blk)] * (float)((const int8_t *)blk)[2 + j % QK];
         out[c] = (uint32_t)j;
         memcpy(&out[k + c], &value, sizeof(float));
     }
+}
+
+static void write_row(const uint8_t *row, const float *lut, int32_t *idx, int k, uint32_t *out) {
+    sort_indices(idx, k);
+    write_sorted(row, lut, idx, k, out);
 }
 
 /* Passes 1 and 3 (the floor), shared by both variants; block_max must be filled when it returns
@@ -355,13 +359,7 @@ static int sketch_row_avx2(const uint8_t *row, int d, int k, const float *lut, s
         pos += (s->cand_m[i] > t) | (at & (ties < room));
         ties += at;
     }
-    for (int p = 0; p < k; p++) {  /* the values as the decoder computes them: the table's scale times the int8 */
-        int32_t j = s->idx[p];
-        const uint8_t *blk = row + (size_t)(j / QK) * QB;
-        float value = lut[u16_at(blk)] * (float)((const int8_t *)blk)[2 + j % QK];
-        out[p] = (uint32_t)j;
-        memcpy(&out[k + p], &value, sizeof(float));
-    }
+    write_sorted(row, lut, s->idx, k, out);  /* gathered in index order: already sorted */
     return 1;
 }
 

@@ -3,6 +3,7 @@
 _serve_batched). Counted where the server's connections hand their datagrams to its transport."""
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -25,8 +26,7 @@ async def _exchange(identity, library: str, size: int, *, batched: bool = True, 
     settings = QuicSettings(max_body=1 << 24, library=library, max_datagram_size=DATAGRAM)
     server = await start_server(host="127.0.0.1", port=port, cert_path=str(identity.cert_path),
                                 key_path=str(identity.cert_key_path), handler=_answer,
-                                settings=QuicSettings(max_body=1 << 24, library=library, max_datagram_size=DATAGRAM,
-                                                      batched_server=batched))
+                                settings=dataclasses.replace(settings, batched_server=batched))
     if before_calls is not None:
         before_calls(server._transport)
     pool = QuicPool(settings)

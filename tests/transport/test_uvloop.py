@@ -3,6 +3,8 @@ requirements.txt installs it), and the web process makes QUIC calls of its own (
 the HTTP peer door, apps/providers/peer_methods.py). The libraries' UDP transports read their sockets
 with loop.add_reader, which uvloop implements: these tests run a server and both kinds of call on it."""
 
+import asyncio
+
 import pytest
 
 from core.transport.quic import QuicSettings, quic_call
@@ -21,7 +23,7 @@ def test_a_pooled_call_and_a_one_shot_call_work_on_uvloop(identity, library) -> 
             once, _ = await quic_call(host="127.0.0.1", port=server.port, pin_sha256=server.identity.cert_sha256,
                                       method="echo", params={"n": 2},
                                       settings=QuicSettings(max_body=1 << 20, library=library), timeout_s=10)
-            return pooled, len(body), once, type(__import__("asyncio").get_running_loop()).__module__
+            return pooled, len(body), once, type(asyncio.get_running_loop()).__module__
         finally:
             await pool.close()
             server.stop()
