@@ -3,7 +3,7 @@
 The fixtures (tests/fixtures/generation/<name>/) are checked in; this script is how they were made and how
 to remake them. It needs torch and transformers, which the node never imports, so it runs in its own venv:
 
-    python3 -m venv /work/genenv && /work/genenv/bin/pip install torch==2.13.0 transformers safetensors
+    python3 -m venv /work/genenv && /work/genenv/bin/pip install torch==2.13.0 transformers==5.24.0 safetensors
     /work/genenv/bin/python scripts/make_generation_fixtures.py [--out tests/fixtures/generation]
 
 Per model it writes:
@@ -14,6 +14,10 @@ Per model it writes:
   model.safetensors  F32, hub tensor names: per-expert ``mlp.experts.{E}.{gate,up,down}_proj.weight`` unfused
                      from transformers 5.x's 3-D ``experts.gate_up_proj`` / ``experts.down_proj`` (gate is
                      the first moe_intermediate_size rows of gate_up, as ``.chunk(2, dim=-1)`` splits it).
+                     glm4_moe and both gpt_oss folders are sharded as the hub serves large models instead:
+                     ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json``, split by
+                     huggingface_hub's own rule (split_torch_state_dict_into_shards) at SHARD_BYTES, so a
+                     layer's tensors lie in more than one file.
   expected.json      prompt ids, greedy ids of ``generate(do_sample=False, max_new_tokens=16)``, versions.
   logits.npy         f32 [prompt_len, vocab]: one forward over the prompt.
 
@@ -34,7 +38,8 @@ reloading the folder with ``from_pretrained`` gives bit-identical logits; every 
 each greedy step) beats the runner-up by MARGIN of the logit scale; every router decision (top-k, and
 DeepSeek's top groups) beats the next candidate by ROUTER_MARGIN, so f32 rounding cannot flip an expert.
 Weights are drawn from numpy with fixed seeds (not torch's init), scaled ~1/sqrt(fan_in) so the logits
-are far from uniform.
+are far from uniform. The tensors are the same bytes on any machine; logits.npy may differ in the last bits
+with the CPU torch's kernels run on (1.7e-6 at most between an AVX2 and an AVX-512 machine).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
+from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -132,6 +138,7 @@ ABLATION_MIN = 1e-3  # relative logit change a sink/bias/clamp/window ablation m
 
 MODELS = {"qwen3_moe": (QWEN3_MOE, 1234), "deepseek_v3": (DEEPSEEK_V3, 4321), "glm4_moe": (GLM4_MOE, 2468),
           "gpt_oss": (GPT_OSS, 5150)}
+SHARD_BYTES = {"glm4_moe": 300_000, "gpt_oss": 300_000}  # max bytes a shard; the others are one file
 
 
 def randomize(model: torch.nn.Module, seed: int) -> None:
@@ -212,6 +219,32 @@ def hub_state_dict(model: torch.nn.Module, config: dict[str, Any]) -> dict[str, 
             out[name] = t.detach().clone().contiguous()
     assert gpt or not any(n.endswith(("gate_up_proj", "experts.down_proj")) for n in out), "fused experts left"
     return out
+
+
+def remove_weights(folder: Path) -> None:
+    """Delete a folder's safetensors files and index: a fixture remade with another layout leaves none stale."""
+    for old in [*folder.glob("model*.safetensors"), *folder.glob("model.safetensors.index.json")]:
+        old.unlink()
+
+
+def save_hub(tensors: dict[str, torch.Tensor], folder: Path, shard_bytes: int | None) -> list[str]:
+    """Write `tensors` into `folder` as the hub lays them out: one model.safetensors, or (with `shard_bytes`)
+    shards named and split as huggingface_hub splits them, with their model.safetensors.index.json.
+    Returns the file names written (index last)."""
+    remove_weights(folder)
+    if shard_bytes is None:
+        split = {"model.safetensors": sorted(tensors)}
+    else:
+        plan = split_torch_state_dict_into_shards(tensors, max_shard_size=shard_bytes)
+        split = dict(plan.filename_to_tensors)
+    for filename, names in split.items():
+        save_file({n: tensors[n] for n in names}, str(folder / filename), metadata={"format": "pt"})
+        (folder / filename).chmod(0o644)  # safetensors creates it 0600
+    if shard_bytes is None:
+        return list(split)
+    index = {"metadata": dict(plan.metadata), "weight_map": dict(sorted(plan.tensor_to_filename.items()))}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return [*split, "model.safetensors.index.json"]
 
 
 def check_argmax_margins(logits: np.ndarray, what: str) -> float:
@@ -315,7 +348,7 @@ def gpt_oss_ablations(model: torch.nn.Module, ids: torch.Tensor, logits: np.ndar
 
 
 def write_gpt_oss_mxfp4(src: Path, folder: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
-                        packed: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+                        packed: dict[str, tuple[np.ndarray, np.ndarray]], shard_bytes: int | None) -> None:
     """The gpt_oss fixture as the published checkpoints store it: experts' weights as u8 blocks and scales,
     checked to decode (transformers' convert_moe_packed_tensors) to exactly the F32 parameters."""
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
@@ -329,8 +362,7 @@ def write_gpt_oss_mxfp4(src: Path, folder: Path, config: dict[str, Any], tensors
         quant[name + "_scales"] = torch.from_numpy(scales)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(dict(config, quantization_config=GPT_OSS_QUANT), indent=2) + "\n")
-    save_file(quant, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "model.safetensors").chmod(0o644)  # safetensors creates it 0600
+    save_hub(quant, folder, shard_bytes)
     for f in ("expected.json", "logits.npy"):
         shutil.copyfile(src / f, folder / f)
 
@@ -348,7 +380,7 @@ def build(name: str, config: dict[str, Any], seed: int, out: Path) -> None:
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32, **impl).eval()
         packed = randomize_gpt_oss(model, seed) if gpt else randomize(model, seed)
         tensors = hub_state_dict(model, config)
-        save_file(tensors, str(cfg_dir / "model.safetensors"), metadata={"format": "pt"})
+        files = save_hub(tensors, cfg_dir, SHARD_BYTES.get(name))
         reloaded = AutoModelForCausalLM.from_pretrained(cfg_dir, dtype=torch.float32, **impl).eval()
         prompt = np.random.default_rng(seed + 1).integers(2, config["vocab_size"], PROMPT_LEN)
         ids = torch.tensor(prompt[None, :], dtype=torch.long)
@@ -375,7 +407,9 @@ def build(name: str, config: dict[str, Any], seed: int, out: Path) -> None:
             ablations = gpt_oss_ablations(reloaded, ids, logits)
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(cfg_dir / "config.json", folder / "config.json")
-        shutil.copyfile(cfg_dir / "model.safetensors", folder / "model.safetensors")
+        remove_weights(folder)
+        for f in files:
+            shutil.copyfile(cfg_dir / f, folder / f)
     np.save(folder / "logits.npy", logits.astype(np.float32))
     expected = {"prompt_ids": prompt.tolist(), "logits_file": "logits.npy", "greedy_ids": greedy,
                 "transformers": transformers.__version__, "torch": torch.__version__}
@@ -386,7 +420,7 @@ def build(name: str, config: dict[str, Any], seed: int, out: Path) -> None:
     if gpt:
         print(f"{name}: {clamps} values clamped over prompt + greedy; relative logit change without "
               + ", ".join(f"{k} {v:.2e}" for k, v in ablations.items()))
-        write_gpt_oss_mxfp4(folder, out / f"{name}_mxfp4", config, tensors, packed)
+        write_gpt_oss_mxfp4(folder, out / f"{name}_mxfp4", config, tensors, packed, SHARD_BYTES.get(name))
         size = sum(p.stat().st_size for p in (out / f"{name}_mxfp4").iterdir())
         print(f"{name}_mxfp4: {size / 1024:.0f} KiB, experts' blocks decode to the F32 parameters exactly")
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.shapes import shape_from_config
@@ -22,6 +23,18 @@ from core.experts.runtime import ExpertRuntime
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "generation"
 NAMES = ("qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss", "gpt_oss_mxfp4")
+SHARDED = ("glm4_moe", "gpt_oss", "gpt_oss_mxfp4")  # hub-sharded, with a model.safetensors.index.json
+
+
+def fixture_tensors(folder: Path) -> dict[str, np.ndarray]:
+    """Every tensor of a fixture folder, read with safetensors itself (not the node's reader): from its one
+    model.safetensors, or from every shard its index names."""
+    index = folder / "model.safetensors.index.json"
+    files = set(json.loads(index.read_text())["weight_map"].values()) if index.exists() else {"model.safetensors"}
+    tensors: dict[str, np.ndarray] = {}
+    for name in sorted(files):
+        tensors.update(load_file(str(folder / name)))
+    return tensors
 
 
 @dataclass

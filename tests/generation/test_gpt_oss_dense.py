@@ -11,14 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
 from apps.catalog.checkpoint import CheckpointReader
 from apps.generation.model import KVCache, WholeModel, _WindowRows, drive, greedy_generate
 from apps.generation.spec import spec_from_config
 from apps.generation.weights import DenseWeights, dense_tensor_shapes, load_dense_weights
 from core.quantization.mxfp4 import dequantize_hub
-from tests.generation.conftest import FIXTURES
+from tests.generation.conftest import FIXTURES, fixture_tensors
 
 FOLDER = FIXTURES / "gpt_oss"
 LOGITS_RTOL = 1e-5  # relative L2 against transformers' f32 forward (measured ~6e-7)
@@ -68,7 +67,7 @@ def g() -> GptOss:
         dense = load_dense_weights(reader, spec)
         k = reader.config["num_experts_per_tok"]
     expected = json.loads((FOLDER / "expected.json").read_text())
-    return GptOss(model=WholeModel(dense), dense=dense, k=k, tensors=load_file(FOLDER / "model.safetensors"),
+    return GptOss(model=WholeModel(dense), dense=dense, k=k, tensors=fixture_tensors(FOLDER),
                   expected=expected, logits=np.load(FOLDER / expected["logits_file"]))
 
 
@@ -184,7 +183,7 @@ def test_the_mxfp4_checkpoint_has_the_same_dense_part_and_expert_weights():
         assert reader.config["quantization_config"]["quant_method"] == "mxfp4"
         packed = load_dense_weights(reader, spec_from_config(reader.config, model_id="gpt_oss")).tensors
     assert plain.keys() == packed.keys() and all(np.array_equal(plain[n], packed[n]) for n in plain)
-    f32, u8 = load_file(FOLDER / "model.safetensors"), load_file(FIXTURES / "gpt_oss_mxfp4" / "model.safetensors")
+    f32, u8 = fixture_tensors(FOLDER), fixture_tensors(FIXTURES / "gpt_oss_mxfp4")
     for layer in range(3):
         p = f"model.layers.{layer}.mlp.experts."
         # hub orientation [E, rows_out, cols_in/32, 16]; transformers' parameter is [E, cols_in, rows_out]

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
 from apps.catalog.checkpoint import CheckpointError, CheckpointReader
 from apps.generation.model import WholeModel
@@ -16,7 +15,7 @@ from apps.generation.spec import spec_from_config
 from apps.generation.weights import DenseLoadError, dense_bytes, dense_tensor_names, load_dense_weights
 from core.errors import PayloadTooLarge
 from testkit.checkpoints import FileServer, f32_to_bf16_bits, fp8_block_quantize, write_checkpoint
-from tests.generation.conftest import FIXTURES, NAMES
+from tests.generation.conftest import FIXTURES, NAMES, SHARDED, fixture_tensors
 
 MOE_PARTS = (".mlp.experts.", ".mlp.gate.", ".mlp.shared_experts.", ".mlp.router.")  # gpt-oss: mlp.router
 
@@ -32,11 +31,30 @@ def test_dense_names_are_every_tensor_but_the_moe_blocks(name):
     names = dense_tensor_names(spec)
     assert len(names) == len(set(names))
     assert not [n for n in names if any(part in n for part in MOE_PARTS)]
-    stored = set(load_file(str(FIXTURES / name / "model.safetensors")))
+    stored = set(fixture_tensors(FIXTURES / name))
     moe = {n for n in stored if any(part in n for part in MOE_PARTS)}
     assert set(names) == stored - moe  # nothing missing, nothing extra
     assert {int(n.split(".")[2]) for n in moe} == set(spec.moe_layers)
     reader.close()
+
+
+@pytest.mark.parametrize("name", SHARDED)
+def test_the_glm_and_gpt_oss_fixtures_are_sharded_as_the_hub_serves_them(name):
+    """Several shards and an index, a MoE layer's tensors in more than one of them, and the node's reader
+    finding each tensor in the shard the index names with safetensors' own values."""
+    folder = FIXTURES / name
+    assert not (folder / "model.safetensors").exists()
+    weight_map = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(set(weight_map.values())) >= 2
+    layer = min(int(n.split(".")[2]) for n in weight_map if any(part in n for part in MOE_PARTS))
+    assert len({f for n, f in weight_map.items() if n.startswith(f"model.layers.{layer}.")}) >= 2
+    want = fixture_tensors(folder)
+    assert set(want) == set(weight_map)
+    with CheckpointReader.open(folder) as reader:
+        for tensor, shard in weight_map.items():
+            assert reader.shard_of(tensor) == shard
+            got = reader.read_u8(tensor) if want[tensor].dtype == np.uint8 else reader.read_tensor(tensor)
+            np.testing.assert_array_equal(got, want[tensor])
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -81,7 +99,7 @@ def _rewrite(src: Path, dst: Path, *, shards: int = 1, fp8: bool = False, poison
     spec = spec_from_config(config, model_id="m")
     dense = set(dense_tensor_names(spec))
     tensors, want = {}, {}
-    for name, value in load_file(str(src / "model.safetensors")).items():
+    for name, value in fixture_tensors(src).items():
         if poison == name:
             value = value.copy()
             value.flat[3] = np.nan
