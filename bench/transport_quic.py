@@ -24,7 +24,8 @@ Run: .venv/bin/python -m bench.transport_quic [--quick] [--no-node]
    the same pace: median round trip and CPU of both ends per call, gaps included.
 4. Occasional calls, across processes: a 1 KB echo every 100 ms (gossip calling a peer), on a kept
    connection with a PING first (apps/providers/rounds.py) and on a new connection per call (open,
-   call, PING, close: QUIC's closing period included), beside a TCP connection per call.
+   call, PING, close; the closing period runs on after the call returns), beside a TCP connection
+   per call.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import threading
 from collections.abc import Coroutine
@@ -69,6 +70,17 @@ class LoopThread:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
         if loop is not None and thread is not None and self._pid == os.getpid():
+            # Its tasks end as asyncio.run ends them (cancelled, then awaited), not destroyed pending:
+            # a connection waiting out its closing period still closes its socket.
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(_cancel_pending(), loop).result(5)
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=5)
             loop.close()
+
+
+async def _cancel_pending() -> None:
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -221,8 +221,8 @@ class QuicPool:
             self._close_soon(pooled.connection)
 
     def _close_soon(self, connection: OpenConnection) -> None:
-        # Closing waits out QUIC's draining period; nobody needs to wait for that.
-        task = asyncio.ensure_future(connection.close())
+        # Closing waits out QUIC's closing period; nobody needs to wait for that but the pool's close.
+        task = connection.close_soon()
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 

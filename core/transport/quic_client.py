@@ -202,6 +202,16 @@ def _protocol_class(library: str) -> type:
     return type(f"ClientProtocol[{library}]", (_ClientConnection, lib.protocol_class), {"_lib": lib})
 
 
+# Connections closed by close_soon that are waiting out their closing period: kept referenced so
+# their tasks run to the end (asyncio keeps only weak references to tasks).
+_CLOSING: set[asyncio.Task[None]] = set()
+
+
+def closing_count() -> int:
+    """How many connections closed by `close_soon` still wait out their closing period."""
+    return len(_CLOSING)
+
+
 class OpenConnection:
     """A handshaken, pin-checked client connection and how to close it."""
 
@@ -211,9 +221,31 @@ class OpenConnection:
         self.where = where
 
     async def close(self) -> None:
-        """Close the connection (CONNECTION_CLOSE) and its socket; waits out the draining period."""
-        with contextlib.suppress(Exception):  # closing a connection that already died
+        """Close the connection (CONNECTION_CLOSE) and its socket; waits out the closing period
+        (three PTOs, RFC 9000 section 10.2). Cancelled while it waits, it still closes the socket."""
+        try:
             await self._opening.__aexit__(None, None, None)
+        except asyncio.CancelledError:  # e.g. asyncio.run ending with the wait still pending
+            self._close_socket()
+            raise
+        except Exception:  # closing a connection that already died
+            self._close_socket()
+
+    def close_soon(self) -> asyncio.Task[None]:
+        """Send CONNECTION_CLOSE now and wait out the closing period in a task, so that a caller who
+        has its answer does not wait those three PTOs (about 90 ms on loopback) for nothing. The peer
+        learns of the close at once either way; the task closes the socket at the end."""
+        with contextlib.suppress(Exception):  # a connection that already died sends nothing
+            self.protocol.close()
+        task = asyncio.ensure_future(self.close())
+        _CLOSING.add(task)
+        task.add_done_callback(_CLOSING.discard)
+        return task
+
+    def _close_socket(self) -> None:
+        transport = getattr(self.protocol, "_transport", None)
+        if transport is not None:
+            transport.close()
 
 
 async def open_connection(*, host: str, port: int, pin_sha256: str, settings: QuicSettings,
@@ -300,13 +332,14 @@ class QuicPeerConnection:
 async def quic_connection(
     *, host: str, port: int, pin_sha256: str, settings: QuicSettings, timeout_s: float = 30.0
 ) -> AsyncIterator[QuicPeerConnection]:
-    """Connect, check the certificate pin before sending anything, and yield the connection."""
+    """Connect, check the certificate pin before sending anything, and yield the connection; on the way
+    out it is closed at once and waits out its closing period in the background (close_soon)."""
     connection = await open_connection(host=host, port=port, pin_sha256=pin_sha256, settings=settings,
                                        timeout_s=timeout_s)
     try:
         yield QuicPeerConnection(connection)
     finally:
-        await connection.close()
+        connection.close_soon()
 
 
 async def quic_call(
