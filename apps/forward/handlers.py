@@ -23,7 +23,6 @@ from typing import Any
 import httpx
 import numpy as np
 from django.conf import settings
-from django.db import close_old_connections
 
 from apps.forward import services
 from apps.forward.callers import HolderCaller
@@ -32,6 +31,7 @@ from apps.forward.engine import ForwardLimits, ForwardReport, run_forward
 from apps.forward.hedging import HedgePolicy, LatencyBook
 from apps.forward.ledger import ForwardWork
 from apps.governance.selectors import policy_active
+from apps.node.db_threads import with_kept_connections
 from apps.providers.selectors import holding_views, provider_views, replication_policy
 from apps.receipts.sampling import keep_receipt
 from apps.worker.doors import CallContext, WorkerParts
@@ -271,11 +271,7 @@ class DistributedForward:
 
     def _write(self, work: Callable[[], Any]) -> None:
         """Run `work` on the database thread, off the event loop; a failure is logged (_written)."""
-        def run() -> None:
-            close_old_connections()
-            work()
-
-        future = asyncio.get_running_loop().run_in_executor(self._db, run)
+        future = asyncio.get_running_loop().run_in_executor(self._db, with_kept_connections(work))
         self._writes.add(future)
         future.add_done_callback(self._written)
 

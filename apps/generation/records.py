@@ -18,9 +18,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from django.db import close_old_connections
-
 from apps.generation import services
+from apps.node.db_threads import with_kept_connections
 
 logger = logging.getLogger("tenzro.generation")
 
@@ -40,11 +39,7 @@ class RecordWriter:
         self._open: Batch | None = None  # the batch of the queued steps job that still takes hand-overs
 
     def _queue(self, func: Callable[..., Any], /, **kwargs: Any) -> asyncio.Future:
-        def run() -> Any:
-            close_old_connections()
-            return func(**kwargs)
-
-        future = asyncio.get_running_loop().run_in_executor(self._db, run)
+        future = asyncio.get_running_loop().run_in_executor(self._db, with_kept_connections(lambda: func(**kwargs)))
         future.add_done_callback(_log_failed_write)
         return future
 

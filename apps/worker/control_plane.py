@@ -17,17 +17,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from django.db import close_old_connections
-
 from apps.governance.selectors import policy_active, policy_to_dict
-
-
-def _fresh(func: Callable[[], Any]) -> Callable[[], Any]:
-    def run() -> Any:
-        close_old_connections()  # a long-lived worker thread must not reuse a dead connection
-        return func()
-
-    return run
+from apps.node.db_threads import with_kept_connections
 
 
 class ControlPlaneView:
@@ -45,7 +36,7 @@ class ControlPlaneView:
             hit = self._cache.get(key)
             if hit is not None and time.monotonic() - hit[0] < self._ttl_s:
                 return hit[1]
-            value = await asyncio.get_running_loop().run_in_executor(self._executor, _fresh(func))
+            value = await asyncio.get_running_loop().run_in_executor(self._executor, with_kept_connections(func))
             self._cache[key] = (time.monotonic(), value)
             return value
 

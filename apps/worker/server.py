@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections
 from django.utils import timezone
 
 from apps.blobs.handlers import BlobHandlers
@@ -28,6 +27,7 @@ from apps.blobs.quic_fetch import QuicBlobSource
 from apps.blobs.resolver import HttpBlobSource, resolve_blob
 from apps.blobs.selectors import blob_store
 from apps.blobs.store import parse_blob_uri
+from apps.node.db_threads import keep_or_renew_connections, with_kept_connections
 from apps.node.selectors import node_identity
 from apps.receipts.commitment import ReceiptSigner
 from apps.receipts.sampling import sampling_key
@@ -84,15 +84,6 @@ class _CountedSigner:
         return receipt
 
 
-def _in_db(func: Any) -> Any:
-    """Run a service on the publisher's thread with a connection that is still alive."""
-    def run(*args: Any, **kwargs: Any) -> Any:
-        close_old_connections()
-        return func(*args, **kwargs)
-
-    return run
-
-
 class WorkerServer:
     def __init__(self) -> None:
         self.identity = node_identity()
@@ -107,9 +98,10 @@ class WorkerServer:
         self.executor = ThreadPoolExecutor(max_workers=settings.TENZRO_COMPUTE_THREADS, thread_name_prefix="expert")
         self.publisher = StatePublisher(
             snapshot=lambda: _tier_gauges(self.runtime.status()),
-            publish=_in_db(lambda status: services.worker_state_publish(
+            publish=with_kept_connections(lambda status: services.worker_state_publish(
                 provider_id=self.identity.provider_id, pid=os.getpid(), started_at=self._started_at, status=status)),
-            heartbeat=_in_db(lambda status: services.worker_state_heartbeat(pid=os.getpid(), status=status)),
+            heartbeat=with_kept_connections(
+                lambda status: services.worker_state_heartbeat(pid=os.getpid(), status=status)),
             heartbeat_s=settings.TENZRO_WORKER_HEARTBEAT_S,
         )
         budget, self.host_share = self._memory_budget()
@@ -131,7 +123,7 @@ class WorkerServer:
             providers of the gossip view (QUIC pinned to their records; then their HTTP doors), then the
             configured peers over HTTP (apps/providers/selectors.blob_holder_endpoints)."""
             hash_ = parse_blob_uri(uri)
-            close_old_connections()
+            keep_or_renew_connections()
             resolved = resolve_blob(store, hash_, sources=self._blob_sources(hash_),
                                     max_bytes=settings.TENZRO_BLOB_MAX_BYTES)
             if resolved.source is not None:
@@ -356,7 +348,7 @@ class WorkerServer:
             self._quic.close()
         for task in list(self._tasks):
             task.cancel()
-        await self.publisher.close(final=_in_db(lambda: services.worker_state_stopped(pid=os.getpid())))
+        await self.publisher.close(final=with_kept_connections(lambda: services.worker_state_stopped(pid=os.getpid())))
         if self.host_share is not None:
             self.host_share.leave()
         self.executor.shutdown(wait=False, cancel_futures=True)
