@@ -10,7 +10,7 @@ from django.db import close_old_connections, connection
 
 from apps.node.db_threads import keep_or_renew_connections, with_kept_connections
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db  # queries of their own on other threads: SELECT 1 only
 
 
 def _raw() -> object:
