@@ -68,7 +68,8 @@ def _finish(job: dict[str, Any]) -> None:
               help="Comma-separated expert ids, e.g. 1,2,5 (with --dense-slices: slice ids, default all).")
 @click.option("--dense-slices", type=click.IntRange(1, 1024), default=None,
               help="Cut a dense (non-MoE) layer into N d_ff slices, published as experts 0..N-1 with a dense gate.")
-@click.option("--quant", default=None, help="Preset: q4_k_m, q8_0, q4_k, q6_k (omit both for dense f32).")
+@click.option("--quant", default=None, help="Preset: q4_k_m, q8_0, q4_k, q6_k (omit both for dense f32). "
+              "Experts the checkpoint stores as MXFP4 (gpt-oss) stay MXFP4 whatever is asked.")
 @click.option("--quant-json", default=None, help='Per projection, e.g. {"gate":"q4_k","up":"q4_k","down":"q6_k"}.')
 @click.option("--checkpoint", default=None, help="Checkpoint folder or http(s) URL (default: the catalog's).")
 @click.option("--wait", is_flag=True, help="Wait for the job, with a progress bar on a terminal.")

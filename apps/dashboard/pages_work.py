@@ -130,7 +130,9 @@ def receipt_dispute(request: HttpRequest, receipt_id: int) -> HttpResponse:
     return redirect("dashboard-receipts")
 
 
-QUANT_CHOICES = [("", "none (f32)"), *((name, name) for name in sorted(PRESETS) if name != "none")]
+# experts a checkpoint stores as MXFP4 (gpt-oss) stay MXFP4 whatever is chosen (docs/formats.md)
+QUANT_CHOICES = [("", "none (f32, or the checkpoint's MXFP4)"),
+                 *((name, name) for name in sorted(PRESETS) if name != "none")]
 
 
 class PrepareForm(forms.Form):
