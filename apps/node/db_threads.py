@@ -1,5 +1,5 @@
 """Database connections of a worker's own long-lived threads (its record writers, its state
-publisher, its control-plane reads, its blob resolver): kept from one job to the next.
+publisher, its control-plane reads): kept from one job to the next.
 
 Django ties a connection's life to a request. With CONN_MAX_AGE 0 (the default, and what the web
 process under ASGI must keep) close_old_connections() closes it before every job, so each job of
@@ -42,5 +42,19 @@ def with_kept_connections(func: Callable[P, T]) -> Callable[P, T]:
     def run(*args: P.args, **kwargs: P.kwargs) -> T:
         keep_or_renew_connections()
         return func(*args, **kwargs)
+
+    return run
+
+
+def with_connections_closed_after(func: Callable[P, T]) -> Callable[P, T]:
+    """`func` whose thread closes its connections when it returns: for a pool thread that reads the
+    database only now and then (the compute threads, to find a blob's holders), so that none holds one
+    idle between (a PostgreSQL server counts each against its max_connections)."""
+    @functools.wraps(func)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return func(*args, **kwargs)
+        finally:
+            connections.close_all()
 
     return run

@@ -27,7 +27,7 @@ from apps.blobs.quic_fetch import QuicBlobSource
 from apps.blobs.resolver import HttpBlobSource, resolve_blob
 from apps.blobs.selectors import blob_store
 from apps.blobs.store import parse_blob_uri
-from apps.node.db_threads import keep_or_renew_connections, with_kept_connections
+from apps.node.db_threads import with_connections_closed_after, with_kept_connections
 from apps.node.selectors import node_identity
 from apps.receipts.commitment import ReceiptSigner
 from apps.receipts.sampling import sampling_key
@@ -123,9 +123,8 @@ class WorkerServer:
             providers of the gossip view (QUIC pinned to their records; then their HTTP doors), then the
             configured peers over HTTP (apps/providers/selectors.blob_holder_endpoints)."""
             hash_ = parse_blob_uri(uri)
-            keep_or_renew_connections()
-            resolved = resolve_blob(store, hash_, sources=self._blob_sources(hash_),
-                                    max_bytes=settings.TENZRO_BLOB_MAX_BYTES)
+            sources = with_connections_closed_after(self._blob_sources)(hash_)  # a compute thread's one read
+            resolved = resolve_blob(store, hash_, sources=sources, max_bytes=settings.TENZRO_BLOB_MAX_BYTES)
             if resolved.source is not None:
                 self.methods.counts[f"blob_fetch.{resolved.source.split()[0]}"] += 1
                 logger.info("blob %s fetched over %s", hash_[:16], resolved.source)

@@ -8,7 +8,7 @@ import pytest
 from django.conf import settings
 from django.db import close_old_connections, connection
 
-from apps.node.db_threads import keep_or_renew_connections, with_kept_connections
+from apps.node.db_threads import keep_or_renew_connections, with_connections_closed_after, with_kept_connections
 
 pytestmark = pytest.mark.django_db  # queries of their own on other threads: SELECT 1 only
 
@@ -57,3 +57,11 @@ def test_a_connection_kept_its_time_is_renewed() -> None:
 
     first, second = _jobs(job, job)
     assert first is not second
+
+
+def test_a_pool_thread_that_reads_now_and_then_keeps_no_connection_idle() -> None:
+    def read_then_look() -> bool:
+        with_connections_closed_after(_raw)()
+        return connection.connection is None
+
+    assert _jobs(read_then_look, read_then_look) == [True, True]
