@@ -14,6 +14,10 @@ A software adapter (Mesa's lavapipe: WebGPU emulated on these same cores) is mea
 Qwen3 dims and batches up to 32 unless --full: it shows the WGSL path works, not GPU speed.
 Without any GPU backend the table says why each is unavailable. Quantized weights are random
 valid GGML blocks (speed does not depend on the values). Times are the minimum over repetitions.
+
+On CUDA a second table times the fused mat-vec kernels of the decode batches (1, 2, 4, 8 tokens)
+alone, with CUDA events (no host overhead), as weight bytes read per second against the
+device's copy bandwidth measured in the same run (a mat-vec is bound by memory, as a copy is).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from bench.runtime import best
 from core.experts.backend_names import GPU_CHOICES
 from core.experts.backends import CpuBackend, TensorIn
 from core.experts.gpu.backend import GpuBackend
+from core.experts.gpu.cuda_timing import copy_bandwidth
 from core.experts.gpu.ops import DeviceUnavailable
 from core.experts.selection import device_budget, open_device
 from core.quantization.registry import f32_to_dense
@@ -41,6 +46,7 @@ from testkit.blocks import random_blocks
 
 DIMS = {"Qwen3-30B-A3B": (2048, 768), "DeepSeek-V3": (7168, 2048)}
 BATCHES = (1, 8, 32, 128, 512)
+MATVEC_BATCHES = (1, 2, 4, 8)  # the fused mat-vec kernels' buckets (cuda.MV_ROWS)
 FORMATS = {"F16": ("F16", "F16", "F16"), "Q8_0": ("Q8_0", "Q8_0", "Q8_0"), "q4_k_m": ("Q4_K", "Q4_K", "Q6_K")}
 
 
@@ -70,6 +76,25 @@ def compare(cpu: CpuBackend, gpu: GpuBackend, weights: list[TensorIn], x_all: np
     return out
 
 
+def matvec_rows(ops: Any, cpu: CpuBackend, weights: list[TensorIn], fmts: tuple[str, ...],
+                x_all: np.ndarray) -> list[tuple[int, str, float, float]]:
+    """(t, matrix, device µs, weight GB/s) of the CUDA fused mat-vec kernels of one expert at
+    the decode batches, gate|up and down, device time alone (CUDA events)."""
+    from core.experts.gpu.cuda_timing import time_matvec
+
+    handle = ops.upload(cpu.prepare_expert(*weights), fmts)
+    out = []
+    for t in MATVEC_BATCHES:
+        for name, w in (("gate|up", handle.gate_up[0]), ("down", handle.down)):
+            if len(handle.gate_up) > 1 and name == "gate|up":
+                continue  # mixed types: two products, not the stacked one this table shows
+            x = np.ascontiguousarray(x_all[:t, : w.shape[1]])
+            seconds = time_matvec(ops, w, x, reps=50)
+            out.append((t, name, seconds * 1e6, w.nbytes / seconds / 1e9))
+    ops.release(handle)
+    return out
+
+
 def open_devices() -> tuple[dict[str, Any], dict[str, str]]:
     """{kind: DeviceOps} of every GPU backend that opens here, and {kind: why not} for the rest."""
     opened: dict[str, Any] = {}
@@ -88,6 +113,9 @@ def main(quick: bool = False, full: bool = False) -> None:
     reps = 2 if quick else 4
     rows: list[list[object]] = []
     results: list[dict[str, Any]] = []
+    kernel_rows: list[list[object]] = []
+    kernels: list[dict[str, Any]] = []
+    copy_bps = copy_bandwidth(opened["cuda"]) if "cuda" in opened else None
     for kind, ops in opened.items():
         gpu = GpuBackend(ops, cpu=cpu, device_budget_bytes=device_budget(ops, None))
         software = ops.software and not full
@@ -108,6 +136,12 @@ def main(quick: bool = False, full: bool = False) -> None:
                                     "model": model, "format": fmt_name, "batch": batch,
                                     "gpu_rows_per_s": batch / t_gpu, "cpu_rows_per_s": batch / t_cpu,
                                     "ratio": t_cpu / t_gpu})
+                if kind == "cuda":
+                    for t, matrix, us, gbs in matvec_rows(ops, cpu, weights, fmts, x_all):
+                        kernel_rows.append([model, fmt_name, t, matrix, round(us, 1), round(gbs),
+                                            f"{gbs * 1e9 / copy_bps:.2f}"])
+                        kernels.append({"model": model, "format": fmt_name, "batch": t, "matrix": matrix,
+                                        "device_us": us, "weight_gb_per_s": gbs, "copy_gb_per_s": copy_bps / 1e9})
         counts = gpu.device_status()["counts"]
         if counts["cpu_rows"]:
             print(f"warning: {kind} ran {counts['cpu_rows']} rows on the CPU (last error: {gpu.last_error})")
@@ -120,17 +154,22 @@ def main(quick: bool = False, full: bool = False) -> None:
         print(f"{kind}: not measured: {why}")
     print_table("Expert forward, GPU backend vs CPU backend (rows/s, x to the device and y back included)",
                 ["backend", "model", "format", "batch", "gpu rows/s", "cpu rows/s", "gpu/cpu"], rows)
+    if kernel_rows:
+        print_table(f"CUDA fused mat-vec kernels, device time (weight bytes read per second vs the device's copy "
+                    f"bandwidth, {copy_bps / 1e9:.0f} GB/s counting bytes read and written, measured in this run)",
+                    ["model", "format", "batch", "matrix", "device µs", "weight GB/s", "/ copy"], kernel_rows)
     headlines = []
     for kind in opened:
         mine = [r for r in results if r["backend"] == kind]
-        for batch in (1, 512):
+        for batch in (1, 8, 512):
             at = [r for r in mine if r["batch"] == batch and r["format"] == "Q8_0"]
             if at:
                 r = max(at, key=lambda r: DIMS[r["model"]][0])
                 headlines.append(headline(f"{kind} Q8_0 {r['model']} batch {batch}", r["gpu_rows_per_s"], "rows/s",
                                           reference=f"CPU backend ({cpu.cpu_kernel})",
                                           reference_value=r["cpu_rows_per_s"]))
-    write_results("gpu", {"cpu_kernel": cpu.cpu_kernel, "unavailable": missing, "results": results}, headlines)
+    write_results("gpu", {"cpu_kernel": cpu.cpu_kernel, "unavailable": missing, "results": results,
+                          "matvec_kernels": kernels}, headlines)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import pytest
 from gguf import GGMLQuantizationType, quants
 
 from core.experts.backends import CpuBackend, CpuExpert, TensorIn
-from core.experts.gpu import cuda
+from core.experts.gpu import cuda, cuda_timing
 from core.experts.gpu.cuda_selftest import expert_error_bound, random_weight
 from core.experts.gpu.ops import DeviceError, DeviceUnavailable
 from core.quantization.registry import dequantize
@@ -299,7 +299,7 @@ def check_forward(ops, fmts, d_model, d_ff, t, seed):
     assert (np.abs(y - cpu) <= 2 * bound).all()  # both within `bound` of the exact forward
 
 
-@pytest.mark.parametrize("t", [1, 8, 64, 512])
+@pytest.mark.parametrize("t", [1, 2, 3, 8, 64, 512])
 @pytest.mark.parametrize("fmts", FORMAT_MIXES, ids="-".join)
 def test_forward_matches_cpu(ops, fmts, t):
     check_forward(ops, fmts, 512, 256, t, seed=170 + t)
@@ -320,7 +320,7 @@ def test_bad_input_and_timing(ops):
     handle = ops.upload(host, ("Q4_K",) * 3)
     with pytest.raises(ValueError, match=r"x must be f32 \[t >= 1, 256\]"):
         ops.forward(handle, np.zeros((2, 128), dtype=np.float32))
-    seconds = cuda.time_forward(ops, handle, rng.standard_normal((4, 256)).astype(np.float32), reps=3)
+    seconds = cuda_timing.time_forward(ops, handle, rng.standard_normal((4, 256)).astype(np.float32), reps=3)
     assert seconds > 0
     assert issubclass(DeviceError, RuntimeError)
     ops.release(handle)
@@ -334,12 +334,21 @@ def test_bad_input_and_timing(ops):
 
 SIGNATURES = {"mv": (None, np.int64, np.int32, np.int32, None, np.int32, None),
               "dq": (None, np.int64, np.int32, np.int32, np.int32, None),
-              "silu_mul": (None, None, None, np.int64)}
+              "silu_mul": (None, None, None, np.int64),
+              "silu_mul_rows": (None, None, None, np.int32, np.int32, np.int64)}
 
 
 class DevArray(np.ndarray):
-    def get(self, stream=None):
-        return np.array(self)
+    def get(self, stream=None, out=None, blocking=True):
+        if out is None:
+            return np.array(self)
+        assert out.shape == self.shape and out.dtype == self.dtype and blocking
+        out[...] = self
+        return out
+
+    def set(self, arr, stream=None):
+        assert arr.shape == self.shape and arr.dtype == self.dtype
+        self[...] = arr
 
 
 class Ctx:
@@ -357,19 +366,20 @@ class Ctx:
 
 
 def emulated_cupy(monkeypatch, lib) -> None:
-    mods = {n: types.ModuleType(n) for n in ("cupy", "cupy.cuda", "cupy.cuda.runtime", "cupy.cuda.memory",
+    mods = {n: types.ModuleType(n) for n in ("cupy", "cupyx", "cupy.cuda", "cupy.cuda.runtime", "cupy.cuda.memory",
                                              "cupy.cuda.driver", "cupy.cublas", "cupy_backends",
                                              "cupy_backends.cuda", "cupy_backends.cuda.libs",
                                              "cupy_backends.cuda.libs.cublas")}
     cp, cc = mods["cupy"], mods["cupy.cuda"]
     cp.float32 = np.float32
+    mods["cupyx"].empty_pinned = lambda size, dtype: np.full(size, np.nan, dtype=dtype)  # a plain host array here
     cp.asarray = lambda a: np.array(a).view(DevArray)
     cp.ascontiguousarray = lambda a: np.ascontiguousarray(a).view(DevArray)
     cp.empty = lambda shape, dtype: np.full(shape, np.nan, dtype=dtype).view(DevArray)  # NaN: unwritten shows
 
     def gemm(ta, tb, a, b, out):
-        assert (ta, tb) == ("N", "N") and a.dtype == b.dtype == out.dtype == np.float32
-        out[...] = a.astype(np.float64) @ b.astype(np.float64)
+        assert ta == "N" and tb in ("N", "T") and a.dtype == b.dtype == out.dtype == np.float32
+        out[...] = a.astype(np.float64) @ (b.T if tb == "T" else b).astype(np.float64)
 
     mods["cupy.cublas"].gemm = gemm
     cp.cublas = mods["cupy.cublas"]
@@ -395,17 +405,29 @@ def emulated_cupy(monkeypatch, lib) -> None:
         return host_decode(lib, fmt.upper(), np.array(w.view(np.uint8).reshape(-1, w.shape[-1])[rows]))
 
     def kernel(name: str):
-        op, fmt = name[3:].split("_", 1) if not name.endswith("silu_mul") else ("silu_mul", "")
+        op, fmt = name[3:].split("_", 1) if "silu" not in name else (name[3:], "")
+        bucket = 0
+        if op.startswith("mv"):
+            op, bucket = "mv", int(op[2:])
+            assert bucket in cuda.MV_ROWS, name
 
         def launch(grid, block, args, stream=None):
             kinds = SIGNATURES[op]
             assert len(args) == len(kinds), name
             for arg, kind in zip(args, kinds, strict=True):
                 assert isinstance(arg, DevArray) if kind is None else type(arg) is kind, f"{name}: {arg!r}"
-            if op == "mv":
-                w, _, m, n, xt, t, y = args
-                assert xt.shape == (n, t) and y.shape == (m, t) and t <= cuda.SMALL_BATCH
-                y[...] = decode(fmt, w, slice(0, m), int(n)).astype(np.float64) @ xt
+            if op == "mv":  # token-major x [t, n] -> y [t, m]; the smallest bucket that holds t
+                w, _, m, n, x, t, y = args
+                assert x.shape == (t, n) and y.shape == (t, m) and t <= bucket and bucket // 2 < t, name
+                assert grid == (-(-m // (4 * cuda.MV_ROWS[bucket])),) and block == (128,), (name, grid, block)
+                y[...] = x.astype(np.float64) @ decode(fmt, w, slice(0, m), int(n)).T
+            elif op == "silu_mul_rows":  # g, u [t, ld] views (the halves of one stacked product, or two)
+                g, u, h, cols, rows, ld = args
+                assert h.shape == (rows, cols) and g.shape[0] == u.shape[0] == rows, name
+                assert g.strides[0] == u.strides[0] == 4 * ld, name
+                gg, uu = g[:, :cols], u[:, :cols]
+                with np.errstate(over="ignore"):
+                    h[...] = gg / (1.0 + np.exp(-gg.astype(np.float64))) * uu
             elif op == "dq":
                 w, _, n, r0, rows, out = args
                 out[...] = decode(fmt, w, slice(int(r0), int(r0 + rows)), int(n))

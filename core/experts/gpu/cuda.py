@@ -10,17 +10,21 @@ form stacks them):
   kept f32. The f32 -> f16/bf16 narrowing is checked to be exact at upload (ValueError if not:
   the types passed do not describe the host data).
 
-Activations stay on the device, transposed: X [n, t] C-contiguous (column per token), so each
-product is W[m, n]·X[n, t] -> Y[m, t] with row tiles contiguous. One forward, on the device's
-own stream: upload x, transpose, gate|up, silu(g)·u, down, transpose, one device->host copy
-(`ndarray.get`, which waits for the stream).
+Activations, by batch t: up to SMALL_BATCH (8) tokens, the decode batches, they stay
+token-major as the host sends them, X [t, n], and every product writes Y [t, m]: upload x,
+gate|up, silu(g)·u over rows, down, one device->host copy (`ndarray.get`, which waits for the
+stream), no transpose. Larger batches are transposed on the device, X [n, t] C-contiguous
+(column per token), so that each product is W[m, n]·X[n, t] -> Y[m, t] with row tiles
+contiguous: upload x, transpose, gate|up, silu(g)·u, down, transpose, one copy back.
 
 Products, by weight format and batch t:
   F32, any t              cupy.cublas.gemm -> cublasSgemm (f32 in, f32 accumulate, f32 out; no
                           TF32: sgemm runs CUBLAS_DEFAULT_MATH, TF32 needs a math mode we never set)
-  other, t <= 8           tz_mv_<fmt>: fused dequant-mat-vec, one warp per output row, each lane
-                          decodes its part of a block once and dots it with all t columns of X,
-                          shuffle reduction (llama.cpp's dmmv scheme); fmaf accumulation
+  other, t <= 8           tz_mv<T>_<fmt>, T the smallest of 1, 2, 4, 8 that holds t: fused
+                          dequant-mat-vec, a warp per MV_ROWS[T] output rows, each lane decodes
+                          its group of a block once per row and dots it with the t token rows of
+                          X it loaded once for all of them, MV_UNROLL blocks in flight, shuffle
+                          reduction (llama.cpp's dmmv scheme); fmaf accumulation
   other, t > 8            tz_dq_<fmt> decodes row tiles to an f32 workspace (at most TILE_BYTES =
                           64 MiB, allocated once, reused), cublasSgemm of each tile into rows of Y
 F16/BF16 with f32 activations: cublasGemmEx takes A and B of one type, so an f16 GEMM would
@@ -46,19 +50,17 @@ open_device compiles the kernels (NVRTC) and runs a self-test on the device: eve
 against the host decoder bit for bit, every mat-vec and the silu kernel against numpy, so a
 kernel that misbehaves on some GPU makes the device unavailable instead of wrong.
 
-Verified where (no GPU on the development machines): the decoders compiled for the host
-(g++) match gguf-py bit for bit; nvcc 13.0 --ptx (sm_80) compiles the file with no warning and
-no FMA in the decode kernels; NVRTC 12.9 (the pip one CuPy uses) compiled it by hand with an
-empty log; CuPy API names checked against CuPy 14.2's source and install (no driver here:
-open_device's "no CUDA device" path ran for real); the Python side (layouts, tiles, launch
-argument types, self-test) ran against an emulated cupy in the tests. The kernels' device code,
-cuBLAS calls and real forwards run only in tests/experts/test_gpu_cuda.py's GPU tests, which
-skip without a CUDA device.
+Verified where: on an NVIDIA H200 (driver 580, CUDA 13, CuPy 14.2) tests/experts/
+test_gpu_cuda.py's GPU tests and the self-test pass, and bench/gpu.py measured the kernels
+(docs/performance.md, "GPU expert backend"). Without a GPU (the development machines): the
+decoders compiled for the host (g++) match gguf-py bit for bit; nvcc --ptx (sm_80) compiles
+the file with no warning and no FMA in the decode kernels; the Python side (layouts, tiles,
+launch shapes and argument types, self-test) runs against an emulated cupy in the tests.
 """
 
 from __future__ import annotations
 
-import time
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,13 +72,19 @@ from core.experts.gpu.ops import DeviceError, DeviceUnavailable
 
 KERNELS_PATH = Path(__file__).with_name("cuda_kernels.cu")
 REQUIREMENTS_HINT = "pip install -r requirements-gpu-cuda.txt"
-SMALL_BATCH = 8  # batches up to this take the fused mat-vec kernels (TZ_MAX_T in the .cu)
+SMALL_BATCH = 8  # batches up to this take the fused mat-vec kernels
+# Fused mat-vec kernels: {T: R}: the kernel for batches up to T tokens computes R output rows per
+# warp (the x a lane loads serves R rows); MV_UNROLL: blocks of the k loop a warp has in flight.
+# Passed to NVRTC as -D options (cuda_kernels.cu has the same defaults).
+MV_ROWS = {1: 1, 2: 2, 4: 2, 8: 4}
+MV_UNROLL = 4
 TILE_BYTES = 64 << 20  # f32 dequantize workspace for the larger batches, shared by all experts
 BLOCK_FORMATS = {"Q8_0": "q8_0", "Q4_K": "q4_k", "Q6_K": "q6_k"}  # ggml type -> kernel suffix
 HALF_FORMATS = {"F16": "f16", "BF16": "bf16"}
-KERNEL_NAMES = (*(f"tz_{op}_{s}" for op in ("mv", "dq") for s in (*BLOCK_FORMATS.values(), *HALF_FORMATS.values())),
-                "tz_silu_mul")
-_MV_WARPS = 4  # warps (output rows) per mat-vec thread block
+_SUFFIXES = (*BLOCK_FORMATS.values(), *HALF_FORMATS.values())
+KERNEL_NAMES = (*(f"tz_mv{t}_{s}" for t in MV_ROWS for s in _SUFFIXES), *(f"tz_dq_{s}" for s in _SUFFIXES),
+                "tz_silu_mul", "tz_silu_mul_rows")
+_MV_WARPS = 4  # warps per mat-vec thread block
 _GRID_CAP = 1 << 16  # grid-stride kernels: enough blocks to fill any GPU, no more
 
 
@@ -194,9 +202,10 @@ class CudaOps:
         with self._device:
             self._pool = cupy.cuda.MemoryPool()  # ours alone: close() hands all of it back
             self._stream = cupy.cuda.Stream(non_blocking=True)
-            module = cupy.RawModule(code=KERNELS_PATH.read_text(), options=("--std=c++17",))
+            module = cupy.RawModule(code=KERNELS_PATH.read_text(), options=kernel_options())
             self._kernels = {name: module.get_function(name) for name in KERNEL_NAMES}  # compiles and loads now
         self._workspace: Any = None
+        self._staging: dict[str, np.ndarray] = {}  # "in"/"out": f32 page-locked host buffers, grown, reused
 
     # -- context -----------------------------------------------------------------------------
 
@@ -260,7 +269,18 @@ class CudaOps:
     def _forward(self, e: CudaExpert, x: np.ndarray) -> np.ndarray:
         cp = self._cp
         t = x.shape[0]
-        xt = cp.ascontiguousarray(cp.asarray(x).T)  # [d_model, t]
+        if t <= SMALL_BATCH:  # token-major throughout: no transpose on the device
+            x_rows = self._to_device(x)  # [t, d_model]
+            if len(e.gate_up) == 1:
+                gu = self.matvec(e.gate_up[0], x_rows)  # [t, 2·d_ff]
+                g, u, ld = gu, gu[:, e.d_ff :], 2 * e.d_ff
+            else:
+                (g, u), ld = (self.matvec(w, x_rows) for w in e.gate_up), e.d_ff
+            h = cp.empty((t, e.d_ff), dtype=cp.float32)
+            self._launch("tz_silu_mul_rows", (min(_GRID_CAP, -(-(t * e.d_ff) // 256)),), (256,),
+                         (g, u, h, np.int32(e.d_ff), np.int32(t), np.int64(ld)))
+            return self._to_host(self.matvec(e.down, h))
+        xt = cp.ascontiguousarray(self._to_device(x).T)  # [d_model, t]
         if len(e.gate_up) == 1:
             gu = self.matmul(e.gate_up[0], xt)  # [2·d_ff, t]
             g, u = gu[: e.d_ff], gu[e.d_ff :]
@@ -270,26 +290,64 @@ class CudaOps:
         count = e.d_ff * t
         self._launch("tz_silu_mul", (min(_GRID_CAP, -(-count // 256)),), (256,), (g, u, h, np.int64(count)))
         y_t = self.matmul(e.down, h)  # [d_model, t]
-        return cp.ascontiguousarray(y_t.T).get(stream=self._stream)  # blocking: waits for the stream
+        return self._to_host(cp.ascontiguousarray(y_t.T))
+
+    def _pinned(self, which: str, shape: tuple[int, ...]) -> np.ndarray:
+        """A page-locked host array of `shape` (f32), a view of the "in" or "out" staging buffer.
+        A copy from pageable memory is staged by the driver and synchronous (tens of µs for a
+        few KiB, measured on an H200); from page-locked memory it is one DMA on our stream.
+        Reusing the buffers is safe: device calls are serialized and each forward waits for
+        its copy back before it returns."""
+        size = math.prod(shape)  # not np.prod: a third of this method's time at decode sizes
+        buf = self._staging.get(which)
+        if buf is None or buf.size < size:
+            import cupyx
+
+            buf = self._staging[which] = cupyx.empty_pinned(max(size, 1 << 16), dtype=np.float32)
+        return buf[:size].reshape(shape)
+
+    def _to_device(self, x: np.ndarray) -> Any:
+        """x (f32, C-contiguous) on the device, copied through the "in" staging buffer."""
+        staged = self._pinned("in", x.shape)
+        np.copyto(staged, x)
+        out = self._cp.empty(x.shape, dtype=self._cp.float32)
+        out.set(staged, stream=self._stream)
+        return out
+
+    def _to_host(self, y: Any) -> np.ndarray:
+        """y (f32, C-contiguous, on the device) as a new host array; waits for the stream."""
+        staged = self._pinned("out", y.shape)
+        y.get(stream=self._stream, out=staged, blocking=True)
+        return staged.copy()
 
     def _launch(self, name: str, grid: tuple[int, ...], block: tuple[int, ...], args: tuple) -> None:
         self._kernels[name](grid, block, args, stream=self._stream)
 
+    def matvec(self, w: DeviceWeight, x_rows: Any) -> Any:
+        """W [m, n] · x token-major [t <= SMALL_BATCH, n] -> Y f32 [t, m] on the device (call
+        inside _run): the fused mat-vec kernel of the smallest bucket that holds t."""
+        cp = self._cp
+        m, n = w.shape
+        t = x_rows.shape[0]
+        y = cp.empty((t, m), dtype=cp.float32)
+        if w.fmt == "F32":
+            self._gemm("N", "T", x_rows, w.data, out=y)
+            return y
+        bucket = next(b for b in MV_ROWS if b >= t)
+        suffix = BLOCK_FORMATS.get(w.fmt) or HALF_FORMATS[w.fmt]
+        self._launch(f"tz_mv{bucket}_{suffix}", (-(-m // (_MV_WARPS * MV_ROWS[bucket])),), (32 * _MV_WARPS,),
+                     (w.data, np.int64(w.data.nbytes // m), np.int32(m), np.int32(n), x_rows, np.int32(t), y))
+        return y
+
     def matmul(self, w: DeviceWeight, xt: Any) -> Any:
-        """W [m, n] · X [n, t] -> Y f32 [m, t] on the device (call inside _run)."""
+        """W [m, n] · X [n, t] -> Y f32 [m, t] on the device, for batches above SMALL_BATCH
+        (call inside _run): cuBLAS sgemm, of f32 row tiles decoded into the workspace."""
         cp = self._cp
         m, n = w.shape
         t = xt.shape[1]
         y = cp.empty((m, t), dtype=cp.float32)
         if w.fmt == "F32":
             self._gemm("N", "N", w.data, xt, out=y)
-            return y
-        suffix = BLOCK_FORMATS.get(w.fmt) or HALF_FORMATS[w.fmt]
-        row_bytes = np.int64(w.data.nbytes // m)
-        if t <= SMALL_BATCH:
-            grid = (-(-m // _MV_WARPS),)
-            self._launch(f"tz_mv_{suffix}", grid, (32 * _MV_WARPS,),
-                         (w.data, row_bytes, np.int32(m), np.int32(n), xt, np.int32(t), y))
             return y
         rows = max(1, min(m, TILE_BYTES // (4 * n)))
         tile = self._tile(rows * n)
@@ -320,20 +378,10 @@ class CudaOps:
         return self._workspace
 
 
-def time_forward(ops: CudaOps, handle: CudaExpert, x: np.ndarray, reps: int) -> float:
-    """Mean wall seconds of ops.forward(handle, x) over `reps` calls, after one warm-up call.
-
-    Each forward ends with a blocking device->host copy, so it is complete when it returns;
-    the device is synchronized before the clock starts, so no earlier work is counted."""
-    if reps < 1:
-        raise ValueError(f"reps must be >= 1, got {reps}")
-    ops.forward(handle, x)
-    ops._stream.synchronize()
-    start = time.perf_counter()
-    for _ in range(reps):
-        ops.forward(handle, x)
-    ops._stream.synchronize()
-    return (time.perf_counter() - start) / reps
+def kernel_options() -> tuple[str, ...]:
+    """NVRTC options: C++17 and the mat-vec shapes (MV_ROWS, MV_UNROLL) as -D macros."""
+    return ("--std=c++17", *(f"-DTZ_MV_ROWS_{t}={rows}" for t, rows in MV_ROWS.items()),
+            f"-DTZ_MV_UNROLL={MV_UNROLL}")
 
 
 def open_device(*, device_index: int = 0) -> CudaOps:

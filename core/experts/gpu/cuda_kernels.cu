@@ -8,16 +8,18 @@
 //      tests/experts/test_gpu_cuda.py compiles this file for the HOST (g++, no __CUDACC__)
 //      and compares every decoded value bit for bit with gguf-py's decoder.
 //   2. Kernels (only under a CUDA compiler): dequantize row tiles to f32 for cuBLAS, the fused
-//      dequant-mat-vec for batches up to TZ_MAX_T tokens (one warp per output row, shuffle
+//      dequant-mat-vec for batches up to 8 tokens (a warp per 1-4 output rows, shuffle
 //      reduction, each weight block read once), and silu(g)*u.
 //
 // Bit-exactness: the decoders use the products in gguf-py's order, (d*sc)*q - dmin*m, and on
 // the device through __fmul_rn/__fsub_rn, which the compiler never contracts into an FMA (an
 // FMA would round once where numpy rounds twice). Host builds must pass -ffp-contract=off.
 //
-// Activation layout (all kernels): column-major per token, x[k*t + tok] for k < n, tok < t:
-// the device keeps activations transposed ([n, t] C-contiguous) so that each matmul is
-// W[m, n] . X[n, t] -> Y[m, t], a plain row-major cuBLAS product and a contiguous row tile.
+// Activation layouts: the mat-vec kernels (batches up to 8) read x token-major, x[tok*n + k],
+// and write y token-major, as the host sends and receives them: a small batch needs no
+// transpose on the device. Larger batches go through cuBLAS with the activations transposed
+// ([n, t] C-contiguous), so that each product is W[m, n] . X[n, t] -> Y[m, t], a plain
+// row-major product into a contiguous row tile.
 
 typedef unsigned char tz_u8;
 typedef signed char tz_i8;
@@ -166,7 +168,27 @@ struct TzQ6_K {
 #if defined(TZ_CUDA)
 // ---- kernels -----------------------------------------------------------------------------
 
-#define TZ_MAX_T 8  // largest batch of the fused mat-vec kernels (cuda.py: SMALL_BATCH)
+// Fused mat-vec shapes: a kernel for at most T tokens computes R output rows per warp, so the
+// x values a lane loads for one group serve R rows; the block loop is unrolled TZ_MV_UNROLL
+// times so that a warp has several blocks' loads in flight (a mat-vec is bound by the bytes
+// in flight per multiprocessor, not by arithmetic). cuda.py passes its MV_ROWS and MV_UNROLL
+// as -D options; the defaults here are the same.
+#ifndef TZ_MV_ROWS_1
+#define TZ_MV_ROWS_1 1
+#endif
+#ifndef TZ_MV_ROWS_2
+#define TZ_MV_ROWS_2 2
+#endif
+#ifndef TZ_MV_ROWS_4
+#define TZ_MV_ROWS_4 2
+#endif
+#ifndef TZ_MV_ROWS_8
+#define TZ_MV_ROWS_8 4
+#endif
+#ifndef TZ_MV_UNROLL
+#define TZ_MV_UNROLL 4
+#endif
+constexpr int tz_mv_unroll = TZ_MV_UNROLL;  // #pragma unroll takes a constant, not a macro
 
 // Sum of v over the warp's 32 lanes (every lane gets it).
 __device__ __forceinline__ float tz_warp_sum(float v) {
@@ -175,66 +197,86 @@ __device__ __forceinline__ float tz_warp_sum(float v) {
     return v;
 }
 
-// y[row*t + tok] = sum_k W[row, k] * x[k*t + tok], one warp per row; lanes of a warp cover
-// 32/GROUPS blocks per step, so each block is read once, and x (t <= 8 columns) stays in cache.
-template <class F>
+// y[tok*m + row] = sum_k W[row, k] * x[tok*n + k] for tok < t <= T (token-major, as the host
+// sends x and wants y back). Warp w computes rows R*w .. R*w + R-1; its lanes cover
+// 32/GROUPS blocks per step, each lane one group, so each weight block is read once, and the
+// group's x values (VALS x T) are loaded once for the R rows. The positions a group decodes
+// do not depend on the row, so the first row's tell where x is read.
+template <class F, int T, int R>
 __device__ __forceinline__ void tz_mv(const tz_u8* __restrict__ w, long long row_bytes, int m, int n,
                                       const float* __restrict__ x, int t, float* __restrict__ y) {
     const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= m) return;  // row is uniform over the warp: whole warps leave, shuffles stay full
-    const tz_u8* wr = w + (long long)row * row_bytes;
+    const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
+    if (row0 >= m) return;  // row0 is uniform over the warp: whole warps leave, shuffles stay full
     const int nb = n / F::BLOCK;
-    const int per_step = 32 / F::GROUPS;
-    float acc[TZ_MAX_T];
+    const int g = lane % F::GROUPS;
+    float acc[R][T];
 #pragma unroll
-    for (int i = 0; i < TZ_MAX_T; ++i) acc[i] = 0.0f;
-    for (int b0 = 0; b0 < nb; b0 += per_step) {
-        const int b = b0 + lane / F::GROUPS;
-        if (b < nb) {
-            float v[F::VALS];
-            int p[F::VALS];
-            F::group(wr + (long long)b * F::BYTES, lane % F::GROUPS, v, p);
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int k = 0; k < F::VALS; ++k) {
-                const float* xk = x + (long long)(b * F::BLOCK + p[k]) * t;
+        for (int tok = 0; tok < T; ++tok) acc[r][tok] = 0.0f;
+#pragma unroll tz_mv_unroll
+    for (int b = lane / F::GROUPS; b < nb; b += 32 / F::GROUPS) {
+        float v[F::VALS], xv[F::VALS][T];
+        int p[F::VALS];
+        F::group(w + (long long)row0 * row_bytes + (long long)b * F::BYTES, g, v, p);
 #pragma unroll
-                for (int tok = 0; tok < TZ_MAX_T; ++tok)
-                    if (tok < t) acc[tok] = fmaf(v[k], __ldg(xk + tok), acc[tok]);
-            }
+        for (int k = 0; k < F::VALS; ++k)
+#pragma unroll
+            for (int tok = 0; tok < T; ++tok)  // tokens >= t read token t-1: no branch, never stored
+                xv[k][tok] = __ldg(x + (long long)min(tok, t - 1) * n + b * F::BLOCK + p[k]);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            if (r > 0)  // rows >= m read row m-1: no branch, never stored
+                F::group(w + (long long)min(row0 + r, m - 1) * row_bytes + (long long)b * F::BYTES, g, v, p);
+#pragma unroll
+            for (int k = 0; k < F::VALS; ++k)
+#pragma unroll
+                for (int tok = 0; tok < T; ++tok) acc[r][tok] = fmaf(v[k], xv[k][tok], acc[r][tok]);
         }
     }
 #pragma unroll
-    for (int tok = 0; tok < TZ_MAX_T; ++tok) {
-        const float s = tz_warp_sum(acc[tok]);
-        if (lane == 0 && tok < t) y[(long long)row * t + tok] = s;
-    }
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int tok = 0; tok < T; ++tok) {
+            const float s = tz_warp_sum(acc[r][tok]);
+            if (lane == 0 && tok < t && row0 + r < m) y[(long long)tok * m + row0 + r] = s;
+        }
 }
 
 // The same for dense 16-bit rows (F16 / BF16, any n): lane k reads elements k, k+32, ...
-template <bool BF16>
+template <bool BF16, int T, int R>
 __device__ __forceinline__ void tz_mv16(const tz_u8* __restrict__ w8, int m, int n, const float* __restrict__ x,
                                         int t, float* __restrict__ y) {
     const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= m) return;
-    const tz_u16* wr = (const tz_u16*)w8 + (long long)row * n;
-    float acc[TZ_MAX_T];
+    const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
+    if (row0 >= m) return;
+    const tz_u16* w = (const tz_u16*)w8;
+    float acc[R][T];
 #pragma unroll
-    for (int i = 0; i < TZ_MAX_T; ++i) acc[i] = 0.0f;
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int tok = 0; tok < T; ++tok) acc[r][tok] = 0.0f;
+#pragma unroll tz_mv_unroll
     for (int k = lane; k < n; k += 32) {
-        const tz_u16 bits = wr[k];
-        const float v = BF16 ? tz_bf16_to_f32(bits) : tz_f16_to_f32(bits);
-        const float* xk = x + (long long)k * t;
+        float xv[T];
 #pragma unroll
-        for (int tok = 0; tok < TZ_MAX_T; ++tok)
-            if (tok < t) acc[tok] = fmaf(v, __ldg(xk + tok), acc[tok]);
+        for (int tok = 0; tok < T; ++tok) xv[tok] = __ldg(x + (long long)min(tok, t - 1) * n + k);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const tz_u16 bits = __ldg(w + (long long)min(row0 + r, m - 1) * n + k);
+            const float v = BF16 ? tz_bf16_to_f32(bits) : tz_f16_to_f32(bits);
+#pragma unroll
+            for (int tok = 0; tok < T; ++tok) acc[r][tok] = fmaf(v, xv[tok], acc[r][tok]);
+        }
     }
 #pragma unroll
-    for (int tok = 0; tok < TZ_MAX_T; ++tok) {
-        const float s = tz_warp_sum(acc[tok]);
-        if (lane == 0 && tok < t) y[(long long)row * t + tok] = s;
-    }
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int tok = 0; tok < T; ++tok) {
+            const float s = tz_warp_sum(acc[r][tok]);
+            if (lane == 0 && tok < t && row0 + r < m) y[(long long)tok * m + row0 + r] = s;
+        }
 }
 
 // out[r*n + i] = W[r0 + r, i] for r < rows (f32 tile for cuBLAS): one thread per group.
@@ -268,24 +310,34 @@ __device__ __forceinline__ void tz_dq16(const tz_u8* __restrict__ w8, int n, int
 }
 
 // Entry points (extern "C": cupy.RawModule.get_function finds them by these names).
-// mv:  (w, row_bytes, m, n, x [n, t], t, y [m, t])     grid ceil(m / 4), block 128
-// dq:  (w, row_bytes, n, r0, rows, out [rows, n])     grid-stride, block 256
+// mv<T>: (w, row_bytes, m, n, x [t, n], t <= T, y [t, m])  grid ceil(m / (4 R)), block 128
+// dq:    (w, row_bytes, n, r0, rows, out [rows, n])       grid-stride, block 256
+#define TZ_MV_ENTRIES(T, R)                                                                                  \
+    __global__ void tz_mv##T##_q8_0(const tz_u8* w, long long rb, int m, int n, const float* x, int t,      \
+                                    float* y) {                                                             \
+        tz_mv<TzQ8_0, T, R>(w, rb, m, n, x, t, y);                                                          \
+    }                                                                                                       \
+    __global__ void tz_mv##T##_q4_k(const tz_u8* w, long long rb, int m, int n, const float* x, int t,      \
+                                    float* y) {                                                             \
+        tz_mv<TzQ4_K, T, R>(w, rb, m, n, x, t, y);                                                          \
+    }                                                                                                       \
+    __global__ void tz_mv##T##_q6_k(const tz_u8* w, long long rb, int m, int n, const float* x, int t,      \
+                                    float* y) {                                                             \
+        tz_mv<TzQ6_K, T, R>(w, rb, m, n, x, t, y);                                                          \
+    }                                                                                                       \
+    __global__ void tz_mv##T##_f16(const tz_u8* w, long long rb, int m, int n, const float* x, int t,       \
+                                   float* y) {                                                              \
+        tz_mv16<false, T, R>(w, m, n, x, t, y);                                                             \
+    }                                                                                                       \
+    __global__ void tz_mv##T##_bf16(const tz_u8* w, long long rb, int m, int n, const float* x, int t,      \
+                                    float* y) {                                                             \
+        tz_mv16<true, T, R>(w, m, n, x, t, y);                                                              \
+    }
 extern "C" {
-__global__ void tz_mv_q8_0(const tz_u8* w, long long rb, int m, int n, const float* x, int t, float* y) {
-    tz_mv<TzQ8_0>(w, rb, m, n, x, t, y);
-}
-__global__ void tz_mv_q4_k(const tz_u8* w, long long rb, int m, int n, const float* x, int t, float* y) {
-    tz_mv<TzQ4_K>(w, rb, m, n, x, t, y);
-}
-__global__ void tz_mv_q6_k(const tz_u8* w, long long rb, int m, int n, const float* x, int t, float* y) {
-    tz_mv<TzQ6_K>(w, rb, m, n, x, t, y);
-}
-__global__ void tz_mv_f16(const tz_u8* w, long long rb, int m, int n, const float* x, int t, float* y) {
-    tz_mv16<false>(w, m, n, x, t, y);
-}
-__global__ void tz_mv_bf16(const tz_u8* w, long long rb, int m, int n, const float* x, int t, float* y) {
-    tz_mv16<true>(w, m, n, x, t, y);
-}
+TZ_MV_ENTRIES(1, TZ_MV_ROWS_1)
+TZ_MV_ENTRIES(2, TZ_MV_ROWS_2)
+TZ_MV_ENTRIES(4, TZ_MV_ROWS_4)
+TZ_MV_ENTRIES(8, TZ_MV_ROWS_8)
 __global__ void tz_dq_q8_0(const tz_u8* w, long long rb, int n, int r0, int rows, float* out) {
     tz_dq<TzQ8_0>(w, rb, n, r0, rows, out);
 }
@@ -311,6 +363,18 @@ __global__ void tz_silu_mul(const float* __restrict__ g, const float* __restrict
          i += (long long)gridDim.x * blockDim.x) {
         const float gi = g[i];
         h[i] = gi / (1.0f + expf(-gi)) * u[i];
+    }
+}
+// The same over rows: h[r*cols + i] = silu(g[r*ld + i]) * u[r*ld + i] for r < rows, i < cols
+// (token-major gate and up, which may be the two halves of one stacked [rows, 2*cols] product).
+__global__ void tz_silu_mul_rows(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ h,
+                                 int cols, int rows, long long ld) {
+    const long long count = (long long)rows * cols;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long at = (i / cols) * ld + i % cols;
+        const float gi = g[at];
+        h[i] = gi / (1.0f + expf(-gi)) * u[at];
     }
 }
 }  // extern "C"

@@ -1,9 +1,10 @@
 """The CUDA device's self-test at open, and the error bound of an expert forward in f32.
 
 open_device runs `self_test` once: every decoder kernel against the host decoder (bit for
-bit), every mat-vec and tiled product against an f64 product of the same weights, and one
-whole forward, on small random weights (a few ms). A kernel that misbehaves on some GPU or
-driver then makes the device unavailable (the node runs on the CPU) rather than wrong.
+bit), every mat-vec kernel and the tiled product against an f64 product of the same weights,
+and two whole forwards (a mat-vec batch and a tiled one), on small random weights (a few ms).
+A kernel that misbehaves on some GPU or driver then makes the device unavailable (the node
+runs on the CPU) rather than wrong.
 
 `expert_error_bound` is the bound both the self-test and tests/experts/test_gpu_cuda.py use:
 any f32 evaluation of down(silu(gate·x) ⊙ up·x) whose dot products have the worst-case
@@ -75,14 +76,17 @@ def self_test(ops: Any) -> None:
     (or DeviceError) naming the first kernel that is wrong."""
     cp = ops._cp
     rng = np.random.default_rng(16)
-    m, n = 12, 512  # 12 rows: the last mat-vec thread block has idle warps
+    m, n = 13, 512  # 13 rows: the last mat-vec thread block has idle warps, and a warp of R > 1 rows a partial set
     for fmt in ("Q8_0", "Q4_K", "Q6_K", "F16", "BF16"):
         raw = random_weight(rng, fmt, m, n)
         ref = dequantize(raw, fmt, (m, n))
         w = ops.put_weight(fmt, (m, n), _device_form(raw, fmt))
-        for t in (1, 3, ops.small_batch, ops.small_batch + 1):  # fused mat-vec, then the tiles
+        for t in (1, 2, 3, 5, ops.small_batch, ops.small_batch + 1):  # each mat-vec kernel, then the tiles
             x = rng.standard_normal((t, n)).astype(np.float32)
-            y = ops._run("self-test matmul", lambda w=w, x=x: ops.matmul(w, cp.asarray(x.T.copy())).get())
+            if t <= ops.small_batch:  # token-major in and out
+                y = ops._run("self-test matvec", lambda w=w, x=x: ops.matvec(w, cp.asarray(x)).get().T.copy())
+            else:
+                y = ops._run("self-test matmul", lambda w=w, x=x: ops.matmul(w, cp.asarray(x.T.copy())).get())
             exact = ref.astype(np.float64) @ x.T.astype(np.float64)
             bound = gamma(n) * (np.abs(ref).astype(np.float64) @ np.abs(x.T).astype(np.float64))
             assert y.shape == (m, t) and y.dtype == np.float32, f"{fmt} t={t}: {y.dtype} {y.shape}"
@@ -91,18 +95,19 @@ def self_test(ops: Any) -> None:
         decoded = ops._run("self-test decode", lambda w=w: ops.decode(w, 0, m).get())
         differ = int((decoded.view(np.uint32) != ref.view(np.uint32)).sum())
         assert differ == 0, f"{fmt} decode kernel: {differ} of {m * n} values differ from the host decoder"
-    # one whole forward (silu kernel, stacking, transposes) on a small F32 expert
-    d_model, d_ff, t = 64, 32, 3
+    # whole forwards (silu kernels, stacking, token-major and transposed paths) on a small F32 expert
+    d_model, d_ff = 64, 32
     gate, up, down = (dequantize(random_weight(rng, "F32", r, c), "F32", (r, c))
                       for r, c in ((d_ff, d_model), (d_ff, d_model), (d_model, d_ff)))
     host = CpuExpert(gate_up=(CpuWeight("F32", (2 * d_ff, d_model), np.concatenate([gate, up])),),
                      down=CpuWeight("F32", (d_model, d_ff), down), d_ff=d_ff)
     handle = ops.upload(host, ("F32", "F32", "F32"))
-    x = rng.standard_normal((t, d_model)).astype(np.float32)
-    y = ops.forward(handle, x)
+    for t in (3, ops.small_batch + 1):
+        x = rng.standard_normal((t, d_model)).astype(np.float32)
+        y = ops.forward(handle, x)
+        g64, u64 = x.astype(np.float64) @ gate.T.astype(np.float64), x.astype(np.float64) @ up.T.astype(np.float64)
+        with np.errstate(over="ignore"):
+            exact = (g64 / (1.0 + np.exp(-g64)) * u64) @ down.T.astype(np.float64)
+        worst = float((np.abs(y - exact) - expert_error_bound(gate, up, down, x)).max())
+        assert worst <= 0, f"expert forward at t={t} exceeds its f32 error bound by {worst:.3g}"
     ops.release(handle)
-    g64, u64 = x.astype(np.float64) @ gate.T.astype(np.float64), x.astype(np.float64) @ up.T.astype(np.float64)
-    with np.errstate(over="ignore"):
-        exact = (g64 / (1.0 + np.exp(-g64)) * u64) @ down.T.astype(np.float64)
-    worst = float((np.abs(y - exact) - expert_error_bound(gate, up, down, x)).max())
-    assert worst <= 0, f"expert forward exceeds its f32 error bound by {worst:.3g}"
