@@ -17,7 +17,9 @@ valid GGML blocks (speed does not depend on the values). Times are the minimum o
 
 On CUDA a second table times the fused mat-vec kernels of the decode batches (1, 2, 4, 8 tokens)
 alone, with CUDA events (no host overhead), as weight bytes read per second against the
-device's copy bandwidth measured in the same run (a mat-vec is bound by memory, as a copy is).
+device's copy bandwidth measured in the same run (a mat-vec is bound by memory, as a copy is),
+and a third a holder's multi-expert request (8 Q8_0 experts of one layer at 1 and 4 rows each):
+the experts' forwards one by one against one grouped forward, and the CPU backend's.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from testkit.blocks import random_blocks
 DIMS = {"Qwen3-30B-A3B": (2048, 768), "DeepSeek-V3": (7168, 2048)}
 BATCHES = (1, 8, 32, 128, 512)
 MATVEC_BATCHES = (1, 2, 4, 8)  # the fused mat-vec kernels' buckets (cuda.MV_ROWS)
+GROUP_EXPERTS, GROUP_BATCHES = 8, (1, 4)  # a multi-expert request: Qwen3's top-8 on one holder
 FORMATS = {"F16": ("F16", "F16", "F16"), "Q8_0": ("Q8_0", "Q8_0", "Q8_0"), "q4_k_m": ("Q4_K", "Q4_K", "Q6_K")}
 
 
@@ -95,6 +98,26 @@ def matvec_rows(ops: Any, cpu: CpuBackend, weights: list[TensorIn], fmts: tuple[
     return out
 
 
+def group_rows(cpu: CpuBackend, gpu: GpuBackend, d_model: int, d_ff: int, reps: int
+               ) -> list[tuple[int, float, float, float]]:
+    """(rows per expert, µs of GROUP_EXPERTS forwards one by one, µs of one forward_many, µs on
+    the CPU one by one) of a multi-expert request: GROUP_EXPERTS Q8_0 experts of one layer,
+    each over its own rows, as a holder computes a decode step's frame."""
+    rng = np.random.default_rng(1)
+    experts = [(gpu.prepare_expert(*w), w) for w in
+               (tensors(rng, d_model, d_ff, FORMATS["Q8_0"]) for _ in range(GROUP_EXPERTS))]
+    on_cpu = [cpu.prepare_expert(*w) for _, w in experts]
+    out = []
+    for t in GROUP_BATCHES:
+        xs = [rng.standard_normal((t, d_model), dtype=np.float32) for _ in experts]
+        items = [(e, x) for (e, _), x in zip(experts, xs, strict=True)]
+        one_by_one = best(lambda items=items: [gpu.forward(e, x) for e, x in items], reps)
+        together = best(lambda items=items: gpu.forward_many(items), reps)
+        cpu_time = best(lambda xs=xs: [cpu.forward(e, x) for e, x in zip(on_cpu, xs, strict=True)], reps)
+        out.append((t, one_by_one * 1e6, together * 1e6, cpu_time * 1e6))
+    return out
+
+
 def open_devices() -> tuple[dict[str, Any], dict[str, str]]:
     """{kind: DeviceOps} of every GPU backend that opens here, and {kind: why not} for the rest."""
     opened: dict[str, Any] = {}
@@ -114,6 +137,8 @@ def main(quick: bool = False, full: bool = False) -> None:
     rows: list[list[object]] = []
     results: list[dict[str, Any]] = []
     kernel_rows: list[list[object]] = []
+    group_table: list[list[object]] = []
+    groups: list[dict[str, Any]] = []
     kernels: list[dict[str, Any]] = []
     copy_bps = copy_bandwidth(opened["cuda"]) if "cuda" in opened else None
     for kind, ops in opened.items():
@@ -142,6 +167,13 @@ def main(quick: bool = False, full: bool = False) -> None:
                                             f"{gbs * 1e9 / copy_bps:.2f}"])
                         kernels.append({"model": model, "format": fmt_name, "batch": t, "matrix": matrix,
                                         "device_us": us, "weight_gb_per_s": gbs, "copy_gb_per_s": copy_bps / 1e9})
+        if kind == "cuda":
+            for model, (d_model, d_ff) in DIMS.items():
+                for t, alone, together, on_cpu in group_rows(cpu, gpu, d_model, d_ff, max(reps, 10)):
+                    group_table.append([model, GROUP_EXPERTS, t, round(alone), round(together),
+                                        f"{alone / together:.2f}x", round(on_cpu), f"{on_cpu / together:.2f}x"])
+                    groups.append({"model": model, "experts": GROUP_EXPERTS, "batch": t, "one_by_one_us": alone,
+                                   "grouped_us": together, "cpu_us": on_cpu})
         counts = gpu.device_status()["counts"]
         if counts["cpu_rows"]:
             print(f"warning: {kind} ran {counts['cpu_rows']} rows on the CPU (last error: {gpu.last_error})")
@@ -158,6 +190,11 @@ def main(quick: bool = False, full: bool = False) -> None:
         print_table(f"CUDA fused mat-vec kernels, device time (weight bytes read per second vs the device's copy "
                     f"bandwidth, {copy_bps / 1e9:.0f} GB/s counting bytes read and written, measured in this run)",
                     ["model", "format", "batch", "matrix", "device µs", "weight GB/s", "/ copy"], kernel_rows)
+    if group_table:
+        print_table(f"A multi-expert request ({GROUP_EXPERTS} Q8_0 experts of one layer, each over its own rows): "
+                    "forwards one by one vs one grouped forward (forward_many), and the CPU backend one by one",
+                    ["model", "experts", "rows each", "one by one µs", "grouped µs", "speed-up", "cpu µs",
+                     "cpu/grouped"], group_table)
     headlines = []
     for kind in opened:
         mine = [r for r in results if r["backend"] == kind]
@@ -169,7 +206,7 @@ def main(quick: bool = False, full: bool = False) -> None:
                                           reference=f"CPU backend ({cpu.cpu_kernel})",
                                           reference_value=r["cpu_rows_per_s"]))
     write_results("gpu", {"cpu_kernel": cpu.cpu_kernel, "unavailable": missing, "results": results,
-                          "matvec_kernels": kernels}, headlines)
+                          "matvec_kernels": kernels, "groups": groups}, headlines)
 
 
 if __name__ == "__main__":

@@ -252,10 +252,30 @@ class ExpertRuntime:
                                   experts=missing)
         xs = [check_hidden(x, self._cache.record(key).header.d_model) for key, (_, x) in zip(keys, batches,
                                                                                                strict=True)]
+        if getattr(self.backend, "groups_experts", False) and sum(1 for x in xs if len(x)) > 1:
+            return self._run_together(keys, xs)
         out = []
         for key, x in zip(keys, xs, strict=True):
             start = time.perf_counter()
             out.append((self._run(key, x), time.perf_counter() - start))
+        return out
+
+    def _run_together(self, keys: list[Key], xs: list[np.ndarray]) -> list[tuple[np.ndarray, float]]:
+        """execute_many on a backend that computes several experts in one call (the CUDA device's
+        grouped forward): one call for the batches with rows, its time shared among them by rows
+        (what each batch's compute_ms then says), each expert metered for its own rows."""
+        residents = [self._cache.get(key) for key in keys]  # promotes Cold experts; not metered
+        busy = [i for i, x in enumerate(xs) if len(x)]
+        start = time.perf_counter()
+        ys = self.backend.forward_many([(residents[i].prepared, xs[i]) for i in busy])
+        seconds = time.perf_counter() - start
+        rows = sum(len(xs[i]) for i in busy)
+        out = [(np.zeros((0, r.d_model), dtype=np.float32), 0.0) for r in residents]
+        for i, y in zip(busy, ys, strict=True):
+            share = seconds * len(xs[i]) / rows
+            out[i] = (y, share)
+            self._meter.record(len(xs[i]), share)
+            self._demand.record(keys[i], len(xs[i]))
         return out
 
     def recompute(self, *, model_id: str, layer: int, expert: int, hidden: np.ndarray) -> np.ndarray:

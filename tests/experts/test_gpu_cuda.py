@@ -314,6 +314,39 @@ def test_dense_odd_sizes_and_many_tiles(ops, monkeypatch, t):
     check_forward(ops, ("Q4_K", "Q6_K", "Q8_0"), 256, 256, t, seed=190 + t)
 
 
+GROUPS = [(("Q8_0",) * 3, (1, 5, 2)), (("Q4_K", "Q4_K", "Q6_K"), (8, 3)), (("F16", "F16", "BF16"), (2, 2, 1, 4)),
+          (("F32",) * 3, (1, 2)), (("Q8_0",) * 3, (1, 9))]  # the last two are not grouped: F32, a batch of 9
+
+
+def check_group(ops, fmts, sizes, seed, *, mixed=False):
+    """forward_group over experts of `fmts` with `sizes` rows each: every answer within its f32
+    bound, and equal bit for bit to the expert's own forward (a grouped launch computes each
+    expert's products exactly as mv<T> does). mixed: the last expert in other formats."""
+    rng = np.random.default_rng(seed)
+    experts, handles, xs = [], [], []
+    for i, t in enumerate(sizes):
+        f = ("Q6_K", "Q6_K", "Q8_0") if mixed and i == len(sizes) - 1 else fmts
+        host, weights = host_expert(rng, f, 256, 256)
+        experts.append(weights)
+        handles.append(ops.upload(host, f))
+        xs.append(rng.standard_normal((t, 256)).astype(np.float32))
+    ys = ops.forward_group(handles, xs)
+    for (gate, up, down), h, x, y in zip(experts, handles, xs, ys, strict=True):
+        assert y.shape == x.shape and y.dtype == np.float32
+        assert (np.abs(y - exact_forward(gate, up, down, x)) <= expert_error_bound(gate, up, down, x)).all()
+        assert np.array_equal(y, ops.forward(h, x))
+        ops.release(h)
+
+
+@pytest.mark.parametrize(("fmts", "sizes"), GROUPS, ids=lambda v: "-".join(map(str, v)))
+def test_grouped_forward_equals_each_experts_own(ops, fmts, sizes):
+    check_group(ops, fmts, sizes, seed=230 + sum(sizes))
+
+
+def test_grouped_forward_of_mixed_formats_runs_expert_by_expert(ops):
+    check_group(ops, ("Q8_0",) * 3, (2, 3, 1), seed=240, mixed=True)
+
+
 def test_bad_input_and_timing(ops):
     rng = np.random.default_rng(200)
     host, _ = host_expert(rng, ("Q4_K",) * 3, 256, 256)
@@ -333,12 +366,21 @@ def test_bad_input_and_timing(ops):
 # the kernels' device code, which only the tests above (decoders, PTX) and the GPU tests check.
 
 SIGNATURES = {"mv": (None, np.int64, np.int32, np.int32, None, np.int32, None),
+              "gmv": (None, np.int64, np.int32, np.int32, None, None, None),
               "dq": (None, np.int64, np.int32, np.int32, np.int32, None),
               "silu_mul": (None, None, None, np.int64),
               "silu_mul_rows": (None, None, None, np.int32, np.int32, np.int64)}
 
 
+WEIGHTS: dict[int, np.ndarray] = {}  # emulated device address -> the array uploaded there
+LAUNCHED: list[str] = []  # kernel names, in launch order
+
+
 class DevArray(np.ndarray):
+    @property
+    def data(self):  # cupy's MemoryPointer: .ptr is the device address
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
     def get(self, stream=None, out=None, blocking=True):
         if out is None:
             return np.array(self)
@@ -372,10 +414,17 @@ def emulated_cupy(monkeypatch, lib) -> None:
                                              "cupy_backends.cuda.libs.cublas")}
     cp, cc = mods["cupy"], mods["cupy.cuda"]
     cp.float32 = np.float32
-    mods["cupyx"].empty_pinned = lambda size, dtype: np.full(size, np.nan, dtype=dtype)  # a plain host array here
-    cp.asarray = lambda a: np.array(a).view(DevArray)
+    mods["cupyx"].empty_pinned = lambda size, dtype: np.full(size, 0xAB, dtype=dtype)  # a plain host array here
+
+    def asarray(a):
+        arr = np.array(a).view(DevArray)
+        WEIGHTS[arr.ctypes.data] = arr  # a grouped launch finds each expert's weights by address
+        return arr
+
+    cp.asarray = asarray
     cp.ascontiguousarray = lambda a: np.ascontiguousarray(a).view(DevArray)
-    cp.empty = lambda shape, dtype: np.full(shape, np.nan, dtype=dtype).view(DevArray)  # NaN: unwritten shows
+    cp.empty = lambda shape, dtype: np.full(shape, np.nan if np.dtype(dtype).kind == "f" else -1,  # unwritten shows
+                                            dtype=dtype).view(DevArray)
 
     def gemm(ta, tb, a, b, out):
         assert ta == "N" and tb in ("N", "T") and a.dtype == b.dtype == out.dtype == np.float32
@@ -407,11 +456,12 @@ def emulated_cupy(monkeypatch, lib) -> None:
     def kernel(name: str):
         op, fmt = name[3:].split("_", 1) if "silu" not in name else (name[3:], "")
         bucket = 0
-        if op.startswith("mv"):
-            op, bucket = "mv", int(op[2:])
+        if op.startswith(("mv", "gmv")):
+            op, bucket = op.rstrip("1248"), int(op.lstrip("gmv"))
             assert bucket in cuda.MV_ROWS, name
 
         def launch(grid, block, args, stream=None):
+            LAUNCHED.append(name)
             kinds = SIGNATURES[op]
             assert len(args) == len(kinds), name
             for arg, kind in zip(args, kinds, strict=True):
@@ -421,6 +471,15 @@ def emulated_cupy(monkeypatch, lib) -> None:
                 assert x.shape == (t, n) and y.shape == (t, m) and t <= bucket and bucket // 2 < t, name
                 assert grid == (-(-m // (4 * cuda.MV_ROWS[bucket])),) and block == (128,), (name, grid, block)
                 y[...] = x.astype(np.float64) @ decode(fmt, w, slice(0, m), int(n)).T
+            elif op == "gmv":  # expert e = grid y: weights at address ws[e], rows offs[e] .. offs[e+1]
+                ws, _, m, n, x, offs, y = args
+                k = len(ws)
+                assert offs.shape == (k + 1,) and offs[0] == 0 and offs[-1] == len(x) == len(y), name
+                assert (np.diff(offs) <= bucket).all() and bucket // 2 < np.diff(offs).max(), name
+                assert grid == (-(-m // (4 * cuda.MV_ROWS[bucket])), k) and block == (128,), (name, grid, block)
+                for e in range(k):
+                    r = slice(int(offs[e]), int(offs[e + 1]))
+                    y[r] = x[r].astype(np.float64) @ decode(fmt, WEIGHTS[int(ws[e])], slice(0, m), int(n)).T
             elif op == "silu_mul_rows":  # g, u [t, ld] views (the halves of one stacked product, or two)
                 g, u, h, cols, rows, ld = args
                 assert h.shape == (rows, cols) and g.shape[0] == u.shape[0] == rows, name
@@ -453,4 +512,13 @@ def test_orchestration_on_emulated_device(monkeypatch, host_lib, t):
     for fmts in FORMAT_MIXES:
         check_forward(ops, fmts, 512, 256, t, seed=210 + t)
     check_forward(ops, ("F16", "F16", "BF16"), 72, 40, t, seed=220 + t)
+    LAUNCHED.clear()
+    for fmts, sizes in GROUPS:
+        check_group(ops, fmts, [min(t, s) for s in sizes], seed=225 + t)
+    grouped = {name for name in LAUNCHED if name.startswith("tz_gmv")}
+    assert grouped == ({"tz_gmv1_q8_0", "tz_gmv1_q4_k", "tz_gmv1_q6_k", "tz_gmv1_f16", "tz_gmv1_bf16"} if t == 1 else
+                       {"tz_gmv8_q8_0", "tz_gmv8_q4_k", "tz_gmv8_q6_k", "tz_gmv4_f16", "tz_gmv4_bf16"}), grouped
+    LAUNCHED.clear()
+    check_group(ops, ("Q8_0",) * 3, (1, 2), seed=226, mixed=True)
+    assert not any(name.startswith("tz_gmv") for name in LAUNCHED)
     ops.close()

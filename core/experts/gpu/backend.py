@@ -141,7 +141,62 @@ class GpuBackend:
             self.counts["cpu_rows"] += x.shape[0]
         return self.cpu.forward(prepared.host, x)
 
+    @property
+    def groups_experts(self) -> bool:
+        """Whether forward_many runs several experts as one device call (CUDA, while it serves)."""
+        return self.failed is None and hasattr(self.ops, "forward_group")
+
+    def forward_many(self, items: list[tuple[GpuExpert, np.ndarray]]) -> list[np.ndarray]:
+        """[forward(prepared, x) for each item]: a holder's multi-expert request. Where the device
+        has a grouped forward (CUDA) and every expert is on it, they run as one device call, else
+        one by one. A device error runs the whole group through `forward`, expert by expert."""
+        if self.groups_experts and len(items) > 1:
+            with self._lock:
+                self._drain()
+                try:
+                    handles = self._resident_handles([prepared for prepared, _ in items])
+                    if handles is not None:
+                        ys = self.ops.forward_group(handles, [x for _, x in items])
+                        self.counts["device_rows"] += sum(x.shape[0] for _, x in items)
+                        return ys
+                except Exception as exc:  # any failure: see _as_device_error
+                    self._device_error(_as_device_error(exc), "forward")
+        return [self.forward(prepared, x) for prepared, x in items]
+
     # -- device tier (under _lock) ----------------------------------------------------------------
+
+    def _resident_handles(self, experts: list[GpuExpert]) -> list[Any] | None:
+        """The device handles of `experts`, uploading those not on the device; None when one of
+        them cannot be there (its format, its size) or when uploading the later ones would evict
+        an earlier one of the same group."""
+        tokens = {e.token for e in experts}
+        if len(tokens) < len(experts):
+            return None  # an expert twice: the caller's frame is refused before this, but stay simple
+        handles = []
+        for expert in experts:
+            resident = self._resident.get(expert.token)
+            if resident is None:
+                if any(t in tokens for t in self._lru_victims(expert)):
+                    return None
+                resident = self._upload(expert, evict=True)
+                if resident is None:
+                    return None
+            self._resident.move_to_end(expert.token)
+            handles.append(resident.handle)
+        return handles
+
+    def _lru_victims(self, expert: GpuExpert) -> list[int]:
+        """Tokens of the experts uploading `expert` would evict, least recently used first."""
+        if not self._device_reads(expert):
+            return []
+        need = self.ops.device_bytes(expert.host, expert.types) - (self.device_budget_bytes - self._used)
+        victims = []
+        for token, resident in self._resident.items():
+            if need <= 0:
+                break
+            victims.append(token)
+            need -= resident.nbytes
+        return victims
 
     def _device_reads(self, expert: GpuExpert) -> bool:
         """Whether the device kernels compute this expert: its formats, plain SiLU, no biases."""

@@ -25,13 +25,18 @@ Products, by weight format and batch t:
                           its group of a block once per row and dots it with the t token rows of
                           X it loaded once for all of them, MV_UNROLL blocks in flight, shuffle
                           reduction (llama.cpp's dmmv scheme); fmaf accumulation
+  group, each t <= 8      forward_group (a holder's multi-expert request): experts of one format
+                          and shape go up as one block of rows and come back as one; tz_gmv<T>
+                          runs every expert's mat-vec in one launch (blockIdx.y: the expert, its
+                          weights' address and row range from a device table), each expert's
+                          products bit for bit those of its own tz_mv<T>
   other, t > 8            tz_dq_<fmt> decodes row tiles to an f32 workspace (at most TILE_BYTES =
                           64 MiB, allocated once, reused), cublasSgemm of each tile into rows of Y
 F16/BF16 with f32 activations: cublasGemmEx takes A and B of one type, so an f16 GEMM would
 round the activations to f16 (2^-11 relative, overflow past 65504) and a bf16 one to bf16
 (2^-8); cupy.matmul of two f16 arrays is such a GemmEx (f32 compute, tensor-op math) and
-also writes f16 output. Decoding weight tiles to f32 instead keeps the products those of the CPU path: the
-f32 bound below, no activation rounding; the cost is the tile decode, small next to the GEMM
+also writes f16 output. Decoding weight tiles to f32 instead keeps the products those of the
+CPU path: the f32 bound below, no activation rounding; the cost is the tile decode, small next to the GEMM
 at the batches that take this path.
 
 Error bounds (tests/experts/test_gpu_cuda.py derives them; u = 2^-24):
@@ -52,8 +57,8 @@ kernel that misbehaves on some GPU makes the device unavailable instead of wrong
 
 Verified where: on an NVIDIA H200 (driver 580, CUDA 13, CuPy 14.2) tests/experts/
 test_gpu_cuda.py's GPU tests and the self-test pass, and bench/gpu.py measured the kernels
-(docs/performance.md, "GPU expert backend"). Without a GPU (the development machines): the
-decoders compiled for the host (g++) match gguf-py bit for bit; nvcc --ptx (sm_80) compiles
+(docs/performance.md, "The CUDA expert backend on an H200"). Without a GPU (the development
+machines): the decoders compiled for the host (g++) match gguf-py bit for bit; nvcc --ptx (sm_80) compiles
 the file with no warning and no FMA in the decode kernels; the Python side (layouts, tiles,
 launch shapes and argument types, self-test) runs against an emulated cupy in the tests.
 """
@@ -61,18 +66,27 @@ launch shapes and argument types, self-test) runs against an emulated cupy in th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from core.experts.backends import CpuExpert, CpuWeight
+from core.experts.backends import CpuExpert
+from core.experts.gpu.cuda_layout import (
+    HALF_FORMATS,
+    SMALL_BATCH,
+    CudaExpert,
+    DeviceWeight,
+    device_format,
+    expert_device_bytes,
+    groupable,
+    narrow,
+    split_types,
+)
 from core.experts.gpu.ops import DeviceError, DeviceUnavailable
 
 KERNELS_PATH = Path(__file__).with_name("cuda_kernels.cu")
 REQUIREMENTS_HINT = "pip install -r requirements-gpu-cuda.txt"
-SMALL_BATCH = 8  # batches up to this take the fused mat-vec kernels
 # Fused mat-vec kernels: {T: R}: the kernel for batches up to T tokens computes R output rows per
 # warp (the x a lane loads serves R rows); MV_UNROLL: blocks of the k loop a warp has in flight.
 # Passed to NVRTC as -D options (cuda_kernels.cu has the same defaults).
@@ -80,72 +94,12 @@ MV_ROWS = {1: 1, 2: 2, 4: 2, 8: 4}
 MV_UNROLL = 4
 TILE_BYTES = 64 << 20  # f32 dequantize workspace for the larger batches, shared by all experts
 BLOCK_FORMATS = {"Q8_0": "q8_0", "Q4_K": "q4_k", "Q6_K": "q6_k"}  # ggml type -> kernel suffix
-HALF_FORMATS = {"F16": "f16", "BF16": "bf16"}
 _SUFFIXES = (*BLOCK_FORMATS.values(), *HALF_FORMATS.values())
-KERNEL_NAMES = (*(f"tz_mv{t}_{s}" for t in MV_ROWS for s in _SUFFIXES), *(f"tz_dq_{s}" for s in _SUFFIXES),
+KERNEL_NAMES = (*(f"tz_{op}{t}_{s}" for op in ("mv", "gmv") for t in MV_ROWS for s in _SUFFIXES),
+                *(f"tz_dq_{s}" for s in _SUFFIXES),
                 "tz_silu_mul", "tz_silu_mul_rows")
 _MV_WARPS = 4  # warps per mat-vec thread block
 _GRID_CAP = 1 << 16  # grid-stride kernels: enough blocks to fill any GPU, no more
-
-
-@dataclass(frozen=True)
-class DeviceWeight:
-    """One matrix on the device: fmt "F32" | "F16" | "BF16" | a block type; data f32 [m, n],
-    u16 [m, n] (16-bit bits) or u8 [m, row_bytes]."""
-
-    fmt: str
-    shape: tuple[int, int]
-    data: Any  # cupy.ndarray
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.data.nbytes)
-
-
-@dataclass(frozen=True)
-class CudaExpert:
-    gate_up: tuple[DeviceWeight, ...]
-    down: DeviceWeight
-    d_ff: int
-
-    @property
-    def nbytes(self) -> int:
-        return sum(w.nbytes for w in self.gate_up) + self.down.nbytes
-
-
-def device_format(weight: CpuWeight, payload_types: tuple[str, ...]) -> str:
-    """The device form of a host weight whose payload types (one, or gate and up when stacked)
-    are given: the block type itself, F16/BF16 when every part had that type, else F32."""
-    if weight.ggml_type != "F32":
-        return weight.ggml_type
-    kinds = set(payload_types)
-    return kinds.pop() if len(kinds) == 1 and next(iter(kinds)) in HALF_FORMATS else "F32"
-
-
-def narrow(data: np.ndarray, fmt: str) -> np.ndarray:
-    """f32 [m, n] widened from F16/BF16 -> its u16 bits again; ValueError when it was not
-    (the types passed do not match the host data)."""
-    if fmt == "F16":
-        half = data.astype(np.float16)
-        if np.array_equal(half.astype(np.float32), data):
-            return half.view(np.uint16)
-    elif fmt == "BF16":
-        bits = data.view(np.uint32)
-        if not (bits & 0xFFFF).any():
-            return (bits >> 16).astype(np.uint16)
-    raise ValueError(f"{list(data.shape)} f32 weights are not exactly {fmt}: the payload types do not match the data")
-
-
-def _split_types(host: CpuExpert, types: tuple[str, str, str]) -> list[tuple[CpuWeight, tuple[str, ...]]]:
-    """[(host weight, the payload types it holds)] for gate|up (or gate, up) and down."""
-    if len(types) != 3:
-        raise ValueError(f"types must be the (gate, up, down) ggml types, got {types!r}")
-    gate, up, down = types
-    if len(host.gate_up) == 1:
-        parts = [(host.gate_up[0], (gate, up))]
-    else:
-        parts = [(host.gate_up[0], (gate,)), (host.gate_up[1], (up,))]
-    return [*parts, (host.down, (down,))]
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -165,15 +119,6 @@ def _cuda_errors() -> tuple[type[BaseException], ...]:
     from cupy_backends.cuda.libs import cublas
 
     return (memory.OutOfMemoryError, runtime.CUDARuntimeError, driver.CUDADriverError, cublas.CUBLASError)
-
-
-def expert_device_bytes(host: CpuExpert, types: tuple[str, str, str]) -> int:
-    """Device bytes of an expert's weights in the layouts above (what upload allocates)."""
-    total = 0
-    for w, kinds in _split_types(host, types):
-        fmt = device_format(w, kinds)
-        total += w.shape[0] * w.shape[1] * 2 if fmt in HALF_FORMATS else w.nbytes
-    return total
 
 
 class CudaOps:
@@ -205,7 +150,7 @@ class CudaOps:
             module = cupy.RawModule(code=KERNELS_PATH.read_text(), options=kernel_options())
             self._kernels = {name: module.get_function(name) for name in KERNEL_NAMES}  # compiles and loads now
         self._workspace: Any = None
-        self._staging: dict[str, np.ndarray] = {}  # "in"/"out": f32 page-locked host buffers, grown, reused
+        self._staging: dict[str, np.ndarray] = {}  # "in"/"out"/"meta": page-locked host bytes, grown, reused
 
     # -- context -----------------------------------------------------------------------------
 
@@ -230,7 +175,7 @@ class CudaOps:
     def upload(self, host: CpuExpert, types: tuple[str, str, str]) -> CudaExpert:
         """ValueError when `types` do not match `host` (a caller's bug, not the device's)."""
         parts = []
-        for w, kinds in _split_types(host, types):
+        for w, kinds in split_types(host, types):
             fmt = device_format(w, kinds)
             parts.append((fmt, w.shape, narrow(w.data, fmt) if fmt in HALF_FORMATS else w.data))
 
@@ -246,6 +191,22 @@ class CudaOps:
         if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] != d_model or x.dtype != np.float32:
             raise ValueError(f"x must be f32 [t >= 1, {d_model}], got {x.dtype} {list(x.shape)}")
         return self._run("forward", self._forward, handle, np.ascontiguousarray(x))
+
+    def forward_group(self, handles: list[CudaExpert], xs: list[np.ndarray]) -> list[np.ndarray]:
+        """Several experts, each over its own rows (a holder's multi-expert request), as
+        [forward(h, x) for each]. Experts of one format and shape (gate|up stacked, not F32) at
+        decode batches (t <= SMALL_BATCH) run together: one upload of all rows, one grouped
+        launch per product (tz_gmv: blockIdx.y picks the expert), one copy back, each expert's
+        products those its own forward computes. Anything else runs expert by expert."""
+        if len(handles) != len(xs):
+            raise ValueError(f"{len(handles)} experts but {len(xs)} batches")
+        for h, x in zip(handles, xs, strict=True):
+            d_model = h.down.shape[0]
+            if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] != d_model or x.dtype != np.float32:
+                raise ValueError(f"x must be f32 [t >= 1, {d_model}], got {x.dtype} {list(x.shape)}")
+        if not groupable(handles, xs):
+            return [self.forward(h, x) for h, x in zip(handles, xs, strict=True)]
+        return self._run("grouped forward", self._forward_group, handles, xs)
 
     def put_weight(self, fmt: str, shape: tuple[int, int], data: np.ndarray) -> DeviceWeight:
         """One matrix in its device form (u8 blocks, u16 bits or f32) on the device."""
@@ -292,19 +253,19 @@ class CudaOps:
         y_t = self.matmul(e.down, h)  # [d_model, t]
         return self._to_host(cp.ascontiguousarray(y_t.T))
 
-    def _pinned(self, which: str, shape: tuple[int, ...]) -> np.ndarray:
-        """A page-locked host array of `shape` (f32), a view of the "in" or "out" staging buffer.
-        A copy from pageable memory is staged by the driver and synchronous (tens of µs for a
-        few KiB, measured on an H200); from page-locked memory it is one DMA on our stream.
-        Reusing the buffers is safe: device calls are serialized and each forward waits for
-        its copy back before it returns."""
-        size = math.prod(shape)  # not np.prod: a third of this method's time at decode sizes
+    def _pinned(self, which: str, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        """A page-locked host array of `shape` and `dtype`, a view of one staging buffer ("in",
+        "out", "meta"). A copy from pageable memory is staged by the driver and synchronous (tens
+        of µs for a few KiB, measured on an H200); from page-locked memory it is one DMA on our
+        stream. Reusing the buffers is safe: device calls are serialized and each forward waits
+        for its copy back before it returns."""
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize  # not np.prod: a third of this method's time
         buf = self._staging.get(which)
-        if buf is None or buf.size < size:
+        if buf is None or buf.size < nbytes:
             import cupyx
 
-            buf = self._staging[which] = cupyx.empty_pinned(max(size, 1 << 16), dtype=np.float32)
-        return buf[:size].reshape(shape)
+            buf = self._staging[which] = cupyx.empty_pinned(max(nbytes, 1 << 18), dtype=np.uint8)
+        return buf[:nbytes].view(dtype).reshape(shape)
 
     def _to_device(self, x: np.ndarray) -> Any:
         """x (f32, C-contiguous) on the device, copied through the "in" staging buffer."""
@@ -319,6 +280,42 @@ class CudaOps:
         staged = self._pinned("out", y.shape)
         y.get(stream=self._stream, out=staged, blocking=True)
         return staged.copy()
+
+    def _forward_group(self, handles: list[CudaExpert], xs: list[np.ndarray]) -> list[np.ndarray]:
+        cp = self._cp
+        k, first = len(handles), handles[0]
+        d_ff, d_model = first.d_ff, first.down.shape[0]
+        sizes = [x.shape[0] for x in xs]
+        total = sum(sizes)
+        meta = self._pinned("meta", (3 * k + 1,), np.int64)  # gate|up addresses, down addresses, row offsets
+        meta[:k] = [h.gate_up[0].data.data.ptr for h in handles]
+        meta[k : 2 * k] = [h.down.data.data.ptr for h in handles]
+        meta[2 * k] = 0
+        np.cumsum(sizes, out=meta[2 * k + 1 :])
+        meta_dev = cp.empty(meta.shape, dtype=np.int64)
+        meta_dev.set(meta, stream=self._stream)
+        staged = self._pinned("in", (total, d_model))
+        np.concatenate(xs, out=staged)
+        x_rows = cp.empty((total, d_model), dtype=cp.float32)
+        x_rows.set(staged, stream=self._stream)
+        bucket = next(b for b in MV_ROWS if b >= max(sizes))
+        offs = meta_dev[2 * k :]
+        gu = self._grouped_matvec(first.gate_up[0], bucket, meta_dev[:k], x_rows, offs, k)  # [total, 2·d_ff]
+        h = cp.empty((total, d_ff), dtype=cp.float32)
+        self._launch("tz_silu_mul_rows", (min(_GRID_CAP, -(-(total * d_ff) // 256)),), (256,),
+                     (gu, gu[:, d_ff:], h, np.int32(d_ff), np.int32(total), np.int64(2 * d_ff)))
+        y = self._to_host(self._grouped_matvec(first.down, bucket, meta_dev[k : 2 * k], h, offs, k))
+        return np.split(y, np.cumsum(sizes)[:-1])
+
+    def _grouped_matvec(self, like: DeviceWeight, bucket: int, addresses: Any, x_rows: Any, offs: Any,
+                        k: int) -> Any:
+        """tz_gmv over k weights of `like`'s format and shape at `addresses` (device int64 [k])."""
+        m, n = like.shape
+        y = self._cp.empty((x_rows.shape[0], m), dtype=self._cp.float32)
+        suffix = BLOCK_FORMATS.get(like.fmt) or HALF_FORMATS[like.fmt]
+        self._launch(f"tz_gmv{bucket}_{suffix}", (-(-m // (_MV_WARPS * MV_ROWS[bucket])), k), (32 * _MV_WARPS,),
+                     (addresses, np.int64(like.data.nbytes // m), np.int32(m), np.int32(n), x_rows, offs, y))
+        return y
 
     def _launch(self, name: str, grid: tuple[int, ...], block: tuple[int, ...], args: tuple) -> None:
         self._kernels[name](grid, block, args, stream=self._stream)

@@ -309,30 +309,40 @@ __device__ __forceinline__ void tz_dq16(const tz_u8* __restrict__ w8, int n, int
         out[i] = BF16 ? tz_bf16_to_f32(w[i]) : tz_f16_to_f32(w[i]);
 }
 
+// One mat-vec of any format: KIND 0 Q8_0, 1 Q4_K, 2 Q6_K, 3 F16, 4 BF16 (cuda.py: MV_KINDS).
+template <int KIND, int T, int R>
+__device__ __forceinline__ void tz_mv_any(const tz_u8* w, long long rb, int m, int n, const float* x, int t,
+                                          float* y) {
+    if constexpr (KIND == 0) tz_mv<TzQ8_0, T, R>(w, rb, m, n, x, t, y);
+    else if constexpr (KIND == 1) tz_mv<TzQ4_K, T, R>(w, rb, m, n, x, t, y);
+    else if constexpr (KIND == 2) tz_mv<TzQ6_K, T, R>(w, rb, m, n, x, t, y);
+    else tz_mv16<KIND == 4, T, R>(w, m, n, x, t, y);
+}
+
 // Entry points (extern "C": cupy.RawModule.get_function finds them by these names).
-// mv<T>: (w, row_bytes, m, n, x [t, n], t <= T, y [t, m])  grid ceil(m / (4 R)), block 128
-// dq:    (w, row_bytes, n, r0, rows, out [rows, n])       grid-stride, block 256
-#define TZ_MV_ENTRIES(T, R)                                                                                  \
-    __global__ void tz_mv##T##_q8_0(const tz_u8* w, long long rb, int m, int n, const float* x, int t,      \
-                                    float* y) {                                                             \
-        tz_mv<TzQ8_0, T, R>(w, rb, m, n, x, t, y);                                                          \
+// mv<T>:  (w, row_bytes, m, n, x [t, n], t <= T, y [t, m])      grid ceil(m / (4 R)), block 128
+// gmv<T>: (ws [k], row_bytes, m, n, x [sum t, n], offs [k + 1], y [sum t, m])
+//         grid (ceil(m / (4 R)), k), block 128: a group of k experts of one format and shape,
+//         expert e (blockIdx.y) over rows offs[e] .. offs[e+1] of x and y (at most T of them),
+//         its weights at address ws[e]. Each expert's products are those mv<T> computes for it.
+// dq:     (w, row_bytes, n, r0, rows, out [rows, n])           grid-stride, block 256
+#define TZ_MV_ENTRY(T, R, SUFFIX, KIND)                                                                      \
+    __global__ void tz_mv##T##_##SUFFIX(const tz_u8* w, long long rb, int m, int n, const float* x, int t,  \
+                                        float* y) {                                                         \
+        tz_mv_any<KIND, T, R>(w, rb, m, n, x, t, y);                                                        \
     }                                                                                                       \
-    __global__ void tz_mv##T##_q4_k(const tz_u8* w, long long rb, int m, int n, const float* x, int t,      \
-                                    float* y) {                                                             \
-        tz_mv<TzQ4_K, T, R>(w, rb, m, n, x, t, y);                                                          \
-    }                                                                                                       \
-    __global__ void tz_mv##T##_q6_k(const tz_u8* w, long long rb, int m, int n, const float* x, int t,      \
-                                    float* y) {                                                             \
-        tz_mv<TzQ6_K, T, R>(w, rb, m, n, x, t, y);                                                          \
-    }                                                                                                       \
-    __global__ void tz_mv##T##_f16(const tz_u8* w, long long rb, int m, int n, const float* x, int t,       \
-                                   float* y) {                                                              \
-        tz_mv16<false, T, R>(w, m, n, x, t, y);                                                             \
-    }                                                                                                       \
-    __global__ void tz_mv##T##_bf16(const tz_u8* w, long long rb, int m, int n, const float* x, int t,      \
-                                    float* y) {                                                             \
-        tz_mv16<true, T, R>(w, m, n, x, t, y);                                                              \
+    __global__ void tz_gmv##T##_##SUFFIX(const long long* __restrict__ ws, long long rb, int m, int n,      \
+                                         const float* x, const long long* __restrict__ offs, float* y) {    \
+        const long long r0 = offs[blockIdx.y];                                                              \
+        const int t = (int)(offs[blockIdx.y + 1] - r0);                                                     \
+        if (t > 0) tz_mv_any<KIND, T, R>((const tz_u8*)ws[blockIdx.y], rb, m, n, x + r0 * n, t, y + r0 * m); \
     }
+#define TZ_MV_ENTRIES(T, R)                                                                                  \
+    TZ_MV_ENTRY(T, R, q8_0, 0)                                                                              \
+    TZ_MV_ENTRY(T, R, q4_k, 1)                                                                              \
+    TZ_MV_ENTRY(T, R, q6_k, 2)                                                                              \
+    TZ_MV_ENTRY(T, R, f16, 3)                                                                               \
+    TZ_MV_ENTRY(T, R, bf16, 4)
 extern "C" {
 TZ_MV_ENTRIES(1, TZ_MV_ROWS_1)
 TZ_MV_ENTRIES(2, TZ_MV_ROWS_2)

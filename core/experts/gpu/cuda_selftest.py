@@ -2,7 +2,8 @@
 
 open_device runs `self_test` once: every decoder kernel against the host decoder (bit for
 bit), every mat-vec kernel and the tiled product against an f64 product of the same weights,
-and two whole forwards (a mat-vec batch and a tiled one), on small random weights (a few ms).
+two whole forwards (a mat-vec batch and a tiled one) and one grouped forward of three
+experts, on small random weights (a few ms).
 A kernel that misbehaves on some GPU or driver then makes the device unavailable (the node
 runs on the CPU) rather than wrong.
 
@@ -105,9 +106,36 @@ def self_test(ops: Any) -> None:
     for t in (3, ops.small_batch + 1):
         x = rng.standard_normal((t, d_model)).astype(np.float32)
         y = ops.forward(handle, x)
-        g64, u64 = x.astype(np.float64) @ gate.T.astype(np.float64), x.astype(np.float64) @ up.T.astype(np.float64)
-        with np.errstate(over="ignore"):
-            exact = (g64 / (1.0 + np.exp(-g64)) * u64) @ down.T.astype(np.float64)
-        worst = float((np.abs(y - exact) - expert_error_bound(gate, up, down, x)).max())
+        worst = float((np.abs(y - _exact(gate, up, down, x)) - expert_error_bound(gate, up, down, x)).max())
         assert worst <= 0, f"expert forward at t={t} exceeds its f32 error bound by {worst:.3g}"
     ops.release(handle)
+    _self_test_group(ops, rng)
+
+
+def _self_test_group(ops: Any, rng: np.random.Generator) -> None:
+    """A grouped forward (forward_group: three Q4_K|Q6_K experts of 1, 4 and 2 rows, one
+    grouped launch per product) within each expert's f32 bound."""
+    d_model = d_ff = 256
+    fmts, shapes = ("Q4_K", "Q4_K", "Q6_K"), ((d_ff, d_model), (d_ff, d_model), (d_model, d_ff))
+    experts, handles, xs = [], [], []
+    for t in (1, 4, 2):
+        raws = [random_weight(rng, f, *shape) for f, shape in zip(fmts, shapes, strict=True)]
+        experts.append([dequantize(raw, f, shape) for raw, f, shape in zip(raws, fmts, shapes, strict=True)])
+        host = CpuExpert(gate_up=(CpuWeight("Q4_K", (2 * d_ff, d_model), np.concatenate(raws[:2])),),
+                         down=CpuWeight("Q6_K", (d_model, d_ff), raws[2]), d_ff=d_ff)
+        handles.append(ops.upload(host, fmts))
+        xs.append(rng.standard_normal((t, d_model)).astype(np.float32))
+    ys = ops.forward_group(handles, xs)
+    for i, ((gate, up, down), x, y) in enumerate(zip(experts, xs, ys, strict=True)):
+        assert y.shape == x.shape, f"grouped forward, expert {i}: shape {y.shape} for rows {x.shape}"
+        worst = float((np.abs(y - _exact(gate, up, down, x)) - expert_error_bound(gate, up, down, x)).max())
+        assert worst <= 0, f"grouped forward, expert {i}, exceeds its f32 error bound by {worst:.3g}"
+    for handle in handles:
+        ops.release(handle)
+
+
+def _exact(gate: np.ndarray, up: np.ndarray, down: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """f64 down(silu(gate·x) ⊙ up·x)."""
+    g64, u64 = x.astype(np.float64) @ gate.T.astype(np.float64), x.astype(np.float64) @ up.T.astype(np.float64)
+    with np.errstate(over="ignore"):
+        return (g64 / (1.0 + np.exp(-g64)) * u64) @ down.T.astype(np.float64)
