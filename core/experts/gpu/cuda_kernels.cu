@@ -197,6 +197,20 @@ __device__ __forceinline__ float tz_warp_sum(float v) {
     return v;
 }
 
+// Each accumulator summed over the warp; lane 0 stores those of real tokens and rows into y,
+// token-major (y[tok*m + row]).
+template <int T, int R>
+__device__ __forceinline__ void tz_store_rows(const float (&acc)[R][T], int lane, int t, int m, int row0,
+                                              float* __restrict__ y) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int tok = 0; tok < T; ++tok) {
+            const float s = tz_warp_sum(acc[r][tok]);
+            if (lane == 0 && tok < t && row0 + r < m) y[(long long)tok * m + row0 + r] = s;
+        }
+}
+
 // y[tok*m + row] = sum_k W[row, k] * x[tok*n + k] for tok < t <= T (token-major, as the host
 // sends x and wants y back). Warp w computes rows R*w .. R*w + R-1; its lanes cover
 // 32/GROUPS blocks per step, each lane one group, so each weight block is read once, and the
@@ -210,11 +224,7 @@ __device__ __forceinline__ void tz_mv(const tz_u8* __restrict__ w, long long row
     if (row0 >= m) return;  // row0 is uniform over the warp: whole warps leave, shuffles stay full
     const int nb = n / F::BLOCK;
     const int g = lane % F::GROUPS;
-    float acc[R][T];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int tok = 0; tok < T; ++tok) acc[r][tok] = 0.0f;
+    float acc[R][T] = {};
 #pragma unroll tz_mv_unroll
     for (int b = lane / F::GROUPS; b < nb; b += 32 / F::GROUPS) {
         float v[F::VALS], xv[F::VALS][T];
@@ -235,13 +245,7 @@ __device__ __forceinline__ void tz_mv(const tz_u8* __restrict__ w, long long row
                 for (int tok = 0; tok < T; ++tok) acc[r][tok] = fmaf(v[k], xv[k][tok], acc[r][tok]);
         }
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int tok = 0; tok < T; ++tok) {
-            const float s = tz_warp_sum(acc[r][tok]);
-            if (lane == 0 && tok < t && row0 + r < m) y[(long long)tok * m + row0 + r] = s;
-        }
+    tz_store_rows<T, R>(acc, lane, t, m, row0, y);
 }
 
 // The same for dense 16-bit rows (F16 / BF16, any n): lane k reads elements k, k+32, ...
@@ -252,11 +256,7 @@ __device__ __forceinline__ void tz_mv16(const tz_u8* __restrict__ w8, int m, int
     const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
     if (row0 >= m) return;
     const tz_u16* w = (const tz_u16*)w8;
-    float acc[R][T];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int tok = 0; tok < T; ++tok) acc[r][tok] = 0.0f;
+    float acc[R][T] = {};
 #pragma unroll tz_mv_unroll
     for (int k = lane; k < n; k += 32) {
         float xv[T];
@@ -270,13 +270,7 @@ __device__ __forceinline__ void tz_mv16(const tz_u8* __restrict__ w8, int m, int
             for (int tok = 0; tok < T; ++tok) acc[r][tok] = fmaf(v, xv[tok], acc[r][tok]);
         }
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int tok = 0; tok < T; ++tok) {
-            const float s = tz_warp_sum(acc[r][tok]);
-            if (lane == 0 && tok < t && row0 + r < m) y[(long long)tok * m + row0 + r] = s;
-        }
+    tz_store_rows<T, R>(acc, lane, t, m, row0, y);
 }
 
 // out[r*n + i] = W[r0 + r, i] for r < rows (f32 tile for cuBLAS): one thread per group.
