@@ -16,10 +16,11 @@ Without any GPU backend the table says why each is unavailable. Quantized weight
 valid GGML blocks (speed does not depend on the values). Times are the minimum over repetitions.
 
 On CUDA a second table times the fused mat-vec kernels of the decode batches (1, 2, 4, 8 tokens)
-alone, with CUDA events (no host overhead), as weight bytes read per second against the
-device's copy bandwidth measured in the same run (a mat-vec is bound by memory, as a copy is),
-and a third a holder's multi-expert request (8 Q8_0 experts of one layer at 1 and 4 rows each):
-the experts' forwards one by one against one grouped forward, and the CPU backend's.
+alone, with CUDA events (a kernel shorter than a host launch shows the launch rate), as weight
+bytes read per second against the device's copy bandwidth measured in the same run (a mat-vec
+is bound by memory, as a copy is). A third times a holder's multi-expert request (8 Q8_0 experts
+of one layer at 1 and 4 rows each): the experts' forwards one by one against one grouped
+forward, and the CPU backend's.
 """
 
 from __future__ import annotations

@@ -413,6 +413,7 @@ def emulated_cupy(monkeypatch, lib) -> None:
                                              "cupy_backends.cuda", "cupy_backends.cuda.libs",
                                              "cupy_backends.cuda.libs.cublas")}
     cp, cc = mods["cupy"], mods["cupy.cuda"]
+    WEIGHTS.clear()  # it holds every array uploaded, so no address is reused while it names one
     cp.float32 = np.float32
     mods["cupyx"].empty_pinned = lambda size, dtype: np.full(size, 0xAB, dtype=dtype)  # a plain host array here
 

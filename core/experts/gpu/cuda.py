@@ -36,8 +36,8 @@ F16/BF16 with f32 activations: cublasGemmEx takes A and B of one type, so an f16
 round the activations to f16 (2^-11 relative, overflow past 65504) and a bf16 one to bf16
 (2^-8); cupy.matmul of two f16 arrays is such a GemmEx (f32 compute, tensor-op math) and
 also writes f16 output. Decoding weight tiles to f32 instead keeps the products those of the
-CPU path: the f32 bound below, no activation rounding; the cost is the tile decode, small next to the GEMM
-at the batches that take this path.
+CPU path: the f32 bound below, no activation rounding; the cost is the tile decode, small next
+to the GEMM at the batches that take this path.
 
 Error bounds (tests/experts/test_gpu_cuda.py derives them; u = 2^-24):
   decode (tile and mat-vec) is bit-identical to gguf-py's dequantize: __fmul_rn/__fsub_rn in
@@ -58,9 +58,10 @@ kernel that misbehaves on some GPU makes the device unavailable instead of wrong
 Verified where: on an NVIDIA H200 (driver 580, CUDA 13, CuPy 14.2) tests/experts/
 test_gpu_cuda.py's GPU tests and the self-test pass, and bench/gpu.py measured the kernels
 (docs/performance.md, "The CUDA expert backend on an H200"). Without a GPU (the development
-machines): the decoders compiled for the host (g++) match gguf-py bit for bit; nvcc --ptx (sm_80) compiles
-the file with no warning and no FMA in the decode kernels; the Python side (layouts, tiles,
-launch shapes and argument types, self-test) runs against an emulated cupy in the tests.
+machines): the decoders compiled for the host (g++) match gguf-py bit for bit; nvcc --ptx
+(sm_80) compiles the file with no warning and no FMA in the decode kernels; the Python side
+(layouts, tiles, launch shapes and argument types, self-test) runs against an emulated cupy in
+the tests.
 """
 
 from __future__ import annotations
@@ -100,6 +101,13 @@ KERNEL_NAMES = (*(f"tz_{op}{t}_{s}" for op in ("mv", "gmv") for t in MV_ROWS for
                 "tz_silu_mul", "tz_silu_mul_rows")
 _MV_WARPS = 4  # warps per mat-vec thread block
 _GRID_CAP = 1 << 16  # grid-stride kernels: enough blocks to fill any GPU, no more
+
+
+def _check_rows(handle: CudaExpert, x: np.ndarray) -> None:
+    """ValueError unless x is f32 [t >= 1, d_model] for this expert."""
+    d_model = handle.down.shape[0]
+    if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] != d_model or x.dtype != np.float32:
+        raise ValueError(f"x must be f32 [t >= 1, {d_model}], got {x.dtype} {list(x.shape)}")
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -187,9 +195,7 @@ class CudaOps:
         return self._run("upload", put)
 
     def forward(self, handle: CudaExpert, x: np.ndarray) -> np.ndarray:
-        d_model = handle.down.shape[0]
-        if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] != d_model or x.dtype != np.float32:
-            raise ValueError(f"x must be f32 [t >= 1, {d_model}], got {x.dtype} {list(x.shape)}")
+        _check_rows(handle, x)
         return self._run("forward", self._forward, handle, np.ascontiguousarray(x))
 
     def forward_group(self, handles: list[CudaExpert], xs: list[np.ndarray]) -> list[np.ndarray]:
@@ -201,9 +207,7 @@ class CudaOps:
         if len(handles) != len(xs):
             raise ValueError(f"{len(handles)} experts but {len(xs)} batches")
         for h, x in zip(handles, xs, strict=True):
-            d_model = h.down.shape[0]
-            if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] != d_model or x.dtype != np.float32:
-                raise ValueError(f"x must be f32 [t >= 1, {d_model}], got {x.dtype} {list(x.shape)}")
+            _check_rows(h, x)
         if not groupable(handles, xs):
             return [self.forward(h, x) for h, x in zip(handles, xs, strict=True)]
         return self._run("grouped forward", self._forward_group, handles, xs)

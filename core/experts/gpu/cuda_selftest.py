@@ -3,9 +3,8 @@
 open_device runs `self_test` once: every decoder kernel against the host decoder (bit for
 bit), every mat-vec kernel and the tiled product against an f64 product of the same weights,
 two whole forwards (a mat-vec batch and a tiled one) and one grouped forward of three
-experts, on small random weights (a few ms).
-A kernel that misbehaves on some GPU or driver then makes the device unavailable (the node
-runs on the CPU) rather than wrong.
+experts, on small random weights (a few ms). A kernel that misbehaves on some GPU or driver
+then makes the device unavailable (the node runs on the CPU) rather than wrong.
 
 `expert_error_bound` is the bound both the self-test and tests/experts/test_gpu_cuda.py use:
 any f32 evaluation of down(silu(gate·x) ⊙ up·x) whose dot products have the worst-case
@@ -77,7 +76,7 @@ def self_test(ops: Any) -> None:
     (or DeviceError) naming the first kernel that is wrong."""
     cp = ops._cp
     rng = np.random.default_rng(16)
-    m, n = 13, 512  # 13 rows: the last mat-vec thread block has idle warps, and a warp of R > 1 rows a partial set
+    m, n = 13, 512  # 13 rows: a last thread block with idle warps, a last warp of R > 1 with one row
     for fmt in ("Q8_0", "Q4_K", "Q6_K", "F16", "BF16"):
         raw = random_weight(rng, fmt, m, n)
         ref = dequantize(raw, fmt, (m, n))

@@ -1,6 +1,6 @@
 """Timings of the CUDA device for the benchmarks (bench/gpu.py) and tests: wall time of a
-whole forward, device time of one fused mat-vec (CUDA events: no host overhead counted), and
-the device's copy bandwidth, the reference a memory-bound kernel is compared to."""
+whole forward, device time of one fused mat-vec (CUDA events), and the device's copy
+bandwidth, the reference a memory-bound kernel is compared to."""
 
 from __future__ import annotations
 
@@ -29,8 +29,10 @@ def time_forward(ops: CudaOps, handle: CudaExpert, x: np.ndarray, reps: int) -> 
 
 def time_matvec(ops: CudaOps, weight: DeviceWeight, x: np.ndarray, reps: int) -> float:
     """Device seconds of one fused mat-vec of `weight` over x token-major [t <= SMALL_BATCH, n]:
-    CUDA events around `reps` launches on the device's stream, after one warm-up launch, so
-    no host overhead is counted (bench/gpu.py's kernel table)."""
+    CUDA events around `reps` launches on the device's stream, after one warm-up launch
+    (bench/gpu.py's kernel table). A kernel shorter than one launch from the host (~11 µs
+    through CuPy on an H200's host) measures the launch rate instead: the launches queue no
+    faster than the host issues them."""
     cp = ops._cp
 
     def run() -> float:
