@@ -19,8 +19,9 @@ On CUDA a second table times the fused mat-vec kernels of the decode batches (1,
 alone, with CUDA events (a kernel shorter than a host launch shows the launch rate), as weight
 bytes read per second against the device's copy bandwidth measured in the same run (a mat-vec
 is bound by memory, as a copy is). A third times a holder's multi-expert request (8 Q8_0 experts
-of one layer at 1 and 4 rows each): the experts' forwards one by one against one grouped
-forward, and the CPU backend's.
+of one layer at 1 and 4 rows each) on every backend: the experts' forwards one by one against
+one grouped forward (one device call: CUDA's grouped launch, WGSL's single submission), and the
+CPU backend's.
 """
 
 from __future__ import annotations
@@ -168,13 +169,14 @@ def main(quick: bool = False, full: bool = False) -> None:
                                             f"{gbs * 1e9 / copy_bps:.2f}"])
                         kernels.append({"model": model, "format": fmt_name, "batch": t, "matrix": matrix,
                                         "device_us": us, "weight_gb_per_s": gbs, "copy_gb_per_s": copy_bps / 1e9})
-        if kind == "cuda":
-            for model, (d_model, d_ff) in DIMS.items():
-                for t, alone, together, on_cpu in group_rows(cpu, gpu, d_model, d_ff, max(reps, 10)):
-                    group_table.append([model, GROUP_EXPERTS, t, round(alone), round(together),
-                                        f"{alone / together:.2f}x", round(on_cpu), f"{on_cpu / together:.2f}x"])
-                    groups.append({"model": model, "experts": GROUP_EXPERTS, "batch": t, "one_by_one_us": alone,
-                                   "grouped_us": together, "cpu_us": on_cpu})
+        for model, (d_model, d_ff) in DIMS.items():
+            if software and model != "Qwen3-30B-A3B":
+                continue
+            for t, alone, together, on_cpu in group_rows(cpu, gpu, d_model, d_ff, 3 if software else max(reps, 10)):
+                group_table.append([kind, model, GROUP_EXPERTS, t, round(alone), round(together),
+                                    f"{alone / together:.2f}x", round(on_cpu), f"{on_cpu / together:.2f}x"])
+                groups.append({"backend": kind, "model": model, "experts": GROUP_EXPERTS, "batch": t,
+                               "one_by_one_us": alone, "grouped_us": together, "cpu_us": on_cpu})
         counts = gpu.device_status()["counts"]
         if counts["cpu_rows"]:
             print(f"warning: {kind} ran {counts['cpu_rows']} rows on the CPU (last error: {gpu.last_error})")
@@ -194,7 +196,7 @@ def main(quick: bool = False, full: bool = False) -> None:
     if group_table:
         print_table(f"A multi-expert request ({GROUP_EXPERTS} Q8_0 experts of one layer, each over its own rows): "
                     "forwards one by one vs one grouped forward (forward_many), and the CPU backend one by one",
-                    ["model", "experts", "rows each", "one by one µs", "grouped µs", "speed-up", "cpu µs",
+                    ["backend", "model", "experts", "rows each", "one by one µs", "grouped µs", "speed-up", "cpu µs",
                      "cpu/grouped"], group_table)
     headlines = []
     for kind in opened:

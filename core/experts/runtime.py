@@ -261,7 +261,7 @@ class ExpertRuntime:
         return out
 
     def _run_together(self, keys: list[Key], xs: list[np.ndarray]) -> list[tuple[np.ndarray, float]]:
-        """execute_many on a backend that computes several experts in one call (the CUDA device's
+        """execute_many on a backend that computes several experts in one call (a GPU device's
         grouped forward): one call for the batches with rows, its time shared among them by rows
         (what each batch's compute_ms then says), each expert metered for its own rows."""
         residents = [self._cache.get(key) for key in keys]  # promotes Cold experts; not metered

@@ -3,9 +3,10 @@ several experts runs as one device call where the device can group them, and as 
 by one where it cannot, losing nothing either way.
 
 The device is the WGSL backend on Mesa's lavapipe (as in test_gpu_backend.py), behind an adapter
-that gives it a grouped forward (CUDA's forward_group, whose kernels test_gpu_cuda.py checks):
-what is tested here is the backend's side (residency of the whole group, eviction, counts,
-fallback) and the runtime's (one call, compute time shared by rows, metering per expert)."""
+that records its grouped forward's calls and can make them fail (the devices' own grouped
+forwards are checked in test_gpu_wgsl.py and test_gpu_cuda.py): what is tested here is the
+backend's side (residency of the whole group, eviction, counts, fallback) and the runtime's
+(one call, compute time shared by rows, metering per expert)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.skipif(bool(wgsl_unavailable()), reason=wgsl_unavailabl
 
 
 class Grouping:
-    """A device with a grouped forward: the wrapped device's forwards, one per expert, recorded."""
+    """The wrapped device, its grouped forward recorded (and failing on demand)."""
 
     def __init__(self, ops: Any) -> None:
         self._ops = ops
@@ -41,7 +42,7 @@ class Grouping:
         if self.fail is not None:
             raise self.fail
         self.groups.append(len(handles))
-        return [self._ops.forward(h, x) for h, x in zip(handles, xs, strict=True)]
+        return self._ops.forward_group(handles, xs)
 
 
 def grouping_gpu(budget: int) -> GpuBackend:
@@ -121,12 +122,25 @@ def test_the_runtime_runs_a_multi_expert_request_as_one_group(tmp_path, gpu):
     assert runtime._meter.rows_per_second() > 0  # capacity: 5 rows in the group's compute time
 
 
+class Ungrouped:
+    """A device without a grouped forward."""
+
+    def __init__(self, ops: Any) -> None:
+        self._ops = ops
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "forward_group":
+            raise AttributeError(name)
+        return getattr(self._ops, name)
+
+
 def test_only_a_device_with_a_grouped_forward_groups_and_only_while_it_serves(gpu):
     from core.experts.gpu.wgsl import open_device
 
-    plain = GpuBackend(open_device(allow_software=True), cpu=CpuBackend(use_numba=False), device_budget_bytes=1 << 20)
+    plain = GpuBackend(Ungrouped(open_device(allow_software=True)), cpu=CpuBackend(use_numba=False),
+                       device_budget_bytes=1 << 20)
     try:
-        assert plain.groups_experts is False  # WGSL: the runtime computes a frame's experts one by one
+        assert plain.groups_experts is False  # the runtime computes a frame's experts one by one
     finally:
         plain.close()
     assert gpu.groups_experts is True

@@ -191,6 +191,35 @@ def test_row_and_token_split_are_bit_identical(ops):
     assert y_split.tobytes() == y_whole.tobytes(), bit_report(y_split, y_whole)
 
 
+def test_a_grouped_forward_is_each_experts_own_forward_in_one_submission(ops):
+    """forward_group over experts of different formats and widths, each with its own batch:
+    one submission whose answers are bit for bit each expert's own forward; a batch larger
+    than one submission holds sends the group expert by expert, with the same answers."""
+    names, sizes = ["q4_k", "mixed", "q8_0", "f32", "q6_k"], [1, 8, 3, 2, 5]
+    experts = [_expert(name, seed=20 + i) for i, name in enumerate(names)]
+    handles = [ops.upload(host, types) for host, types in experts]
+    rng = np.random.default_rng(21)
+    xs = [rng.standard_normal((t, host.down.shape[0])).astype(np.float32)
+          for t, (host, _) in zip(sizes, experts, strict=True)]
+    try:
+        alone = [ops.forward(h, x) for h, x in zip(handles, xs, strict=True)]
+        grouped = ops.forward_group(handles, xs)
+        for name, y, ref in zip(names, grouped, alone, strict=True):
+            assert y.tobytes() == ref.tobytes(), f"{name}: {bit_report(y, ref)}"
+        saved = ops.max_binding
+        ops.max_binding = 4096  # 2 tokens a submission at d_ff 256: the batch of 8 is too large
+        try:
+            one_by_one = ops.forward_group(handles, xs)
+        finally:
+            ops.max_binding = saved
+        assert all(y.tobytes() == ref.tobytes() for y, ref in zip(one_by_one, alone, strict=True))
+        with pytest.raises(ValueError, match="5 experts but 4 batches"):
+            ops.forward_group(handles, xs[:4])
+    finally:
+        for h in handles:
+            ops.release(h)
+
+
 def test_bad_input_and_released_handle(ops):
     host, types = _expert("q8_0")
     with pytest.raises(ValueError, match="not the form of types"):

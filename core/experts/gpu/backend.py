@@ -143,12 +143,13 @@ class GpuBackend:
 
     @property
     def groups_experts(self) -> bool:
-        """Whether forward_many runs several experts as one device call (CUDA, while it serves)."""
+        """Whether forward_many runs several experts as one device call: a device with a grouped
+        forward (CUDA's grouped launch, WGSL's single submission), while it serves."""
         return self.failed is None and hasattr(self.ops, "forward_group")
 
     def forward_many(self, items: list[tuple[GpuExpert, np.ndarray]]) -> list[np.ndarray]:
         """[forward(prepared, x) for each item]: a holder's multi-expert request. Where the device
-        has a grouped forward (CUDA) and every expert is on it, they run as one device call, else
+        has a grouped forward and every expert is on it, they run as one device call, else
         one by one. A device error runs the whole group through `forward`, expert by expert."""
         if self.groups_experts and len(items) > 1:
             with self._lock:

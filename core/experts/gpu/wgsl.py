@@ -13,9 +13,12 @@ Device layout of an expert (uploaded once, freed by `release`):
 Kernels (core/experts/gpu/shaders/): matmul_f32.wgsl and matmul_q.wgsl (one workgroup of
 64 invocations per weight row and chunk of TC tokens, TC = 1, 2, 4 or 8 by batch size: the
 invocations stride over the row, coalesced, so each weight is read once per token chunk; TC
-partial sums per invocation, summed in workgroup memory), silu_mul.wgsl. One forward = one command submission:
-gate|up matmul(s) -> silu·mul -> down matmul(s) -> copy to a mapped buffer, one readback.
-Activation buffers (the workspace) are reused between calls and grow with the batch.
+partial sums per invocation, summed in workgroup memory), silu_mul.wgsl. One forward = one
+command submission: gate|up matmul(s) -> silu·mul -> down matmul(s) -> copy to a mapped
+buffer, one readback. A grouped forward (forward_group: a holder's multi-expert request) puts
+every expert's passes in one submission, each between a copy of its rows into the workspace
+and a copy of its answer out, with one readback for all. Activation buffers (the workspace)
+are reused between calls and grow with the batch.
 
 Error bound against the CPU backend's exact path (same f32 weights, sgemm): both sum n
 products in f32 in different orders, so each output differs by at most
@@ -34,7 +37,6 @@ import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -42,6 +44,7 @@ import numpy as np
 
 from core.experts.backends import BLOCK_TYPES, DENSE_TYPES, CpuExpert, CpuWeight
 from core.experts.gpu.ops import DeviceError, DeviceUnavailable
+from core.experts.gpu.wgsl_buffers import Pass, Staging, WgslExpert, Workspace, destroy_all, make_buffers
 from core.experts.gpu.wgsl_layout import SUB_BLOCK, transcode
 
 # TC in the matmul shaders: tokens whose partial sums an invocation keeps. A batch of t takes
@@ -86,43 +89,6 @@ def open_device(*, allow_software: bool = True) -> WgslOps:
     return WgslOps(wgpu, device, name, software)
 
 
-@dataclass
-class _Pass:
-    """One dispatch of a matmul: rows [r0, r0 + rows) of one weight, in their own buffers."""
-
-    kernel: str  # "F32" or a block format
-    rows: int
-    params: Any  # uniform: n, m_out (row stride of y), y_row0, 0
-    weights: tuple[Any, ...]  # (w,) dense or (quants, scales)
-
-
-@dataclass
-class WgslExpert:
-    """An uploaded expert: the handle `upload` returns. nbytes: device bytes of its buffers."""
-
-    d_model: int
-    d_ff: int
-    gate_up: list[_Pass]
-    down: list[_Pass]
-    silu_params: Any
-    nbytes: int
-    buffers: list[Any] = field(default_factory=list)
-    bind_groups: tuple[int, list[Any]] | None = None  # (workspace generation, groups in pass order)
-    released: bool = False
-
-
-@dataclass
-class _Workspace:
-    gen: int
-    x: Any
-    gu: Any
-    h: Any
-    y: Any
-    readback: Any
-    tokens: Any  # uniform: t, 0, 0, 0
-    sizes: tuple[int, int, int]  # bytes of x|y, gu, h
-
-
 class WgslOps:
     """DeviceOps over one wgpu device. Not thread-safe: the GPU backend serializes calls."""
 
@@ -139,7 +105,8 @@ class WgslOps:
         self.max_binding = int(min(device.limits["max-storage-buffer-binding-size"], device.limits["max-buffer-size"]))
         self._pipelines: dict[tuple[str, int], Any] = {}  # (kernel, TC) -> pipeline
         self._layouts: dict[int, Any] = {}  # bindings -> bind group layout (shared by TC variants)
-        self._ws: _Workspace | None = None
+        self._ws: Workspace | None = None
+        self._staged: Staging | None = None
         self._fatal: str | None = None  # why the device is unusable, once it is
 
     # -- sizes -----------------------------------------------------------------------------
@@ -176,7 +143,7 @@ class WgslOps:
         buffers: list[Any] = []
         try:
             with self._guard("upload"):
-                gate_up: list[_Pass] = []
+                gate_up: list[Pass] = []
                 for i, w in enumerate(host.gate_up):  # stacked: one weight at row 0; else gate 0, up d_ff
                     gate_up += self._upload_weight(w, 2 * d_ff, i * d_ff, buffers)
                 down = self._upload_weight(host.down, d_model, 0, buffers)
@@ -186,11 +153,11 @@ class WgslOps:
                         self._pipeline(kernel, tc)
                 self._pipeline("silu", 1)
         except BaseException:
-            _destroy_all(buffers)
+            destroy_all(buffers)
             raise
         return WgslExpert(d_model, d_ff, gate_up, down, silu, self.device_bytes(host, types), buffers)
 
-    def _upload_weight(self, w: CpuWeight, m_out: int, y_row0: int, into: list[Any]) -> list[_Pass]:
+    def _upload_weight(self, w: CpuWeight, m_out: int, y_row0: int, into: list[Any]) -> list[Pass]:
         m, n = w.shape
         rows = self._rows_per_buffer(w)
         passes = []
@@ -203,35 +170,31 @@ class WgslOps:
                 arrays = (layout.quants, layout.meta)
             weights = tuple(self._buffer(a, into=into) for a in arrays)
             params = self._buffer(np.array([n, m_out, y_row0 + r0, 0], np.uint32), uniform=True, into=into)
-            passes.append(_Pass(w.ggml_type, r1 - r0, params, weights))
+            passes.append(Pass(w.ggml_type, r1 - r0, params, weights))
         return passes
 
     def release(self, handle: WgslExpert) -> None:
         handle.released = True
         handle.bind_groups = None
-        _destroy_all(handle.buffers)
+        destroy_all(handle.buffers)
         handle.buffers = []
 
     def close(self) -> None:
         self._fatal = self._fatal or "the device was closed"
         if self._ws is not None:
-            _destroy_all([self._ws.x, self._ws.gu, self._ws.h, self._ws.y, self._ws.readback, self._ws.tokens])
+            destroy_all([self._ws.x, self._ws.gu, self._ws.h, self._ws.y, self._ws.readback, self._ws.tokens])
             self._ws = None
+        if self._staged is not None:
+            destroy_all([self._staged.x, self._staged.tokens, self._staged.readback])
+            self._staged = None
         with suppress(Exception):  # close never raises; the device is gone either way
             self._device.destroy()
 
     # -- forward -----------------------------------------------------------------------------
 
     def forward(self, handle: WgslExpert, x: np.ndarray) -> np.ndarray:
-        if handle.released:
-            raise DeviceError("forward on a released expert handle", fatal=False)
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] != handle.d_model:
-            raise ValueError(f"x must be f32 [t >= 1, {handle.d_model}], received {x.shape}")
-        t = x.shape[0]
-        widest = 4 * max(handle.d_model, 2 * handle.d_ff)  # bytes per token of the largest activation
-        cap = max(1, min(_WORKSPACE_MAX, self.max_binding) // widest)
-        cap = min(cap, _MAX_GROUPS * TOKENS_PER_GROUP)
+        x = self._checked(handle, x)
+        t, cap = x.shape[0], self._token_cap(handle)
         out = np.empty((t, handle.d_model), dtype=np.float32)
         with self._guard("forward"):
             for t0 in range(0, t, cap):
@@ -239,19 +202,76 @@ class WgslOps:
                 out[t0:t1] = self._submit(handle, x[t0:t1])
         return out
 
+    @staticmethod
+    def _checked(handle: WgslExpert, x: np.ndarray) -> np.ndarray:
+        if handle.released:
+            raise DeviceError("forward on a released expert handle", fatal=False)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] != handle.d_model:
+            raise ValueError(f"x must be f32 [t >= 1, {handle.d_model}], received {x.shape}")
+        return x
+
+    def _token_cap(self, handle: WgslExpert) -> int:
+        """Tokens one submission takes for this expert (its largest activation within a binding)."""
+        widest = 4 * max(handle.d_model, 2 * handle.d_ff)  # bytes per token of the largest activation
+        return min(max(1, min(_WORKSPACE_MAX, self.max_binding) // widest), _MAX_GROUPS * TOKENS_PER_GROUP)
+
     def _submit(self, handle: WgslExpert, x: np.ndarray) -> np.ndarray:
         """One command submission for x [t, d_model] (t within the workspace cap)."""
-        wgpu, dev = self._wgpu, self._device
-        t, d_model, d_ff = x.shape[0], handle.d_model, handle.d_ff
-        ws = self._workspace(4 * t * d_model, 8 * t * d_ff, 4 * t * d_ff)
+        dev = self._device
+        t, d_model = x.shape[0], handle.d_model
+        ws = self._workspace(4 * t * d_model, 8 * t * handle.d_ff, 4 * t * handle.d_ff)
+        dev.queue.write_buffer(ws.x, 0, x)
+        dev.queue.write_buffer(ws.tokens, 0, np.array([t, 0, 0, 0], np.uint32))
+        enc = dev.create_command_encoder()
+        self._encode(enc, handle, ws, t)
+        size = 4 * t * d_model
+        enc.copy_buffer_to_buffer(ws.y, 0, ws.readback, 0, size)
+        dev.queue.submit([enc.finish()])
+        return self._read(ws.readback, size).reshape(t, d_model)
+
+    def forward_group(self, handles: list[WgslExpert], xs: list[np.ndarray]) -> list[np.ndarray]:
+        """Several experts, each over its own rows (a holder's multi-expert request), as
+        [forward(h, x) for each], in one command submission and one readback: per expert, its
+        rows and token count are copied from one staging upload into the workspace, its passes
+        run, and its y is copied into its place in one readback buffer (commands of one
+        encoder run in order). A batch larger than one submission holds runs the experts one
+        by one."""
+        if len(handles) != len(xs):
+            raise ValueError(f"{len(handles)} experts but {len(xs)} batches")
+        xs = [self._checked(h, x) for h, x in zip(handles, xs, strict=True)]
+        if any(len(x) > self._token_cap(h) for h, x in zip(handles, xs, strict=True)):
+            return [self.forward(h, x) for h, x in zip(handles, xs, strict=True)]
+        dev = self._device
+        t_max = max(len(x) for x in xs)
+        with self._guard("forward"):
+            ws = self._workspace(4 * t_max * max(h.d_model for h in handles),
+                                 8 * t_max * max(h.d_ff for h in handles), 4 * t_max * max(h.d_ff for h in handles))
+            rows = np.concatenate([x.reshape(-1) for x in xs])
+            staged = self._staging(4 * len(rows), 16 * len(xs))
+            dev.queue.write_buffer(staged.x, 0, rows)
+            dev.queue.write_buffer(staged.tokens, 0, np.array([[len(x), 0, 0, 0] for x in xs], np.uint32))
+            enc = dev.create_command_encoder()
+            offset = 0
+            for i, (h, x) in enumerate(zip(handles, xs, strict=True)):
+                enc.copy_buffer_to_buffer(staged.x, offset, ws.x, 0, 4 * x.size)
+                enc.copy_buffer_to_buffer(staged.tokens, 16 * i, ws.tokens, 0, 16)
+                self._encode(enc, h, ws, len(x))
+                enc.copy_buffer_to_buffer(ws.y, 0, staged.readback, offset, 4 * x.size)
+                offset += 4 * x.size
+            dev.queue.submit([enc.finish()])
+            out = self._read(staged.readback, offset)
+        ends = np.cumsum([x.size for x in xs])
+        return [part.reshape(x.shape) for part, x in zip(np.split(out, ends[:-1]), xs, strict=True)]
+
+    def _encode(self, enc: Any, handle: WgslExpert, ws: Workspace, t: int) -> None:
+        """One compute pass of an expert over the t token rows in ws.x (ws.tokens says t):
+        gate|up matmul(s) -> silu·mul -> down matmul(s) into ws.y."""
         if handle.bind_groups is None or handle.bind_groups[0] != ws.gen:
             handle.bind_groups = (ws.gen, self._bind(handle, ws))
         groups = iter(handle.bind_groups[1])
-        dev.queue.write_buffer(ws.x, 0, x)
-        dev.queue.write_buffer(ws.tokens, 0, np.array([t, 0, 0, 0], np.uint32))
         tc = next(c for c in TOKEN_CHUNKS if c >= min(t, TOKENS_PER_GROUP))
         chunks = -(-t // tc)
-        enc = dev.create_command_encoder()
         cp = enc.begin_compute_pass()
         for p in handle.gate_up:
             cp.set_pipeline(self._pipelines[p.kernel, tc])
@@ -259,23 +279,22 @@ class WgslOps:
             cp.dispatch_workgroups(p.rows, chunks)
         cp.set_pipeline(self._pipelines["silu", 1])
         cp.set_bind_group(0, next(groups))
-        cp.dispatch_workgroups(min(_MAX_GROUPS, -(-t * d_ff // 256)))
+        cp.dispatch_workgroups(min(_MAX_GROUPS, -(-t * handle.d_ff // 256)))
         for p in handle.down:
             cp.set_pipeline(self._pipelines[p.kernel, tc])
             cp.set_bind_group(0, next(groups))
             cp.dispatch_workgroups(p.rows, chunks)
         cp.end()
-        size = 4 * t * d_model
-        enc.copy_buffer_to_buffer(ws.y, 0, ws.readback, 0, size)
-        dev.queue.submit([enc.finish()])
-        ws.readback.map_sync(wgpu.MapMode.READ, 0, size)
-        try:
-            data = ws.readback.read_mapped(0, size)
-        finally:
-            ws.readback.unmap()
-        return np.frombuffer(data, dtype=np.float32).reshape(t, d_model)
 
-    def _bind(self, handle: WgslExpert, ws: _Workspace) -> list[Any]:
+    def _read(self, readback: Any, size: int) -> np.ndarray:
+        """The first `size` bytes of a mapped-read buffer as f32 (waits for the queue)."""
+        readback.map_sync(self._wgpu.MapMode.READ, 0, size)
+        try:
+            return np.frombuffer(readback.read_mapped(0, size), dtype=np.float32)
+        finally:
+            readback.unmap()
+
+    def _bind(self, handle: WgslExpert, ws: Workspace) -> list[Any]:
         """Bind groups in dispatch order: gate|up passes, silu, down passes."""
         def group(kernel: str, *buffers: Any) -> Any:
             layout = self._layout(len(buffers))
@@ -287,7 +306,7 @@ class WgslOps:
         groups += [group(p.kernel, p.params, ws.tokens, ws.h, ws.y, *p.weights) for p in handle.down]
         return groups
 
-    def _workspace(self, xy: int, gu: int, h: int) -> _Workspace:
+    def _workspace(self, xy: int, gu: int, h: int) -> Workspace:
         """Activation buffers holding at least these byte counts, reused while large enough."""
         ws = self._ws
         if ws is not None and xy <= ws.sizes[0] and gu <= ws.sizes[1] and h <= ws.sizes[2]:
@@ -299,25 +318,32 @@ class WgslOps:
                       for need, had in zip((xy, gu, h), old, strict=True))
         if ws is not None:
             self._ws = None
-            _destroy_all([ws.x, ws.gu, ws.h, ws.y, ws.readback, ws.tokens])
+            destroy_all([ws.x, ws.gu, ws.h, ws.y, ws.readback, ws.tokens])
         usage = self._wgpu.BufferUsage
         io = usage.STORAGE | usage.COPY_DST | usage.COPY_SRC
-
-        made: list[Any] = []
-
-        def make(size: int, use: int) -> Any:
-            made.append(self._device.create_buffer(size=size, usage=use))
-            return made[-1]
-
-        try:
-            self._ws = _Workspace((ws.gen + 1) if ws else 1, make(sizes[0], io), make(sizes[1], io),
-                                  make(sizes[2], io), make(sizes[0], io),
-                                  make(sizes[0], usage.MAP_READ | usage.COPY_DST),
-                                  make(16, usage.UNIFORM | usage.COPY_DST), sizes)
-        except BaseException:  # out of memory half way: free what was made, the next call retries
-            _destroy_all(made)
-            raise
+        made = make_buffers(self._device, [(sizes[0], io), (sizes[1], io), (sizes[2], io), (sizes[0], io),
+                                           (sizes[0], usage.MAP_READ | usage.COPY_DST),
+                                           (16, usage.UNIFORM | usage.COPY_DST)])
+        self._ws = Workspace((ws.gen + 1) if ws else 1, *made, sizes)
         return self._ws
+
+    def _staging(self, x_bytes: int, token_bytes: int) -> Staging:
+        """The grouped forward's staging buffers, at least these sizes (grown to twice, 16-byte
+        multiples, as the workspace is)."""
+        st = self._staged
+        if st is not None and x_bytes <= st.sizes[0] and token_bytes <= st.sizes[1]:
+            return st
+        old = st.sizes if st is not None else (0, 0)
+        sizes = tuple(max(need, 2 * had, 16) + 15 & ~15 for need, had in zip((x_bytes, token_bytes), old, strict=True))
+        if st is not None:
+            self._staged = None
+            destroy_all([st.x, st.tokens, st.readback])
+        usage = self._wgpu.BufferUsage
+        copies = usage.COPY_SRC | usage.COPY_DST
+        made = make_buffers(self._device, [(sizes[0], copies), (sizes[1], copies),
+                                           (sizes[0], usage.MAP_READ | usage.COPY_DST)])
+        self._staged = Staging(*made, sizes)
+        return self._staged
 
     # -- device plumbing ---------------------------------------------------------------------
 
@@ -380,12 +406,6 @@ class WgslOps:
 
 def _shader(name: str) -> str:
     return resources.files("core.experts.gpu").joinpath("shaders", name).read_text(encoding="utf-8")
-
-
-def _destroy_all(buffers: list[Any]) -> None:
-    for buf in buffers:
-        with suppress(Exception):  # freeing never raises (the device may be gone already)
-            buf.destroy()
 
 
 def _check(host: CpuExpert, types: tuple[str, str, str]) -> None:
