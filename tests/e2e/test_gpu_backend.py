@@ -116,6 +116,47 @@ def test_the_gpu_holder_computes_on_the_device(pair, weights):
     assert after["cpu_format"] == before["cpu_format"]
 
 
+def test_a_multi_expert_request_is_one_device_call_with_each_experts_own_answer(pair):
+    """docs/operations.md, "Multi-expert requests": a frame of four experts (dense and Q8_0) to the
+    GPU holder, as an outsider sends it, runs on the device as one call; its rows are bit for bit
+    the single-expert answers, each batch's compute_ms is its share of the call by rows, and the
+    CPU holder's answer to the same frame agrees within f32 rounding."""
+    import asyncio
+
+    from tests.e2e.test_peer_door import as_outsider
+
+    cpu, gpu = pair["cpu"], pair["gpu"]
+    carrier = np.random.default_rng(9).standard_normal((6, D_MODEL)).astype("<f4")
+    batches = [{"expert": 3, "rows": [0, 2]}, {"expert": 0, "rows": [1, 2, 3, 4]}, {"expert": 1, "rows": [5]},
+               {"expert": 2, "rows": [0, 1, 4]}]
+    frame = {"model_id": MODEL, "layer": 0, "d_model": D_MODEL, "batches": batches}
+
+    async def scenario(client):
+        multi = await client.ask("moe/execute", frame, carrier.tobytes())
+        singles = [await client.ask("moe/execute", {"model_id": MODEL, "layer": 0, "d_model": D_MODEL,
+                                                    "expert": b["expert"]}, carrier[b["rows"]].tobytes())
+                   for b in batches]
+        return multi, singles
+
+    live = {"live": True}
+    before = gpu.result("tenzro_moeExpertStatus", live)["compute"]["device"]["counts"]
+    (header, body), singles = asyncio.run(as_outsider(gpu.quic_port, scenario))
+    assert header["ok"], header
+    assert body == b"".join(single[1] for single in singles)
+    after = gpu.result("tenzro_moeExpertStatus", live)["compute"]["device"]["counts"]
+    assert after["device_rows"] - before["device_rows"] == 2 * 10 and after["cpu_rows"] == before["cpu_rows"]
+    shares = [b["compute_ms"] / len(sent["rows"]) for b, sent in zip(header["result"]["batches"], batches, strict=True)]
+    assert max(shares) - min(shares) <= 0.001  # ms per row, the same for every batch (rounded to µs)
+    (cpu_header, cpu_body), _ = asyncio.run(as_outsider(cpu.quic_port, scenario))
+    assert cpu_header["ok"], cpu_header
+    ends = np.cumsum([len(b["rows"]) for b in batches])[:-1]
+    for sent, y_gpu, y_cpu in zip(batches, *(np.split(np.frombuffer(b, "<f4").reshape(-1, D_MODEL), ends)
+                                            for b in (body, cpu_body)), strict=True):
+        # dense experts: f32 sums in two orders; Q8_0 ones: the CPU kernel also rounds x to Q8_0
+        tolerance = 1e-5 if sent["expert"] % 2 == 0 else 3e-2
+        assert np.abs(y_gpu - y_cpu).max() <= tolerance * np.abs(y_cpu).max(), sent
+
+
 def test_a_forced_backend_that_cannot_run_stops_the_start_with_the_reason(tmp_path):
     argv = [sys.executable, "-m", "cli.main", "node", "run", "--data-dir", str(tmp_path / "node")]
     unknown = subprocess.run([*argv, "--expert-backend", "tpu"], capture_output=True, text=True, timeout=60)
