@@ -193,7 +193,8 @@ class WorkerStatusOut(Out):
     version: str
     uptime_s: float
     pid: int
-    calls: dict[str, int] = Field(description="Worker calls per door: calls, forbidden, errors, dropped_past_deadline.")
+    calls: dict[str, int] = Field(description="Worker calls per door: calls, forbidden, errors, dropped_past_deadline, "
+                                              "computed_inline.")
     degraded: list[str] = Field(description="What the worker cannot reach now: `redis` while its operator door "
                                             "cannot read its Redis mailbox.")
 

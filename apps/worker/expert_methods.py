@@ -33,6 +33,8 @@ class Context(Protocol):
 
     async def run_blocking(self, executor: Executor, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any: ...
 
+    def run_inline(self, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any: ...
+
 
 @dataclass(frozen=True)
 class Payload:
@@ -57,6 +59,16 @@ def _token_indices(params: dict[str, Any], tokens: int) -> list[int]:
             isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in value):
         raise InvalidInput(f"param 'token_indices' must be a list of {tokens} non-negative integers (one per row)")
     return value
+
+
+def _frame_rows(params: dict[str, Any]) -> int:
+    """Rows a multi-expert frame asks to compute, all batches together; 0 when its `batches` are
+    malformed (the frame then goes the usual way, and prepare() says what is wrong)."""
+    batches = params.get("batches")
+    if not isinstance(batches, list):
+        return 0
+    rows = [b.get("rows") for b in batches if isinstance(b, dict)]
+    return sum(len(r) for r in rows) if len(rows) == len(batches) and all(isinstance(r, list) for r in rows) else 0
 
 
 def _receipt_k(params: dict[str, Any], default: int) -> int:
@@ -106,6 +118,7 @@ class ExpertHandlers:
         receipt_topk: int = 16,
         max_answer_bytes: int | None = None,
         accept_batches: bool = True,
+        inline_rows: int = 0,
     ) -> None:
         """`resolve_blob(uri)` returns a blob's verified bytes (local store or a peer); it may block.
         `after_change()` is awaited after a load or unload, before the answer (the control plane
@@ -113,7 +126,9 @@ class ExpertHandlers:
         `sign_receipt(...)` (apps.receipts.commitment.ReceiptSigner) signs each execute's receipt (its
         `.batches(...)` a multi-expert answer's); without it this holder serves receiptless, and
         remote routers refuse its answers. `max_answer_bytes` bounds a multi-expert answer (the rows
-        of every batch; default `max_payload_bytes`)."""
+        of every batch; default `max_payload_bytes`). `inline_rows`: a multi-expert frame of at most
+        this many rows in all runs on the event loop itself while no other one computes (0: never;
+        see _execute_batches)."""
         self.runtime = runtime
         self._sign_receipt = sign_receipt
         self._receipt_topk = receipt_topk
@@ -123,6 +138,8 @@ class ExpertHandlers:
         self._after_change = after_change
         self._max_answer = max_answer_bytes or max_payload_bytes
         self._accept_batches = accept_batches  # false: one expert per request, as before the multi-expert frame
+        self._inline_rows = inline_rows
+        self._frames_on_threads = 0  # multi-expert frames handed to the compute threads and not yet done
 
     def table(self) -> dict[str, Callable[..., Awaitable[Result]]]:
         return {
@@ -245,7 +262,12 @@ class ExpertHandlers:
 
         The frame runs as one compute job: a decode step's few rows cost less than a thread hop, and
         a large frame's matmuls already use every core (BLAS, the C kernels' own threads): measured
-        with bench/forward.py, spreading its experts over the compute threads as well was slower."""
+        with bench/forward.py, spreading its experts over the compute threads as well was slower.
+        A frame of at most `inline_rows` rows, arriving while no other frame computes, runs on the
+        event loop itself: on a busy machine the hop to a compute thread and back costs the loop a
+        wake-up and a GIL hand-off each way, about what such a frame's compute costs (docs/performance.md,
+        "A decode step's frame on the holder's own loop"). Frames that arrive together still go to
+        the threads, which compute them in parallel."""
         if "expert" in params:
             raise InvalidInput("give either 'expert' (one batch) or 'batches' (several), not both")
         model_id, layer = str_param(params, "model_id"), int_param(params, "layer")
@@ -285,7 +307,13 @@ class ExpertHandlers:
             hidden, batches, token_indices = prepare()
             return answer(hidden, batches, token_indices, compute(hidden, batches))
 
-        return await ctx.run_blocking(self._executor, whole)
+        if self._frames_on_threads == 0 and 0 < _frame_rows(params) <= self._inline_rows:
+            return ctx.run_inline(whole)
+        self._frames_on_threads += 1
+        try:
+            return await ctx.run_blocking(self._executor, whole)
+        finally:
+            self._frames_on_threads -= 1
 
     async def forward_local(self, params: dict[str, Any], body: bytes | bytearray, ctx: Context) -> Result:
         out = await ctx.run_blocking(self._executor, self.runtime.forward_local,

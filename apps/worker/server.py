@@ -139,7 +139,8 @@ class WorkerServer:
                                  if settings.TENZRO_SIGN_RECEIPTS else None,
                                  receipt_topk=settings.TENZRO_RECEIPT_TOPK,
                                  max_answer_bytes=settings.TENZRO_PEER_MAX_BODY_BYTES,
-                                 accept_batches=settings.TENZRO_EXECUTE_BATCHES)
+                                 accept_batches=settings.TENZRO_EXECUTE_BATCHES,
+                                 inline_rows=settings.TENZRO_INLINE_COMPUTE_ROWS)
         self.methods = MethodTable({
             **experts.table(),
             **BlobHandlers(store=store, executor=self.executor).table(),

@@ -5,6 +5,8 @@ after which the holder serves the next request."""
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -114,3 +116,37 @@ def test_an_answer_over_the_holders_limit_is_refused_before_computing(handlers) 
         _call(handlers, params, many)
     assert info.value.reason == "payload_too_large" and info.value.details["limit_bytes"] == 1 << 16
 
+
+
+def test_a_decode_sized_frame_computes_on_the_loop_unless_another_frame_is_computing(handlers) -> None:
+    """inline_rows: a frame of at most that many rows runs on the event loop (run_inline, counted
+    computed_inline), with the same answer as on a thread; a larger one, or one arriving while
+    another frame is on the threads, goes to the threads; a passed deadline still drops it."""
+    rows = np.random.default_rng(8).standard_normal((6, D_MODEL)).astype(np.float32)
+    body = encode_rows(rows, "q8_0")
+    small = _params("q8_0", 6, [{"expert": 0, "rows": [0, 1]}, {"expert": 2, "rows": [3, 4, 5]}])
+    large = _params("q8_0", 6, [{"expert": 1, "rows": list(range(6))}, {"expert": 3, "rows": list(range(6))}])
+    with ThreadPoolExecutor(2) as executor:
+        inline = ExpertHandlers(runtime=handlers.runtime, executor=executor, max_payload_bytes=1 << 20,
+                                sign_receipt=SIGNER, max_answer_bytes=1 << 16, inline_rows=8)
+        counts: Counter[str] = Counter()
+
+        def context(**kwargs) -> CallContext:
+            return CallContext(door=Door.PEER, counts=counts, **kwargs)
+
+        result, answer = asyncio.run(inline.execute(small, body, context()))
+        assert counts["peer.computed_inline"] == 1
+        assert answer == _call(handlers, small, body)[1]  # the threads' answer, bit for bit
+        assert [b["tokens"] for b in result["batches"]] == [2, 3]
+        asyncio.run(inline.execute(large, body, context()))  # 12 rows: over the limit
+        assert counts["peer.computed_inline"] == 1
+
+        async def together():  # the large frame is on the threads when the small one arrives
+            return await asyncio.gather(inline.execute(large, body, context()), inline.execute(small, body, context()))
+
+        _, (_, answer_small) = asyncio.run(together())
+        assert counts["peer.computed_inline"] == 1 and answer_small == answer
+        with pytest.raises(TenzroError) as info:
+            asyncio.run(inline.execute(small, body, context(deadline=time.time() - 1)))
+        assert info.value.reason == "deadline_exceeded" and counts["peer.dropped_past_deadline"] == 1
+        assert counts["peer.computed_inline"] == 1
