@@ -114,7 +114,6 @@ class CallContext:
                 self.count("dropped_past_deadline")
             raise
 
-
     def run_inline(self, func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run `func` now, on the calling thread (the event loop), with run_blocking's deadline
         check: for work that costs less than the hop to a thread and back (counted as

@@ -265,9 +265,9 @@ class ExpertHandlers:
         with bench/forward.py, spreading its experts over the compute threads as well was slower.
         A frame of at most `inline_rows` rows, arriving while no other frame computes, runs on the
         event loop itself: on a busy machine the hop to a compute thread and back costs the loop a
-        wake-up and a GIL hand-off each way, about what such a frame's compute costs (docs/performance.md,
-        "A decode step's frame on the holder's own loop"). Frames that arrive together still go to
-        the threads, which compute them in parallel."""
+        wake-up and a GIL hand-off each way, about what such a frame's compute costs
+        (docs/performance.md, "A decode step's frame on the holder's own loop"). Frames that arrive
+        together still go to the threads, which compute them in parallel."""
         if "expert" in params:
             raise InvalidInput("give either 'expert' (one batch) or 'batches' (several), not both")
         model_id, layer = str_param(params, "model_id"), int_param(params, "layer")

@@ -191,7 +191,7 @@ def test_row_and_token_split_are_bit_identical(ops):
     assert y_split.tobytes() == y_whole.tobytes(), bit_report(y_split, y_whole)
 
 
-def test_a_grouped_forward_is_each_experts_own_forward_in_one_submission(ops):
+def test_a_grouped_forward_is_each_experts_own_forward_in_one_submission(ops, monkeypatch):
     """forward_group over experts of different formats and widths, each with its own batch:
     one submission whose answers are bit for bit each expert's own forward; a batch larger
     than one submission holds sends the group expert by expert, with the same answers."""
@@ -206,13 +206,23 @@ def test_a_grouped_forward_is_each_experts_own_forward_in_one_submission(ops):
         grouped = ops.forward_group(handles, xs)
         for name, y, ref in zip(names, grouped, alone, strict=True):
             assert y.tobytes() == ref.tobytes(), f"{name}: {bit_report(y, ref)}"
+        pairs = [x[:2] if len(x) > 1 else np.vstack([x, x]) for x in xs]  # 2 rows each: 7 KiB in all
+        pairs_alone = [ops.forward(h, x) for h, x in zip(handles, pairs, strict=True)]
+        singles = []
+        forward = ops.forward
+        monkeypatch.setattr(ops, "forward", lambda h, x: singles.append(len(x)) or forward(h, x))
+        assert ops.forward_group(handles, pairs) and singles == []  # 7 KiB in one submission
         saved = ops.max_binding
         ops.max_binding = 4096  # 2 tokens a submission at d_ff 256: the batch of 8 is too large
         try:
             one_by_one = ops.forward_group(handles, xs)
+            over_staging = ops.forward_group(handles, pairs)  # each batch fits, all rows at once do not
         finally:
             ops.max_binding = saved
+            monkeypatch.undo()
+        assert singles == [*sizes, 2, 2, 2, 2, 2]  # both went expert by expert
         assert all(y.tobytes() == ref.tobytes() for y, ref in zip(one_by_one, alone, strict=True))
+        assert all(y.tobytes() == ref.tobytes() for y, ref in zip(over_staging, pairs_alone, strict=True))
         with pytest.raises(ValueError, match="5 experts but 4 batches"):
             ops.forward_group(handles, xs[:4])
     finally:

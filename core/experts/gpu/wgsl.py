@@ -235,12 +235,13 @@ class WgslOps:
         [forward(h, x) for each], in one command submission and one readback: per expert, its
         rows and token count are copied from one staging upload into the workspace, its passes
         run, and its y is copied into its place in one readback buffer (commands of one
-        encoder run in order). A batch larger than one submission holds runs the experts one
-        by one."""
+        encoder run in order). A batch larger than one submission holds, or rows more than one
+        buffer holds in all, runs the experts one by one."""
         if len(handles) != len(xs):
             raise ValueError(f"{len(handles)} experts but {len(xs)} batches")
         xs = [self._checked(h, x) for h, x in zip(handles, xs, strict=True)]
-        if any(len(x) > self._token_cap(h) for h, x in zip(handles, xs, strict=True)):
+        if (any(len(x) > self._token_cap(h) for h, x in zip(handles, xs, strict=True))
+                or 4 * sum(x.size for x in xs) > self.max_binding):  # the staging holds every row at once
             return [self.forward(h, x) for h, x in zip(handles, xs, strict=True)]
         dev = self._device
         t_max = max(len(x) for x in xs)
