@@ -339,13 +339,18 @@ def test_a_router_whose_expert_worker_dies_closes_its_generation_and_generates_a
     key = node.result("tenzro_keysCreate", {"name": "tests"}, token=TOKEN)["key"]
     chunks: list[dict] = []
 
+    stream_failure: list[str] = []
+
     def read_stream() -> None:  # a client of the OpenAI API, as docs/openai.md describes it
         body = {"model": model_id, "prompt": "ba", "max_tokens": max_tokens, "temperature": 0, "stream": True}
-        with httpx.stream("POST", f"{node.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"},
-                          timeout=120) as answer:
-            for line in answer.iter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    chunks.append(json.loads(line[6:]))
+        try:
+            with httpx.stream("POST", f"{node.url}/v1/completions", json=body,
+                              headers={"Authorization": f"Bearer {key}"}, timeout=120) as answer:
+                for line in answer.iter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        chunks.append(json.loads(line[6:]))
+        except Exception as exc:  # the stream broke off: said in the assertion below
+            stream_failure.append(f"{type(exc).__name__}: {exc}")
 
     worker_pid = node.result("tenzro_workerStatus")["pid"]
     reader = threading.Thread(target=read_stream)
@@ -373,7 +378,9 @@ def test_a_router_whose_expert_worker_dies_closes_its_generation_and_generates_a
     assert record["state"] == "failed" and record["error"]["reason"] == "interrupted", record
     assert 0 < len(record["tokens"]) < max_tokens and record["finish_reason"] == "error"
     reader.join(30)  # the client heard the end from the new worker, not after its 300 s idle timeout
-    assert not reader.is_alive() and chunks[-1]["error"]["code"] == "interrupted", chunks[-1]
+    assert not reader.is_alive(), "the client still waits on its stream"
+    # what the client heard last (an ending without the error was seen once in CI, not reproduced since)
+    assert chunks[-1].get("error", {}).get("code") == "interrupted", (len(chunks), chunks[-3:], stream_failure)
 
     params = {"model_id": model_id, "prompt_ids": meta["prompt_ids"], "max_new_tokens": len(meta["greedy_ids"]),
               "wire": "f32"}
