@@ -254,7 +254,9 @@ async def _race(batch: Batch, rows: np.ndarray, tokens: np.ndarray, execute: Bat
                 stalled = newest_holder
                 start(waiting.pop(0))
                 continue
-            for task in done:
+            # In the order they started: when the loop woke late and several attempts are done at
+            # once, the earliest (the primary) wins and is measured, as it would have been on time.
+            for task in [t for t in running if t in done]:
                 holder, started = running.pop(task)
                 stats = report.holder(holder.provider_id)
                 try:
