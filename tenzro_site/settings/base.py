@@ -195,10 +195,10 @@ TENZRO_GPU_MEMORY_BUDGET_BYTES = env_int("TENZRO_GPU_MEMORY_BUDGET_BYTES", 0)
 TENZRO_GPU_DEVICE = env_int("TENZRO_GPU_DEVICE", 0)
 # Threads of the expert worker that run expert compute and payload decoding.
 TENZRO_COMPUTE_THREADS = env_int("TENZRO_COMPUTE_THREADS", 2)
-# A multi-expert moe/execute frame of at most this many rows in all is computed on the worker's
-# event loop when no other frame is computing (no hop to a compute thread); 0 (the default):
-# always a thread. For dedicated holders; see docs/operations.md.
-TENZRO_INLINE_COMPUTE_ROWS = env_int("TENZRO_INLINE_COMPUTE_ROWS", 0)
+# A multi-expert moe/execute frame of at most this many rows in all (8: a decode step's) is computed
+# on the worker's event loop when no other frame is computing (no hop to a compute thread); 0: always
+# a thread. See docs/operations.md.
+TENZRO_INLINE_COMPUTE_ROWS = env_int("TENZRO_INLINE_COMPUTE_ROWS", 8)
 # Largest blob this node fetches from a peer, in bytes.
 TENZRO_BLOB_MAX_BYTES = env_int("TENZRO_BLOB_MAX_BYTES", 4 * 1024**3)
 # A blob no provider announces (a gate, or experts prepared but not loaded yet) is asked of at most this
