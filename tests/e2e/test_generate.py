@@ -329,7 +329,11 @@ def test_a_router_whose_expert_worker_dies_closes_its_generation_and_generates_a
     max_tokens = 30000  # minutes of decoding even on a fast machine: the kill lands mid-stream
     model_id = MODELS["qwen3_moe"]
     folder = long_context_copy("qwen3_moe", tmp_path / "checkpoint", max_tokens + 8)
-    write_text_files(folder, vocab_size=256)  # with a tokenizer, for the /v1 client
+    # No EOS in this copy: the prompt's greedy path reaches the fixture's EOS at token 162 (0.7 s on a 2-core
+    # machine), and under load the kill came after it, the generation over (seen in CI).
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": []}))
+    write_text_files(folder, vocab_size=256, generation={"eos_token_id": []})  # a tokenizer, for the /v1 client
     node = start_node(env={**ENV, "TENZRO_GENERATE_MAX_NEW_TOKENS": str(max_tokens)})
     start_node(env=ENV, peers=[node.url])  # a peer to dial the router back, so it announces its holdings
     shape = load_every_expert(node, folder, model_id)
@@ -379,9 +383,8 @@ def test_a_router_whose_expert_worker_dies_closes_its_generation_and_generates_a
     assert 0 < len(record["tokens"]) < max_tokens and record["finish_reason"] == "error"
     reader.join(30)  # the client heard the end from the new worker, not after its 300 s idle timeout
     assert not reader.is_alive(), "the client still waits on its stream"
-    # what the client heard last. Seen in CI with 4,000 tokens: an ending without the error, the record
-    # still closed as interrupted. Likely the generation had ended before the kill and its record, written
-    # behind the stream, had not caught up.
+    # what the client heard last (an ending without the error was seen in CI before the copy lost its EOS:
+    # the generation had ended at EOS before the kill, its record, written behind the stream, not yet closed)
     assert chunks[-1].get("error", {}).get("code") == "interrupted", (len(chunks), chunks[-3:], stream_failure)
 
     params = {"model_id": model_id, "prompt_ids": meta["prompt_ids"], "max_new_tokens": len(meta["greedy_ids"]),
