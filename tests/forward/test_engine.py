@@ -1,6 +1,7 @@
 """Failover, hedging and replanning of the dispatch, with holders that fail or hang on purpose."""
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -35,7 +36,11 @@ class Holders:
         try:
             if what == "hang":
                 await asyncio.sleep(3600)
-            await asyncio.sleep(self.delay_s)
+            if what == "block":  # holds the event loop (as a late wake-up would), then answers at once
+                time.sleep(0.1)
+                await asyncio.sleep(0)
+            else:
+                await asyncio.sleep(self.delay_s)
         except asyncio.CancelledError:
             self.cancelled.append(pid)
             raise
@@ -132,6 +137,20 @@ def test_a_fast_primary_is_not_hedged_once_its_p95_is_known():
     for _ in range(3):
         _, later, _, _ = _forward(shard, holders, book=book)
         assert later.hedges_fired <= 1  # with the default's 1 ms, every batch would be
+
+
+def test_a_primary_done_in_the_same_wake_up_as_its_backup_wins_and_is_measured():
+    # The backup (2) is raced in after 1 ms and holds the loop past the primary's (1) 50 ms: when the race
+    # looks again both are done. The primary started first, so it wins, and its latency is the one recorded.
+    holders = Holders({2: "block"}, delay_s=0.05)
+    book = LatencyBook(HedgePolicy(default_s=0.001, floor_s=0.0001, min_samples=1))
+    holdings = [holding(n, 0, e, tps=tps) for e in range(N_EXPERTS) for n, tps in ((1, 1000), (2, 1))]
+    shard = ShardIndex.build(MODEL, [provider(1), provider(2)], holdings, POLICY)  # 1 the primary of every batch
+    combine, report, expected, _ = _forward(shard, holders, book=book)
+    np.testing.assert_allclose(combine.finish(allow_partial=False).out, expected, rtol=1e-6)
+    assert report.hedges_fired == N_EXPERTS and report.hedges_won == 0
+    assert report.holders[provider_id(1)].batches == N_EXPERTS and provider_id(2) not in report.holders
+    assert book.median_s(provider_id(1)) is not None and book.median_s(provider_id(2)) is None
 
 
 def test_fail_fast_dispatches_nothing_when_a_pair_has_no_holder_at_all():
