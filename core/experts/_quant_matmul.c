@@ -479,7 +479,10 @@ static PyObject *qdot_variants(PyObject *self, PyObject *noargs) {
 /* --- persistent worker pool ------------------------------------------------------------------
  *
  * A job is a number of tasks (row tiles) handed out by an atomic counter; the caller takes
- * part, so `threads` threads run a job with threads − 1 pool workers. Workers sleep on
+ * part, so `threads` threads run a job with threads − 1 pool workers. A worker joins a job
+ * only while it is open: once the caller has run out of tasks it closes the job and waits only
+ * for the workers that joined, never for one still waking up (on a loaded machine a woken
+ * worker can wait milliseconds for a core, longer than the whole job took). Workers sleep on
  * pool.wake between jobs (no spinning: on a 2-core VM a spinning worker steals the core that
  * BLAS or the next Python call needs). `user` lets one caller at a time drive the pool; a
  * second concurrent caller (another Python thread, GIL released) does not wait for it but
@@ -509,8 +512,8 @@ static struct {
     pthread_cond_t wake;  /* gen changed */
     pthread_cond_t done;  /* busy reached 0 */
     int started;          /* workers alive */
-    int want;             /* workers 0..want-1 take part in the current job */
-    int busy;             /* of those, how many have not finished it */
+    int want;             /* workers 0..want-1 may join the current job (0 once it is closed) */
+    int busy;             /* workers that joined it and have not finished */
     unsigned long gen;    /* bumped once per job */
     pjob_t *job;
     worker_arg_t args[MAX_THREADS];
@@ -524,7 +527,8 @@ static void *pool_worker(void *arg) {
     for (;;) {
         while (pool.gen == seen) pthread_cond_wait(&pool.wake, &pool.mu);
         seen = pool.gen;
-        if (me->index >= pool.want) continue;
+        if (me->index >= pool.want) continue; /* not asked, or the job closed before this woke */
+        pool.busy++;
         pjob_t *job = pool.job;
         pthread_mutex_unlock(&pool.mu);
         pjob_run(job);
@@ -573,12 +577,14 @@ static void parallel_for(void (*fn)(void *, int), void *ctx, int ntasks, int thr
     }
     if (helpers > pool.started) helpers = pool.started;
     pool.job = &job;
-    pool.want = pool.busy = helpers;
+    pool.want = helpers;
+    pool.busy = 0;
     pool.gen++;
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.mu);
     pjob_run(&job);
     pthread_mutex_lock(&pool.mu);
+    pool.want = 0; /* closed: a worker not yet awake stays out, and `job` (this frame's) is never its */
     while (pool.busy > 0) pthread_cond_wait(&pool.done, &pool.mu);
     pthread_mutex_unlock(&pool.mu);
     pthread_mutex_unlock(&pool.user);
