@@ -584,7 +584,7 @@ static void parallel_for(void (*fn)(void *, int), void *ctx, int ntasks, int thr
     pthread_mutex_unlock(&pool.mu);
     pjob_run(&job);
     pthread_mutex_lock(&pool.mu);
-    pool.want = 0; /* closed: a worker not yet awake stays out, and `job` (this frame's) is never its */
+    pool.want = 0; /* closed: a worker waking from now on stays out, so none reads `job` (on this stack) later */
     while (pool.busy > 0) pthread_cond_wait(&pool.done, &pool.mu);
     pthread_mutex_unlock(&pool.mu);
     pthread_mutex_unlock(&pool.user);
