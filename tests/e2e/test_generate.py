@@ -47,15 +47,16 @@ def expected(name: str) -> tuple[dict, np.ndarray]:
     return meta, np.load(FIXTURES / name / meta["logits_file"])
 
 
-def long_context_copy(name: str, folder: Path, positions: int) -> Path:
+def long_context_copy(name: str, folder: Path, positions: int, **config_changes: object) -> Path:
     """The fixture's checkpoint in `folder` with room for `positions` positions, so that a generation can
     run long enough to still be running however fast the machine is (its RoPE has no scaling: the
-    weights and every shorter generation's tokens are the same)."""
+    weights and every shorter generation's tokens are the same); `config_changes` go into its config."""
     folder.mkdir()
     shutil.copy(FIXTURES / name / "model.safetensors", folder / "model.safetensors")
     config = json.loads((FIXTURES / name / "config.json").read_text())
     assert config.get("rope_scaling") is None, config["rope_scaling"]
-    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": positions}))
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": positions,
+                                                    **config_changes}))
     return folder
 
 
@@ -328,11 +329,9 @@ def test_a_router_whose_expert_worker_dies_closes_its_generation_and_generates_a
     meta, _ = expected("qwen3_moe")
     max_tokens = 30000  # minutes of decoding even on a fast machine: the kill lands mid-stream
     model_id = MODELS["qwen3_moe"]
-    folder = long_context_copy("qwen3_moe", tmp_path / "checkpoint", max_tokens + 8)
     # No EOS in this copy: the prompt's greedy path reaches the fixture's EOS at token 162 (0.7 s on a 2-core
     # machine), and under load the kill came after it, the generation over (seen in CI).
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": []}))
+    folder = long_context_copy("qwen3_moe", tmp_path / "checkpoint", max_tokens + 8, eos_token_id=[])
     write_text_files(folder, vocab_size=256, generation={"eos_token_id": []})  # a tokenizer, for the /v1 client
     node = start_node(env={**ENV, "TENZRO_GENERATE_MAX_NEW_TOKENS": str(max_tokens)})
     start_node(env=ENV, peers=[node.url])  # a peer to dial the router back, so it announces its holdings

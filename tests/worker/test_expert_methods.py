@@ -117,7 +117,6 @@ def test_an_answer_over_the_holders_limit_is_refused_before_computing(handlers) 
     assert info.value.reason == "payload_too_large" and info.value.details["limit_bytes"] == 1 << 16
 
 
-
 def test_a_decode_sized_frame_computes_on_the_loop_unless_another_frame_is_computing(handlers) -> None:
     """inline_rows: a frame of at most that many rows runs on the event loop (run_inline, counted
     computed_inline), with the same answer as on a thread; a larger one, or one arriving while
