@@ -320,6 +320,24 @@ def test_admission_refuses_past_the_kv_budget_and_queues_past_it_until_the_queue
     assert {layer["batch"] for step in second["steps"] for layer in step["layers"]} == {1}
 
 
+def long_generation_router(start_node, tmp_path: Path, max_tokens: int) -> tuple[NodeProcess, str]:
+    """A router holding every expert of the qwen3_moe fixture itself (MODELS' id), its copy of the checkpoint
+    with room for `max_tokens` and no EOS, a tokenizer for /v1 clients; (the router, a client key).
+
+    No EOS: the greedy path of "ba" reaches the fixture's EOS at token 162 (0.7 s on a 2-core machine), and a
+    test that must act on a running generation came too late under load (seen in CI)."""
+    model_id = MODELS["qwen3_moe"]
+    folder = long_context_copy("qwen3_moe", tmp_path / "checkpoint", max_tokens + 64, eos_token_id=[])
+    write_text_files(folder, vocab_size=256, generation={"eos_token_id": []})
+    node = start_node(env={**ENV, "TENZRO_GENERATE_MAX_NEW_TOKENS": str(max_tokens)})
+    start_node(env=ENV, peers=[node.url])  # a peer to dial the router back, so it announces its holdings
+    shape = load_every_expert(node, folder, model_id)
+    node.result("tenzro_moeLoadDense", {"model_id": model_id, "checkpoint": str(folder)}, token=TOKEN)
+    wait_for(lambda: len(node.result("tenzro_moeShardMap", {"model_id": model_id})["holders"])
+             == shape.n_experts_total * len(shape.moe_layers), 60, "the node to see its own experts")
+    return node, node.result("tenzro_keysCreate", {"name": "tests"}, token=TOKEN)["key"]
+
+
 def test_a_router_whose_expert_worker_dies_closes_its_generation_and_generates_again_by_itself(
         start_node, tmp_path) -> None:
     """Routers recover by themselves (docs/operations.md, "Generation"): SIGKILL of the expert worker while
@@ -329,17 +347,7 @@ def test_a_router_whose_expert_worker_dies_closes_its_generation_and_generates_a
     meta, _ = expected("qwen3_moe")
     max_tokens = 30000  # minutes of decoding even on a fast machine: the kill lands mid-stream
     model_id = MODELS["qwen3_moe"]
-    # No EOS in this copy: the prompt's greedy path reaches the fixture's EOS at token 162 (0.7 s on a 2-core
-    # machine), and under load the kill came after it, the generation over (seen in CI).
-    folder = long_context_copy("qwen3_moe", tmp_path / "checkpoint", max_tokens + 8, eos_token_id=[])
-    write_text_files(folder, vocab_size=256, generation={"eos_token_id": []})  # a tokenizer, for the /v1 client
-    node = start_node(env={**ENV, "TENZRO_GENERATE_MAX_NEW_TOKENS": str(max_tokens)})
-    start_node(env=ENV, peers=[node.url])  # a peer to dial the router back, so it announces its holdings
-    shape = load_every_expert(node, folder, model_id)
-    node.result("tenzro_moeLoadDense", {"model_id": model_id, "checkpoint": str(folder)}, token=TOKEN)
-    wait_for(lambda: len(node.result("tenzro_moeShardMap", {"model_id": model_id})["holders"])
-             == shape.n_experts_total * len(shape.moe_layers), 60, "the node to see its own experts")
-    key = node.result("tenzro_keysCreate", {"name": "tests"}, token=TOKEN)["key"]
+    node, key = long_generation_router(start_node, tmp_path, max_tokens)
     chunks: list[dict] = []
 
     stream_failure: list[str] = []
