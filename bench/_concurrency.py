@@ -7,6 +7,13 @@ the wall time from the first start to the last end, prefills included), the deco
 over the steps: each iteration of b sequences gives each of them one step of batch b), and each holder's
 `moe/execute` requests (its /metrics, before and after) per MoE layer per iteration: 1 is one request per
 holder per layer per iteration, whatever N. The reference is N = 1 in the same run.
+
+The same N prompts then run batched in one process (bench/_generate_model.py `Local.generate_batch`:
+WholeModel.run_batch with every expert local, no network), just before the distributed level (once
+the nodes are quiet) so drift hits both alike: its own gain from N = 1 to N is the most batching can
+give on this machine's cores and memory, whatever the network does (N sequences x top-8 touch many
+more experts, each read whole), and the distributed level's tokens/s over its is the share of that
+ceiling the nodes reach.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import numpy as np
 from testkit.nodes import TOKEN, NodeProcess
 
 from . import _pyspy
+from ._generate_model import Local
 from .report import RESULTS_DIR, print_table
 
 
@@ -34,9 +42,9 @@ def execute_requests(node: NodeProcess) -> float:
     return total
 
 
-def one_level(router: NodeProcess, holders: list[NodeProcess], model_id: str, n: int, vocab: int, max_new: int,
-              n_moe_layers: int, rng: np.random.Generator) -> dict[str, Any]:
-    prompts = [[int(t) for t in rng.integers(0, vocab, 32)] for _ in range(n)]
+def one_level(router: NodeProcess, holders: list[NodeProcess], model_id: str, prompts: list[list[int]],
+              max_new: int, n_moe_layers: int) -> dict[str, Any]:
+    n = len(prompts)
     before = [execute_requests(h) for h in holders]
     started = time.perf_counter()
     ids = [router.result("tenzro_moeGenerate", {"model_id": model_id, "prompt_ids": p, "max_new_tokens": max_new,
@@ -73,12 +81,45 @@ def one_level(router: NodeProcess, holders: list[NodeProcess], model_id: str, n:
             "holder_requests_per_layer_iteration": max(requests) / (iterations * n_moe_layers), **where}
 
 
-def profiled_level(router: NodeProcess, holders: list[NodeProcess], model_id: str, n: int, vocab: int, max_new: int,
-                   n_moe_layers: int, rng: np.random.Generator) -> dict[str, Any]:
+def cpu_busy_share(seconds: float) -> float:
+    """The share of this machine's CPU time that was not idle over the next `seconds` (/proc/stat)."""
+    def idle_total() -> tuple[int, int]:
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+        return fields[3] + fields[4], sum(fields)  # idle + iowait, all
+
+    idle0, total0 = idle_total()
+    time.sleep(seconds)
+    idle1, total1 = idle_total()
+    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
+
+
+def wait_quiet(limit_s: float = 15.0) -> None:
+    """Until the nodes are done with the last level's aftermath (records, settlements: under 15 % of the
+    CPU for half a second), or limit_s: the one-process level must not share the cores with it."""
+    deadline = time.monotonic() + limit_s
+    while cpu_busy_share(0.5) > 0.15 and time.monotonic() < deadline:
+        pass
+
+
+def local_level(local: Local, prompts: list[list[int]], max_new: int) -> dict[str, Any]:
+    """The same prompts batched in one process: tokens/s (prefill included), the decode iterations' p50,
+    and the medians of their dense and MoE parts."""
+    run = local.generate_batch(prompts, max_new)
+    moe = statistics.median(run["decode_moe_ms"])
+    return {"tokens_per_s": sum(len(t) for t in run["tokens"]) / run["wall_s"],
+            "inter_token_p50_ms": statistics.median(run["decode_iteration_ms"]), "moe_ms": moe,
+            "dense_ms": statistics.median(i - m for i, m in zip(run["decode_iteration_ms"], run["decode_moe_ms"],
+                                                                strict=True))}
+
+
+def profiled_level(router: NodeProcess, holders: list[NodeProcess], model_id: str, prompts: list[list[int]],
+                   max_new: int, n_moe_layers: int) -> dict[str, Any]:
     """one_level while py-spy samples the router's expert worker (--profile): where an iteration goes."""
+    n = len(prompts)
     spy = _pyspy.Profile(router.result("tenzro_workerStatus")["pid"], RESULTS_DIR / f"profile-router-{n}-at-once.txt",
                          seconds=6.0)
-    row = one_level(router, holders, model_id, n, vocab, max_new, n_moe_layers, rng)
+    row = one_level(router, holders, model_id, prompts, max_new, n_moe_layers)
     summary = spy.finish(steps=max(1, round(row["iterations"])))
     print_table(f"Profile of the router's expert worker, {n} generations at once: CPU ms per iteration by thread "
                 f"(/proc, the first 6 s), then the event loop's busy functions (py-spy or its own cProfile, "
@@ -89,17 +130,30 @@ def profiled_level(router: NodeProcess, holders: list[NodeProcess], model_id: st
     return {**row, "profile": summary}
 
 
-def concurrency(router: NodeProcess, holders: list[NodeProcess], model_id: str, levels: list[int], vocab: int,
-                max_new: int, n_moe_layers: int, rng: np.random.Generator, *, profile: bool = False
+def concurrency(router: NodeProcess, holders: list[NodeProcess], local: Local, model_id: str, levels: list[int],
+                vocab: int, max_new: int, n_moe_layers: int, rng: np.random.Generator, *, profile: bool = False
                 ) -> list[dict[str, Any]]:
-    one_level(router, holders, model_id, 2, vocab, 4, n_moe_layers, rng)  # warm
-    rows = [one_level(router, holders, model_id, n, vocab, max_new, n_moe_layers, rng) for n in levels]
+    def prompts(n: int) -> list[list[int]]:
+        return [[int(t) for t in rng.integers(0, vocab, 32)] for _ in range(n)]
+
+    one_level(router, holders, model_id, prompts(2), 4, n_moe_layers)  # warm
+    local_level(local, prompts(2), 4)
+    rows = []
+    for n in levels:
+        asked = prompts(n)
+        wait_quiet()
+        alone = local_level(local, asked, max_new)
+        rows.append({**one_level(router, holders, model_id, asked, max_new, n_moe_layers), "one_process": alone})
     if profile:  # the largest level again, profiled: the table's row is unprofiled
-        profiled_level(router, holders, model_id, levels[-1], vocab, max_new, n_moe_layers, rng)
+        profiled_level(router, holders, model_id, prompts(levels[-1]), max_new, n_moe_layers)
     base = rows[0]
     for row in rows:
         row["tokens_per_s_ratio"] = row["tokens_per_s"] / base["tokens_per_s"]
         row["inter_token_ratio"] = row["inter_token_p50_ms"] / base["inter_token_p50_ms"]
+        one, one_base = row["one_process"], base["one_process"]
+        one["tokens_per_s_ratio"] = one["tokens_per_s"] / one_base["tokens_per_s"]
+        one["inter_token_ratio"] = one["inter_token_p50_ms"] / one_base["inter_token_p50_ms"]
+        row["share_of_one_process"] = row["tokens_per_s"] / one["tokens_per_s"]
     print_table(f"Concurrent generations through continuous batching ({model_id}, q8_0 wire, {max_new} new tokens "
                 f"each; reference: concurrency {base['concurrency']} in this run)",
                 ["concurrency", "aggregate tokens/s", "x ref", "inter-token p50 ms", "x ref", "p99 ms",
@@ -111,5 +165,13 @@ def concurrency(router: NodeProcess, holders: list[NodeProcess], model_id: str, 
                   round(r["holder_requests_per_layer_iteration"], 2), round(r["dense_ms"], 1), round(r["moe_ms"], 1),
                   round(r["holder_ms"], 1)]
                  for r in rows])
+    print_table(f"The same prompts batched in one process, no network (the ceiling of batching on this machine; "
+                f"reference: its own concurrency {base['concurrency']})",
+                ["concurrency", "one process tokens/s", "x its ref", "inter-token p50 ms", "x its ref",
+                 "decode: dense ms", "MoE layers ms", "distributed tokens/s / one process"],
+                [[r["concurrency"], round(r["one_process"]["tokens_per_s"], 1),
+                  f"{r['one_process']['tokens_per_s_ratio']:.2f}x", round(r["one_process"]["inter_token_p50_ms"], 1),
+                  f"{r['one_process']['inter_token_ratio']:.2f}x", round(r["one_process"]["dense_ms"], 1),
+                  round(r["one_process"]["moe_ms"], 1), f"{r['share_of_one_process']:.2f}"] for r in rows])
     print("targets: aggregate tokens/s at 16 >= 6x one sequence; inter-token p50 <= 2.5x; holder requests <= 1")
     return rows

@@ -26,7 +26,7 @@ import numpy as np
 from apps.catalog.checkpoint import CheckpointReader
 from apps.catalog.shapes import shape_from_config
 from apps.catalog.slicing import gate_payload_for_layer
-from apps.generation.model import WholeModel
+from apps.generation.model import WholeModel, drive
 from apps.generation.spec import spec_from_config
 from apps.generation.weights import dense_tensor_shapes, load_dense_weights
 from core.experts.runtime import ExpertRuntime
@@ -160,6 +160,26 @@ class Local:
         return {"tokens": tokens, "ttft_ms": steps[0][0],
                 "decode_tokens_per_s": len(decode) / (sum(s for s, _ in decode) / 1e3) if decode else None,
                 "decode_step_ms": [s for s, _ in decode], "decode_moe_ms": [m for _, m in decode]}
+
+    def generate_batch(self, prompts: list[list[int]], max_new: int) -> dict[str, Any]:
+        """N greedy generations batched as the router's continuous batching runs them, in this process:
+        every prompt in one prefill iteration (WholeModel.run_batch), then one decode iteration of all N
+        sequences per token. (tokens per sequence, wall seconds, each decode iteration's ms and its MoE ms)."""
+        caches = [self.model.new_cache() for _ in prompts]
+        ids = [np.asarray(p, dtype=np.int64) for p in prompts]
+        tokens: list[list[int]] = [[] for _ in prompts]
+        iteration_ms, moe_ms = [], []
+        started = time.perf_counter()
+        for _ in range(max_new):
+            self.moe_s, start = 0.0, time.perf_counter()
+            logits = drive(self.model.run_batch(list(zip(ids, caches, strict=True)), last_only=True), self._moe)
+            for out, sequence_logits in zip(tokens, logits, strict=True):
+                out.append(int(np.argmax(sequence_logits[-1])))
+            iteration_ms.append((time.perf_counter() - start) * 1e3)
+            moe_ms.append(self.moe_s * 1e3)
+            ids = [np.array([out[-1]], dtype=np.int64) for out in tokens]
+        return {"tokens": tokens, "wall_s": time.perf_counter() - started, "decode_iteration_ms": iteration_ms[1:],
+                "decode_moe_ms": moe_ms[1:]}
 
     def close(self) -> None:
         """Free the reference's weights before the next shape loads its own."""

@@ -167,12 +167,12 @@ def run_shape(shape: Shape, args: argparse.Namespace, work: Path, nodes: list[No
     profile = None
     if args.profile:
         profile = profiled(nodes, shape, prompt, max_new)
-    local.close()
     batched = None
     if args.concurrency:
         levels = [int(n) for n in args.concurrency.split(",")]
-        batched = _concurrency.concurrency(router, nodes[1:], shape.model_id, levels, shape.vocab_size, max_new,
-                                           shape.layers, rng, profile=args.profile)
+        batched = _concurrency.concurrency(router, nodes[1:], local, shape.model_id, levels, shape.vocab_size,
+                                           max_new, shape.layers, rng, profile=args.profile)
+    local.close()
     return {"shape": shape.name, "model_id": shape.model_id, "vocab_size": shape.vocab_size,
             "dense_bytes": dense["dense_bytes"], **tables(shape, runs, router.result("tenzro_nodeInfo")["provider_id"]),
             "profile": profile, "concurrency": batched}
