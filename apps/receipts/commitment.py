@@ -38,6 +38,7 @@ from typing import Any
 
 import blake3
 import numpy as np
+import orjson
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
@@ -156,6 +157,19 @@ def canonical_text(body: Mapping[str, Any]) -> str:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
+def receipt_text(body: Mapping[str, Any]) -> bytes:
+    """canonical_text(body) as bytes, for a body of strings, integers, and lists and objects of them,
+    never a float (orjson writes floats its own way): a receipt body built here, or one whose every
+    field was checked against a request. orjson writes those bytes ~13x faster than json does; where
+    they would differ (text to escape: a character past `~`; an integer past 64 bits; a key that is
+    not a string) canonical_text, the definition, writes them."""
+    try:
+        raw = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # orjson.JSONEncodeError is one
+        return canonical_text(body).encode("ascii")
+    return raw if raw.isascii() and b"\x7f" not in raw else canonical_text(body).encode("ascii")
+
+
 def receipt_body(*, provider_id: str, model_id: str, layer: int, expert: int, token_indices: Sequence[int],
                  d_model: int, input_encoding: str, input_carrier: bytes | bytearray | memoryview,
                  output_encoding: str, k: int, sketch: bytes) -> dict[str, Any]:
@@ -181,7 +195,7 @@ def sign_receipt(body: dict[str, Any], key: SigningKey) -> SignedReceipt:
     """Sign a body of either version (its `v` picks the domain separator)."""
     if key.verify_key.encode().hex() != body["provider_id"]:
         raise ValueError("a receipt is signed by its own holder's key")
-    text = canonical_text(body).encode("ascii")
+    text = receipt_text(body)
     return SignedReceipt(body, blake3_hex(text), key.sign(_DOMAINS[body["v"]] + text).signature.hex())
 
 
@@ -244,7 +258,7 @@ def verify_receipt(wire: Any, expect: Expected, rows: np.ndarray, answer: bytes 
         raise ReceiptError("the returned rows are not all finite")
     if body["sketch_hash"] != blake3_hex(sketch):
         raise ReceiptError("the receipt's commitment does not match the returned rows")
-    return signed_receipt(wire, body, expect.provider_id), sketch
+    return signed_receipt(wire, body, expect.provider_id, checked=True), sketch
 
 
 def _checked_body(wire: Any, expect: Expected | ExpectedBatches, fields: tuple[str, ...], version: int
@@ -256,7 +270,7 @@ def _checked_body(wire: Any, expect: Expected | ExpectedBatches, fields: tuple[s
     if not isinstance(wire, Mapping):
         raise ReceiptError("the receipt is not an object")
     body = {name: wire.get(name) for name in fields}
-    if body["v"] != version:
+    if body["v"] != version or type(body["v"]) is not int:
         raise ReceiptError(f"receipt version {body['v']!r}, this answer needs version {version}")
     checks = (("provider_id", expect.provider_id, "the receipt is not bound to the holder that answered"),
               ("model_id", expect.model_id, "the receipt names another model"),
@@ -277,9 +291,11 @@ def _checked_body(wire: Any, expect: Expected | ExpectedBatches, fields: tuple[s
     return body
 
 
-def signed_receipt(wire: Mapping[str, Any], body: dict[str, Any], provider_id: str) -> SignedReceipt:
-    """The body's commitment hash and the holder's signature over it, checked; the signed receipt."""
-    text = canonical_text(body).encode("ascii")
+def signed_receipt(wire: Mapping[str, Any], body: dict[str, Any], provider_id: str, *, checked: bool = False
+                   ) -> SignedReceipt:
+    """The body's commitment hash and the holder's signature over it, checked; the signed receipt.
+    checked: every field of the body was checked against a request (receipt_text's condition)."""
+    text = receipt_text(body) if checked else canonical_text(body).encode("ascii")
     commitment = blake3_hex(text)
     if wire.get("commitment_hash") != commitment:
         raise ReceiptError("the receipt's commitment hash is not the hash of its body")
@@ -338,7 +354,7 @@ def verify_batches_receipt(wire: Any, expect: ExpectedBatches,
         if item["sketch_hash"] != blake3_hex(sketch):
             raise ReceiptError(f"the receipt's commitment for expert {expert} does not match the returned rows")
     body["batches"] = [dict(item) for item in listed]
-    return signed_receipt(wire, body, expect.provider_id), sketches
+    return signed_receipt(wire, body, expect.provider_id, checked=True), sketches
 
 
 def _finite(rows: np.ndarray, known: bool | None) -> bool:

@@ -6,6 +6,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
 from apps.receipts.commitment import (
@@ -14,7 +16,9 @@ from apps.receipts.commitment import (
     ReceiptSigner,
     answer_sketch,
     blake3_hex,
+    canonical_text,
     receipt_body,
+    receipt_text,
     sign_receipt,
     sketch_bytes,
     sketch_rows,
@@ -100,6 +104,8 @@ def test_an_honest_receipt_verifies() -> None:
     ("missing", "without a receipt"),
     ("hash", "commitment hash"),
     ("nan", "not all finite"),
+    ("version_true", "receipt version"),
+    ("version_float", "receipt version"),
 ])
 def test_a_tampered_receipt_is_refused_naming_the_check(tamper: str, why: str) -> None:
     rows = np.random.default_rng(4).standard_normal((3, 64)).astype(np.float32)
@@ -123,6 +129,8 @@ def test_a_tampered_receipt_is_refused_naming_the_check(tamper: str, why: str) -
     elif tamper == "nan":
         seen = seen.copy()
         seen[0, 0] = np.nan
+    elif tamper in ("version_true", "version_float"):  # equal to 1 in Python, but not the integer 1
+        wire["v"] = True if tamper == "version_true" else 1.0
     with pytest.raises(ReceiptError, match=why) as caught:
         verify_receipt(wire, expect, seen)
     assert caught.value.reason == ("receipt_missing" if tamper == "missing" else "bad_receipt")
@@ -130,6 +138,38 @@ def test_a_tampered_receipt_is_refused_naming_the_check(tamper: str, why: str) -
 
 def canonical(wire: dict) -> bytes:
     return repr(sorted(wire.items())).encode()
+
+
+# JSON without floats, every character of text included (controls, DEL, non-ASCII, astral), integers
+# past 64 bits, keys that are not strings: what canonical_text writes, receipt_text must write too.
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(min_value=2**63 - 2, max_value=2**64 + 2)
+    | st.text(st.characters(codec="utf-8"), max_size=12),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=4) | st.integers(-3, 3), inner, max_size=4), max_leaves=20)
+
+
+@settings(max_examples=400, deadline=None)
+@given(body=st.dictionaries(st.text(max_size=6), _JSON, max_size=6))
+def test_the_fast_receipt_text_is_the_canonical_text(body: dict) -> None:
+    try:
+        want = canonical_text(body).encode("ascii")
+    except TypeError:  # keys of both kinds in one object: json cannot sort them, nor can the fast path
+        with pytest.raises(TypeError):
+            receipt_text(body)
+    else:
+        assert receipt_text(body) == want
+
+
+@pytest.mark.parametrize("body", [
+    {"model_id": "a\x7fb"},  # ASCII that json escapes and orjson does not
+    {"model_id": "Qwen/Qwen3-30B-A3B\u00e9"},
+    {"token_indices": [2**64]},
+    {"batches": [{"expert": 1, "rows": [0, 1], "sketch_hash": "ab" * 32}], "v": 2},
+    {1: "an integer key"},
+])
+def test_the_fast_receipt_text_falls_back_where_orjson_writes_otherwise(body: dict) -> None:
+    assert receipt_text(body) == canonical_text(body).encode("ascii")
 
 
 def test_sampling_keeps_one_in_n_within_its_statistical_bound_and_is_keyed() -> None:
