@@ -17,6 +17,10 @@ the best in brackets, then the median process CPU time ("cpu"), which a machine 
 other work inflates least. Ratios and "met" use the wall-clock median. "max share" is the
 largest fraction of the layer's pairs one provider was given.
 
+Decode table: the same plan_pairs for one token (and sixteen, a batch of sequences) x top-k,
+against the same whole-model index: what every MoE layer of every decode step plans, as a share
+of the 2 ms a layer's network and dispatch may take (bench/generate.py's target), target <= 10%.
+
 Record table: verifying one signed provider record with 500 holdings beside a bare ed25519
 verify (64 bytes, and the record's own bytes).
 
@@ -51,6 +55,8 @@ from testkit.shard_views import MODEL, POLICY, routings_json, routings_pairs, sk
 from .report import headline, print_table, timed, write_results
 
 PLAN_TARGET_S = 0.020
+DECODE_LAYER_BUDGET_S = 0.002  # network + dispatch of one MoE layer of a decode step (bench/generate.py's target)
+DECODE_PLAN_SHARE = 0.10
 SHARD_MAP_TARGET_S = 1.0
 N_PROVIDERS = 1000
 N_TOKENS = 4096
@@ -118,6 +124,35 @@ def planning() -> list[dict[str, Any]]:
     return rows
 
 
+def decode_planning() -> list[dict[str, Any]]:
+    """A decode step's plan: 1 token (and 16, a batch of sequences) x top-k of one layer, against the
+    index of the whole model, as the distributed forward plans every MoE layer of every step. Beside
+    it the per-layer budget of a decode step's network and dispatch (DECODE_LAYER_BUDGET_S), of which
+    planning is one part."""
+    rows, table = [], []
+    for model in (QWEN3_30B, KIMI_K3):
+        view = view_of(model, seed=1)
+        index = ShardIndex.build(MODEL, view.providers, view.holdings, POLICY)
+        for n_tokens in (1, 16):
+            experts = skewed_routings(np.random.default_rng(4), n_tokens=n_tokens, n_routed=model.routed,
+                                      top_k=model.top_k, n_shared=model.shared, skew=1.0)
+            tokens, layers, expert_ids = routings_pairs(experts)
+            plan_pairs(tokens, layers, expert_ids, index)  # the index's columns, converted once
+            took, plan = timed(lambda t=tokens, la=layers, e=expert_ids, i=index: plan_pairs(t, la, e, i), 200)
+            share = took.median_s / DECODE_LAYER_BUDGET_S
+            rows.append({"model": model.name, "tokens": n_tokens, "pairs": int(tokens.size), **took.to_dict(),
+                         "batches": len(plan.batches), "budget_ms": DECODE_LAYER_BUDGET_S * 1e3, "share": share})
+            table.append([model.name, f"{n_tokens}x{model.top_k}+{model.shared}", len(view.holdings),
+                          f"{took.median_s * 1e6:.0f} [{took.best_s * 1e6:.0f}] cpu {took.cpu_s * 1e6:.0f}",
+                          len(plan.batches), f"{share:.1%}", share <= DECODE_PLAN_SHARE])
+    print_table(f"A decode step's plan, one layer, {N_PROVIDERS} providers, index of the whole model (µs); "
+                f"share of the {DECODE_LAYER_BUDGET_S * 1e3:.0f} ms a layer's network and dispatch may take, "
+                f"target ≤ {DECODE_PLAN_SHARE:.0%}",
+                ["model", "tokens x k", "holdings", "arrays µs [best] cpu", "batches", "share of budget", "met"],
+                table)
+    return rows
+
+
 def shard_map_whole_model() -> list[dict[str, Any]]:
     model = KIMI_K3
     view = view_of(model, seed=3)
@@ -160,6 +195,7 @@ def record_verification() -> list[dict[str, Any]]:
 # One entry per table: (name in the JSON results, function that prints it and returns its rows).
 TABLES: list[tuple[str, Callable[[], list[dict[str, Any]]]]] = [
     ("planning", planning),
+    ("decode_planning", decode_planning),
     ("shard_map", shard_map_whole_model),
     ("record_verification", record_verification),
 ]
@@ -172,6 +208,9 @@ def main() -> None:
                    "ms",
                    reference="plan_dispatch, JSON in and out", reference_value=r["json"]["median_ms"],
                    target=f"≤ {r['target_ms']:.0f} ms") for r in results["planning"]),
+        *(headline(f"decode step's plan, one layer, {r['model']}, {r['tokens']} token(s)", r["median_ms"], "ms",
+                   reference="a decode layer's network + dispatch budget", reference_value=r["budget_ms"],
+                   target=f"≤ {DECODE_PLAN_SHARE:.0%} of it") for r in results["decode_planning"]),
         *(headline(f"shard map of a whole model, {r['model']}", r["median_ms"], "ms",
                    target=f"≤ {r['target_ms']:.0f} ms") for r in results["shard_map"])])
 

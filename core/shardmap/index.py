@@ -130,6 +130,11 @@ class ShardIndex:
     def experts(self) -> np.ndarray:
         return self.keys & ((1 << KEY_SHIFT) - 1)
 
+    def layer_expert(self, indices: list[int]) -> tuple[list[int], list[int]]:
+        """(layers, experts) of the given expert indices, without the whole index's columns."""
+        keys = self.keys[indices] if indices else np.zeros(0, np.int64)
+        return (keys >> KEY_SHIFT).tolist(), (keys & ((1 << KEY_SHIFT) - 1)).tolist()
+
     def provider_ids(self) -> list[str]:
         return [p.provider_id for p in self.providers]
 

@@ -211,13 +211,15 @@ def plan_pairs(
     batches: list[Batch] = []
     sorted_batch = np.full(len(order), -1, dtype=np.int64)
     segment_start = bounds[:-1].tolist()
-    layer_of, expert_of, providers = shard.layers.tolist(), shard.experts.tolist(), shard.providers
-    for piece in pieces:  # already sorted by (expert index, provider index) = (layer, expert, provider id)
+    # the pieces' own experts only: a decode step plans 8 pairs against an index of the whole model
+    layer_of, expert_of = shard.layer_expert([piece.expert for piece in pieces])
+    providers = shard.providers
+    for i, piece in enumerate(pieces):  # sorted by (expert index, provider index) = (layer, expert, provider id)
         lo = segment_start[piece.segment] + piece.first
         hi = lo + piece.rows
         sorted_batch[lo:hi] = len(batches)
-        batches.append(Batch(layer_of[piece.expert], expert_of[piece.expert], providers[piece.provider],
-                             t_sorted[lo:hi], tuple([providers[p] for p in piece.backups])))
+        batches.append(Batch(layer_of[i], expert_of[i], providers[piece.provider], t_sorted[lo:hi],
+                             tuple([providers[p] for p in piece.backups])))
     pair_batch = np.empty(len(order), dtype=np.int64)
     pair_batch[order] = sorted_batch
 

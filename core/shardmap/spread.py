@@ -200,7 +200,11 @@ def _backups(shard: ShardIndex, cols: Columns, pieces: list[tuple[int, int, int,
         keep &= ~np.isin(shard.holder_provider[row], np.fromiter(excluded, dtype=np.int64))
     piece, row = piece[keep], row[keep]
     who = shard.holder_provider[row]
-    busy = np.asarray(load, dtype=np.float64)[who] + rows[piece]  # rows the holder would have with this piece
+    # rows the holder would have with this piece; the loads gathered for the candidates alone when they are
+    # fewer than the providers (a decode step's few pieces against a network of a thousand)
+    held = np.array([load[p] for p in who.tolist()], np.float64) if len(who) < len(load) \
+        else np.asarray(load, dtype=np.float64)[who]
+    busy = held + rows[piece]
     finish = shard.provider_latency_s[who] + busy / cols.rate_array[row]
     cpu_of_hot = shard.hot[expert[piece]] & ~shard.provider_gpu[who]
     order = np.lexsort((cols.rank_array[who], finish, cpu_of_hot, row >= warm_end[piece], piece))  # last key first
