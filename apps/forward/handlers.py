@@ -25,7 +25,7 @@ import numpy as np
 from django.conf import settings
 
 from apps.forward import services
-from apps.forward.callers import HolderCaller
+from apps.forward.callers import INLINE_ROWS, HolderCaller
 from apps.forward.combine import ForwardIncomplete, StreamingCombine
 from apps.forward.engine import ForwardLimits, ForwardReport, run_forward
 from apps.forward.hedging import HedgePolicy, LatencyBook
@@ -100,27 +100,41 @@ class DistributedForward:
 
         return await self.control_plane.read(f"forward.view:{model_id}", read)
 
-    def _route(self, model_id: str, layer: int, hidden: np.ndarray, view: View) -> tuple[Any, ShardIndex]:
+    def _route(self, model_id: str, layer: int, hidden: np.ndarray, view: View, *, readahead: bool = True
+               ) -> tuple[Any, ShardIndex]:
         """On the compute thread, in one hop: the gate's routing of `hidden`, readahead of the experts
         it chose that this node holds, and the shard index to plan on."""
         routing = self.runtime.route(model_id=model_id, layer=layer, hidden=hidden)
-        self.runtime.readahead((model_id, layer, int(e)) for e in np.unique(routing.experts))
+        if readahead:
+            self.runtime.readahead(self._chosen(model_id, layer, routing))
         return routing, self._shard(model_id, view)
+
+    @staticmethod
+    def _chosen(model_id: str, layer: int, routing: Any) -> list[tuple[str, int, int]]:
+        return [(model_id, layer, int(e)) for e in np.unique(routing.experts)]
 
     def _shard(self, model_id: str, view: View) -> ShardIndex:
         """The shard index of `model_id`, built again only when its inputs changed: the gossip view (a
         new object each TENZRO_WORKER_CONTROL_TTL_S), this node's holdings, or who is cooling down.
         Planning a decode step then costs the plan itself, not a rebuild of every holder's rows."""
-        now = time.monotonic()
-        # list(): the loop thread updates _cooling while this runs on a compute thread
-        cooling = frozenset(pid for pid, until in list(self._cooling.items()) if until > now)
-        key = (self.runtime.holdings_version, cooling)
+        key = self._shard_key()
         cached = self._shards.get(model_id)
         if cached is not None and cached[0] is view and cached[1] == key:
             return cached[2]
-        shard = self._build_shard(model_id, view, cooling)
+        shard = self._build_shard(model_id, view, key[1])
         self._shards[model_id] = (view, key, shard)
         return shard
+
+    def _shard_key(self) -> tuple[int, frozenset[str]]:
+        now = time.monotonic()
+        # list(): the loop thread updates _cooling while this may run on a compute thread
+        cooling = frozenset(pid for pid, until in list(self._cooling.items()) if until > now)
+        return self.runtime.holdings_version, cooling
+
+    def _shard_current(self, model_id: str, view: View) -> bool:
+        """Whether _shard would answer from its cache (no rebuild, which costs milliseconds)."""
+        cached = self._shards.get(model_id)
+        return cached is not None and cached[0] is view and cached[1] == self._shard_key()
 
     def _build_shard(self, model_id: str, view: View, cooling: frozenset[str]) -> ShardIndex:
         """The gossiped holders of other providers, and this node's live holdings (latency 0: no wire).
@@ -172,7 +186,14 @@ class DistributedForward:
         codecs = codecs or tuple(c for c in settings.TENZRO_ACTIVATION_CODECS if c in WIRE_CODECS)
         gate = self.runtime.gate_spec(model_id, layer)
         view = await self._gossip_view(model_id)  # kept TENZRO_WORKER_CONTROL_TTL_S: no query per layer
-        routing, shard = await ctx.run_blocking(self.executor, self._route, model_id, layer, hidden, view)
+        if len(hidden) <= INLINE_ROWS and self._shard_current(model_id, view):
+            # A decode step's gate over a few rows costs less than the hop to a compute thread and back;
+            # loading a held expert from disk does not, so that readahead still goes to a thread.
+            routing, shard = ctx.run_inline(self._route, model_id, layer, hidden, view, readahead=False)
+            if self.runtime.needs_readahead(chosen := self._chosen(model_id, layer, routing)):
+                await ctx.run_blocking(self.executor, self.runtime.readahead, chosen)
+        else:
+            routing, shard = await ctx.run_blocking(self.executor, self._route, model_id, layer, hidden, view)
         n_tokens, k = routing.experts.shape
         experts = routing.experts.ravel()
         planned_at = time.monotonic()

@@ -245,8 +245,7 @@ class ExpertRuntime:
         Every expert is checked before any runs: ExpertNotLoaded names all that are not held here
         (details `experts`), ShapeMismatch / NonFiniteInput the first bad batch."""
         keys = [(model_id, int(layer), int(e)) for e, _ in batches]
-        held = set(self._cache.keys())
-        missing = [k[2] for k in keys if k not in held]
+        missing = [k[2] for k in keys if k not in self._cache]
         if missing:
             raise ExpertNotLoaded(f"{model_id!r} layer {layer}: experts {missing} are not held on this node",
                                   experts=missing)
@@ -305,8 +304,12 @@ class ExpertRuntime:
     def readahead(self, keys: Iterable[tuple[str, int, int]]) -> None:
         """Promote the listed experts this node holds to the memory tier; others are skipped
         (a routing decision names remote experts too)."""
-        held = set(self._cache.keys())
-        self._cache.promote(k for k in ((m, int(ly), int(e)) for m, ly, e in keys) if k in held)
+        self._cache.promote(k for k in ((m, int(ly), int(e)) for m, ly, e in keys) if k in self._cache)
+
+    def needs_readahead(self, keys: Iterable[tuple[str, int, int]]) -> bool:
+        """Whether readahead(keys) would load anything: a listed expert held here but not in memory."""
+        return any(k in self._cache and not self._cache.resident(k)
+                   for k in ((m, int(ly), int(e)) for m, ly, e in keys))
 
     def forward_local(self, *, model_id: str, layer: int, hidden: np.ndarray) -> np.ndarray:
         """gate -> readahead -> execute each selected expert on its tokens -> weighted combine.

@@ -215,6 +215,16 @@ class TieredCache:
         with self._lock:
             return sorted(self._records)
 
+    def __contains__(self, key: object) -> bool:
+        """Whether `key` is registered here, in either tier (without listing every key)."""
+        with self._lock:
+            return key in self._records
+
+    def resident(self, key: Key) -> bool:
+        """Whether `key` is in the memory tier now."""
+        with self._lock:
+            return key in self._memory
+
     def peek(self, key: Key) -> ResidentExpert | None:
         """The memory-tier copy without touching LRU order (for status), or None."""
         with self._lock:

@@ -175,17 +175,24 @@ def test_the_distributed_forward_equals_the_local_one(network, layers) -> None:
     for model in (QWEN, DEEPSEEK, HTTP_ONLY):
         for codec in ("f32", "q8_0"):
             run(model, codec)
+    # A decode step's few rows are gated on the router's event loop, once its shard index is built
+    # (counted as computed_inline), with the same answer as the gate on a compute thread.
+    inline_before = a.result("tenzro_workerStatus")["calls"].get("operator.computed_inline", 0)
+    one = rng.standard_normal((1, D_MODEL)).astype(np.float32)
+    for _ in range(2):
+        assert rel_error(rows(ok(forward(a, QWEN, one, wire="f32"))), layers.reference(QWEN, one)) < 1e-5
+    assert a.result("tenzro_workerStatus")["calls"].get("operator.computed_inline", 0) > inline_before
     assert transports[pid_a] == {"local"}  # a's own experts never cross the wire
     assert transports[pid_b] == {"http"}
     assert set().union(*(t for pid, t in transports.items() if pid not in (pid_a, pid_b))) == {"quic"}
     per_row = {codec: total / rows_ for codec, (total, rows_) in wire.items()}
     assert per_row["f32"] / per_row["q8_0"] > 3.5, per_row  # 32 bits against 8.5 per value, both ways
-    # The router's /metrics (its web process) adds up what its expert worker counted: six forwards
+    # The router's /metrics (its web process) adds up what its expert worker counted: eight forwards
     # in the histogram, batches by transport; holders count the receipts they signed.
     metrics = scrape(a)
-    assert metrics[("tenzro_forward_seconds_count", (("model", QWEN), ("stage", "total")))] == 2
+    assert metrics[("tenzro_forward_seconds_count", (("model", QWEN), ("stage", "total")))] == 4
     assert sum(v for (name, labels), v in metrics.items() if name == "tenzro_forward_seconds_count"
-               and dict(labels)["stage"] == "total") == 6
+               and dict(labels)["stage"] == "total") == 8
     batches = {dict(labels)["transport"]: v for (name, labels), v in metrics.items()
                if name == "tenzro_forward_batches_total"}
     assert batches.keys() == {"local", "quic", "http"} and min(batches.values()) > 0

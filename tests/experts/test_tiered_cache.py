@@ -87,6 +87,17 @@ def test_readahead_makes_selected_experts_warm(tmp_path):
     _check_bound(rt)
 
 
+def test_needs_readahead_says_whether_readahead_would_load_a_held_expert(tmp_path):
+    """What lets a router gate a decode step on its event loop: no held expert it chose is on disk."""
+    rt = ExpertRuntime(data_dir=tmp_path, memory_budget_bytes=3 * F32_BYTES)
+    _load(rt, 6)  # 0-2 on disk, 3-5 in memory
+    assert not rt.needs_readahead([(MODEL, 0, 3), (MODEL, 0, 5), (MODEL, 0, 99), ("other", 0, 0)])
+    assert rt.needs_readahead([(MODEL, 0, 3), (MODEL, 0, 1)])
+    rt.readahead([(MODEL, 0, 1)])
+    assert not rt.needs_readahead([(MODEL, 0, 1)])
+    assert (MODEL, 0, 0) in rt._cache and (MODEL, 0, 99) not in rt._cache
+
+
 def test_restart_keeps_disk_tier_experts(tmp_path):
     rt = ExpertRuntime(data_dir=tmp_path, memory_budget_bytes=2 * F32_BYTES)
     weights = _load(rt, 4, quant="q8_0")
