@@ -28,6 +28,7 @@ BELOW_FLOOR = "below_reputation_floor"
 # (a holder that is never planned on never measures anything). With no measurement at all, every
 # holder counts 1 token/s, which keeps the finish-time arithmetic finite.
 MIN_RATE = 1.0
+FEW_PIECES = 32  # up to this many pieces (a decode step's top-k), backups are ranked over lists (_backups_few)
 
 
 def holder_rates(capacity: np.ndarray) -> np.ndarray:
@@ -185,6 +186,8 @@ def _backups(shard: ShardIndex, cols: Columns, pieces: list[tuple[int, int, int,
     """
     if not pieces:
         return []
+    if len(pieces) <= FEW_PIECES:
+        return _backups_few(cols, pieces, load, allow_cold=allow_cold, excluded=excluded)
     expert = np.array([p[1] for p in pieces], dtype=np.int64)  # (n_pieces,)
     own = np.array([p[2] for p in pieces], dtype=np.int64)
     rows = np.array([p[4] for p in pieces], dtype=np.float64)
@@ -211,6 +214,24 @@ def _backups(shard: ShardIndex, cols: Columns, pieces: list[tuple[int, int, int,
     ranked = who[order].tolist()
     ends = np.cumsum(np.bincount(piece, minlength=len(pieces))).tolist()
     return [tuple(ranked[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+def _backups_few(cols: Columns, pieces: list[tuple[int, int, int, int, int]], load: list[int], *,
+                 allow_cold: bool, excluded: set[int] | frozenset[int]) -> list[tuple[int, ...]]:
+    """_backups for a decode step's few pieces, over lists: the same keys and the same order (a
+    stable sort, as lexsort's), without numpy's per-call cost on arrays of a few candidates."""
+    prov, rate, lat, rank, gpu = cols.provider, cols.rate, cols.latency, cols.rank, cols.gpu
+    out = []
+    for _, e, own, _, rows in pieces:
+        start = cols.offsets[e]
+        warm_end = start + cols.n_warm[e]
+        hot = cols.hot[e]
+        ranked = sorted(((j >= warm_end, hot and not gpu[p], lat[p] + (float(load[p]) + float(rows)) / rate[j],
+                          rank[p], p)
+                         for j in range(start, cols.offsets[e + 1] if allow_cold else warm_end)
+                         if j != own and (p := prov[j]) not in excluded), key=lambda c: c[:4])
+        out.append(tuple(c[4] for c in ranked))
+    return out
 
 
 def _water_fill(n: int, tier: list[int], preferred: int, pieces: int, cols: Columns, load: list[int],

@@ -12,6 +12,7 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from core.shardmap import spread
 from core.shardmap.gossip_view import ReplicationPolicy
 from core.shardmap.index import ShardIndex
 from core.shardmap.planner import plan_dispatch, plan_pairs
@@ -186,3 +187,20 @@ def test_pair_arrays_plan_like_json(scenario):
     plan = plan_pairs(*columns, index, listed=listed, **options)
     assert plan.to_dict() == plan_dispatch(routings, index, **options)
 
+
+
+@SETTINGS
+@given(scenarios())
+def test_backups_ranked_over_lists_are_those_ranked_over_arrays(scenario):
+    """A plan of few pieces (a decode step's) ranks backups over lists (spread._backups_few); any plan
+    ranks them the same whichever way it takes."""
+    providers, holdings, policy, routings, options, _ = scenario
+    index = ShardIndex.build(MODEL, providers, holdings, policy)
+    saved, plans = spread.FEW_PIECES, []
+    try:
+        for few in (0, 10**9):  # every plan over arrays, then every plan over lists
+            spread.FEW_PIECES = few
+            plans.append(plan_dispatch(routings, index, **options))
+    finally:
+        spread.FEW_PIECES = saved
+    assert plans[0] == plans[1]
