@@ -116,9 +116,9 @@ def write_model(root: Path, shape: Shape, rng: np.random.Generator) -> tuple[Pat
     return folder, paths
 
 
-def holder_of(path: Path) -> int:
-    """Expert e of every layer lives on holder e % 4 (file names l{layer}e{expert})."""
-    return int(path.stem.split("e")[1]) % N_HOLDERS
+def holder_of(path: Path, holders: int = N_HOLDERS) -> int:
+    """Expert e of every layer lives on holder e % holders (file names l{layer}e{expert})."""
+    return int(path.stem.split("e")[1]) % holders
 
 
 class Local:

@@ -1,7 +1,7 @@
 """Whole-model generation benchmark: greedy decode over real nodes on loopback against one process.
 
     .venv/bin/python -m bench.generate [--quick] [--shapes 2x128,24x16] [--vocab N] [--profile]
-                                       [--concurrency 1,4,16]
+                                       [--concurrency 1,4,16] [--holders N]
 
 What is measured, and how. Qwen3-MoE checkpoints at Qwen3-30B-A3B's widths (bench/_generate_model.py):
 `2x128`, two MoE layers of the real 128 experts, and `24x16`, 24 MoE layers of 16 experts, so a deep
@@ -10,8 +10,8 @@ model's cost per layer shows. Q8_0 experts, top-8, the LM head at its real share
 Distributed: five real node processes (`tenzro node run`, testkit.nodes) on a redis-server of their
 own, as bench/forward.py starts them: a router that loads each model's dense part and gates
 (`tenzro_moeLoadDense {model_id, checkpoint}`) and holds no expert, so every (token, expert) pair
-crosses the wire, and four holders, expert e of each layer on holder e % 4 (replication 1: a speed
-benchmark; failover is tested elsewhere). Once the router's shard map shows every expert held,
+crosses the wire, and four holders (`--holders N`: N), expert e of each layer on holder e % 4 (e % N;
+replication 1: a speed benchmark; failover is tested elsewhere). Once the router's shard map shows every expert held,
 `tenzro_moeGenerate` runs a 32-token prompt to `max_new_tokens` (stop_at_eos false) with Q8_0 (and,
 for 2x128, f32) activations on the wire; TTFT and decode tokens/s are the generation record's
 (`ttft_ms`: the prefill; `decode_tokens_per_s`: decoded tokens over the decode's wall time). The
@@ -64,16 +64,17 @@ TARGETS = {"network_ms_per_layer": 2.0, "decode_ratio": 0.6, "ttft_ratio": 1.5, 
            "hedged_share": 0.05}
 
 
-def start_nodes(work: Path, redis_host: str, nodes: list[NodeProcess]) -> None:
-    """Router, then four holders, on databases 1-5 of a Redis server of their own, started in parallel.
-    Each is in `nodes` before it starts, so that a start that fails still stops the others."""
+def start_nodes(work: Path, redis_host: str, nodes: list[NodeProcess], holders: int = N_HOLDERS) -> None:
+    """Router, then `holders` holders (four by default), on databases 1, 2, ... of a Redis server of their
+    own, started in parallel. Each is in `nodes` before it starts, so that a start that fails still stops
+    the others."""
     # Five nodes compiling and migrating at once on a shared 2-core machine can take longer than the
     # tests' 90 s: testkit.nodes reads this at each wait.
     testkit.nodes.START_TIMEOUT_S = max(testkit.nodes.START_TIMEOUT_S, 300.0)
     router = RedisNode(data_dir=work / "router", redis_db=1, redis_host=redis_host)
     nodes.append(router)
     nodes.extend(RedisNode(data_dir=work / f"holder{i}", redis_db=2 + i, redis_host=redis_host, peers=[router.url])
-                 for i in range(N_HOLDERS))
+                 for i in range(holders))
     with ThreadPoolExecutor(len(nodes)) as pool:
         list(pool.map(lambda n: n.start(**NODE_ENV), nodes))
 
@@ -81,19 +82,19 @@ def start_nodes(work: Path, redis_host: str, nodes: list[NodeProcess]) -> None:
 def load(nodes: list[NodeProcess], shape: Shape, folder: Path, experts: list[Path]) -> dict[str, Any]:
     """Dense part and gates on the router; each holder loads its experts, all at once."""
     router, holders = nodes[0], nodes[1:]
-    work: dict[int, list[Path]] = {i: [] for i in range(N_HOLDERS)}
+    work: dict[int, list[Path]] = {i: [] for i in range(len(holders))}
     for path in experts:
-        work[holder_of(path)].append(path)
+        work[holder_of(path, len(holders))].append(path)
 
     def load_holder(i: int) -> None:
         for path in work[i]:
             answer = holders[i].rpc("tenzro_moeExpertLoad", {"path": str(path)}, token=TOKEN, timeout=120)
             assert "result" in answer, answer
 
-    with ThreadPoolExecutor(N_HOLDERS + 1) as pool:
+    with ThreadPoolExecutor(len(holders) + 1) as pool:
         dense = pool.submit(router.rpc, "tenzro_moeLoadDense", {"model_id": shape.model_id,
                                                                 "checkpoint": str(folder)}, token=TOKEN, timeout=600)
-        list(pool.map(load_holder, range(N_HOLDERS)))
+        list(pool.map(load_holder, range(len(holders))))
         answer = dense.result()
     assert "result" in answer, answer
     return answer["result"]
@@ -174,7 +175,8 @@ def run_shape(shape: Shape, args: argparse.Namespace, work: Path, nodes: list[No
                                            max_new, shape.layers, rng, profile=args.profile)
     local.close()
     return {"shape": shape.name, "model_id": shape.model_id, "vocab_size": shape.vocab_size,
-            "dense_bytes": dense["dense_bytes"], **tables(shape, runs, router.result("tenzro_nodeInfo")["provider_id"]),
+            "dense_bytes": dense["dense_bytes"], **tables(shape, runs, router.result("tenzro_nodeInfo")["provider_id"],
+                                                             len(nodes) - 1),
             "profile": profile, "concurrency": batched}
 
 
@@ -197,7 +199,7 @@ def profiled(nodes: list[NodeProcess], shape: Shape, prompt: list[int], max_new:
     return out
 
 
-def tables(shape: Shape, runs: dict[str, list[dict[str, Any]]], router_id: str) -> dict[str, Any]:
+def tables(shape: Shape, runs: dict[str, list[dict[str, Any]]], router_id: str, holders: int) -> dict[str, Any]:
     ref = runs["local"]
     ref_ttft = statistics.median(r["ttft_ms"] for r in ref)
     ref_tps = statistics.median(r["decode_tokens_per_s"] for r in ref)
@@ -216,7 +218,8 @@ def tables(shape: Shape, runs: dict[str, list[dict[str, Any]]], router_id: str) 
         tps = statistics.median(r["decode_tokens_per_s"] for r in recs)
         where = split(recs, router_id)
         same = min(sum(a == b for a, b in zip(r["tokens"], want, strict=True)) for r in recs)
-        rows.append([f"router + {N_HOLDERS} holders", wire, ttft, f"{ttft / ref_ttft:.2f}x", tps,
+        rows.append([f"router + {holders} holder{'s' if holders > 1 else ''}", wire, ttft, f"{ttft / ref_ttft:.2f}x",
+                     tps,
                      f"{tps / ref_tps:.2f}x", where["step_ms"], where["dense_ms"],
                      f"{where['dense_ms'] / ref_dense:.2f}x", where["network_ms_per_layer"],
                      where["holder_ms_per_layer"], f"{where['hedges_fired']:.1%} / {where['hedges_won']:.1%}",
@@ -235,7 +238,7 @@ def tables(shape: Shape, runs: dict[str, list[dict[str, Any]]], router_id: str) 
     return {"generation": record}
 
 
-def variants(plan: list[Shape], holder: NodeProcess) -> dict[str, Any]:
+def variants(plan: list[Shape], holder: NodeProcess, holders: int) -> dict[str, Any]:
     status = holder.result("tenzro_moeExpertStatus", {"live": True})
     blas = np.__config__.CONFIG.get("Build Dependencies", {}).get("blas", {})
     return {
@@ -243,7 +246,7 @@ def variants(plan: list[Shape], holder: NodeProcess) -> dict[str, Any]:
         "shapes": ", ".join(f"{s.name} (vocab {s.vocab_size:,}"
                             f"{'' if s.vocab else f', the real {REAL_VOCAB:,} x layers / 48'})" for s in plan),
         "f32 matmul": f"numpy {np.__version__}, BLAS {blas.get('name', '?')} {blas.get('version', '')}".strip(),
-        "replication": f"1 (expert e on holder e % {N_HOLDERS}; the router holds none)",
+        "replication": f"1 (expert e on holder e % {holders}; the router holds none)",
         "cores": os.cpu_count(),
         "load average (1, 5, 15 min) at start": " ".join(f"{x:.1f}" for x in os.getloadavg()),
     }
@@ -257,6 +260,9 @@ def main() -> None:
                         f"({REAL_VOCAB:,} is Qwen3-30B-A3B's: 2.5 GB f32 of embedding and LM head)")
     parser.add_argument("--profile", action="store_true",
                         help="profile the router and a holder during a decode (py-spy, else their loops' cProfile)")
+    parser.add_argument("--holders", type=int, default=N_HOLDERS,
+                        help="holder nodes, expert e on holder e %% N (1: one holder's round trip with no other "
+                        "holder competing for the cores)")
     parser.add_argument("--concurrency", default="", help="e.g. 1,4,16: that many generations at once on the "
                         "first shape, through continuous batching (bench/_concurrency.py)")
     args = parser.parse_args()
@@ -269,9 +275,9 @@ def main() -> None:
     try:
         with private_redis() as redis_host:
             try:
-                start_nodes(work, redis_host, nodes)
+                start_nodes(work, redis_host, nodes, args.holders)
                 print(f"{len(nodes)} nodes started {time.monotonic() - started:.0f} s")
-                facts = variants(plan, nodes[1])
+                facts = variants(plan, nodes[1], args.holders)
                 print_table("Variants that ran", ["what", "value"], [[k, v] for k, v in facts.items()])
                 rng = np.random.default_rng(0)
                 shapes = [run_shape(shape, args, work, nodes, rng) for shape in plan]
