@@ -7,12 +7,12 @@ What is measured, and how. Qwen3-MoE checkpoints at Qwen3-30B-A3B's widths (benc
 `2x128`, two MoE layers of the real 128 experts, and `24x16`, 24 MoE layers of 16 experts, so a deep
 model's cost per layer shows. Q8_0 experts, top-8, the LM head at its real share of a step.
 
-Distributed: five real node processes (`tenzro node run`, testkit.nodes) on a redis-server of their
-own, as bench/forward.py starts them: a router that loads each model's dense part and gates
+Distributed: real node processes (`tenzro node run`, testkit.nodes) on a redis-server of their own,
+as bench/forward.py starts them: a router that loads each model's dense part and gates
 (`tenzro_moeLoadDense {model_id, checkpoint}`) and holds no expert, so every (token, expert) pair
-crosses the wire, and four holders (`--holders N`: N), expert e of each layer on holder e % 4 (e % N;
-replication 1: a speed benchmark; failover is tested elsewhere). Once the router's shard map shows every expert held,
-`tenzro_moeGenerate` runs a 32-token prompt to `max_new_tokens` (stop_at_eos false) with Q8_0 (and,
+crosses the wire, and N holders (`--holders N`, 4 by default), expert e of each layer on holder e % N
+(replication 1: a speed benchmark; failover is tested elsewhere). Once the router's shard map shows
+every expert held, `tenzro_moeGenerate` runs a 32-token prompt to `max_new_tokens` (stop_at_eos false) with Q8_0 (and,
 for 2x128, f32) activations on the wire; TTFT and decode tokens/s are the generation record's
 (`ttft_ms`: the prefill; `decode_tokens_per_s`: decoded tokens over the decode's wall time). The
 reference is the same model in this process: apps.generation.model.WholeModel with
@@ -218,9 +218,8 @@ def tables(shape: Shape, runs: dict[str, list[dict[str, Any]]], router_id: str, 
         tps = statistics.median(r["decode_tokens_per_s"] for r in recs)
         where = split(recs, router_id)
         same = min(sum(a == b for a, b in zip(r["tokens"], want, strict=True)) for r in recs)
-        rows.append([f"router + {holders} holder{'s' if holders > 1 else ''}", wire, ttft, f"{ttft / ref_ttft:.2f}x",
-                     tps,
-                     f"{tps / ref_tps:.2f}x", where["step_ms"], where["dense_ms"],
+        rows.append([f"router + {holders} holder{'s' if holders > 1 else ''}", wire, ttft,
+                     f"{ttft / ref_ttft:.2f}x", tps, f"{tps / ref_tps:.2f}x", where["step_ms"], where["dense_ms"],
                      f"{where['dense_ms'] / ref_dense:.2f}x", where["network_ms_per_layer"],
                      where["holder_ms_per_layer"], f"{where['hedges_fired']:.1%} / {where['hedges_won']:.1%}",
                      f"{same}/{len(want)}"])

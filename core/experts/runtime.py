@@ -308,7 +308,7 @@ class ExpertRuntime:
 
     def needs_readahead(self, keys: Iterable[tuple[str, int, int]]) -> bool:
         """Whether readahead(keys) would load anything: a listed expert held here but not in memory."""
-        return any(k in self._cache and not self._cache.resident(k)
+        return any(k in self._cache and self._cache.peek(k) is None
                    for k in ((m, int(ly), int(e)) for m, ly, e in keys))
 
     def forward_local(self, *, model_id: str, layer: int, hidden: np.ndarray) -> np.ndarray:

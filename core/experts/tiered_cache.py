@@ -220,11 +220,6 @@ class TieredCache:
         with self._lock:
             return key in self._records
 
-    def resident(self, key: Key) -> bool:
-        """Whether `key` is in the memory tier now."""
-        with self._lock:
-            return key in self._memory
-
     def peek(self, key: Key) -> ResidentExpert | None:
         """The memory-tier copy without touching LRU order (for status), or None."""
         with self._lock:
