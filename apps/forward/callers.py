@@ -196,10 +196,16 @@ class HolderCaller:
         if not group.abandoned():
             group.task = asyncio.ensure_future(self._serve_gathered(group))
 
+    async def many(self, holder: ProviderView, layer: int,
+                   calls: list[tuple[int, np.ndarray, np.ndarray]]) -> list[Answer]:
+        """The engine's own gathering: every (expert, rows, tokens) of a wave's batches for `holder` (one
+        that `gathers`) in one multi-expert request, answered in order."""
+        return await self._call_batches(holder, layer, calls)
+
     async def _serve_gathered(self, group: _Gathered) -> None:
         calls = [c for c in group.calls if not c[3].done()]
         try:
-            answers = await self._call_batches(group.holder, group.layer, calls)
+            answers = await self._call_batches(group.holder, group.layer, [c[:3] for c in calls])
         except asyncio.CancelledError:
             for *_, future in calls:
                 future.cancel()
@@ -214,13 +220,13 @@ class HolderCaller:
                 future.set_result(answer)
 
     async def _call_batches(self, holder: ProviderView, layer: int,
-                            calls: list[tuple[int, np.ndarray, np.ndarray, Any]]) -> list[Answer]:
+                            calls: list[tuple[int, np.ndarray, np.ndarray]]) -> list[Answer]:
         """One multi-expert moe/execute for `calls` [(expert, rows f32 [n_i, d], tokens int64 [n_i])]:
         each token's row once in the carrier, each batch's rows named by position."""
         codec = codec_for(holder, self._codecs)
-        carrier_tokens, first = np.unique(np.concatenate([t for _, _, t, _ in calls]), return_index=True)
-        carrier = np.concatenate([r for _, r, _, _ in calls])[first]  # (n_unique, d_model)
-        positions = [np.searchsorted(carrier_tokens, t).tolist() for _, _, t, _ in calls]  # tokens ascend per batch
+        carrier_tokens, first = np.unique(np.concatenate([t for _, _, t in calls]), return_index=True)
+        carrier = np.concatenate([r for _, r, _ in calls])[first]  # (n_unique, d_model)
+        positions = [np.searchsorted(carrier_tokens, t).tolist() for _, _, t in calls]  # tokens ascend per batch
         body = await self._codec(len(carrier), encode_rows, carrier, codec)
         token_indices = carrier_tokens.tolist()
         batches = [(expert, rows) for (expert, *_), rows in zip(calls, positions, strict=True)]

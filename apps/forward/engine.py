@@ -10,6 +10,10 @@ logic runs in unit tests with holders that fail, hang or answer late on purpose.
 * Every batch of the plan runs concurrently, at most `limits.max_in_flight` at a time (batches for a
   holder the executor `gathers` into one multi-expert request are not counted: they start together
   and cost one request); each result goes into the StreamingCombine the moment it arrives.
+* The batches of a holder that `gathers` go out as one request (`execute.many`) and are served by
+  one attempt while it goes well: one task and one timer per holder, not per batch. When that
+  request fails, each of its batches fails over on its own; when it stalls, each races its backup
+  against it, and it is cancelled once no batch waits for it.
 * A batch walks its holders warm-first (the primary, then the plan's ordered backups). A
   primary that stalls — slower than its own p95 for batches of that size (hedging.py) — is
   raced by the next holder; the first answer wins and the other attempt is cancelled (its
@@ -63,6 +67,12 @@ class BatchExecutor(Protocol):
     def gathers(self, holder: ProviderView) -> bool:
         """True when the batches started together for `holder` travel as one request (a multi-expert
         moe/execute): they need no in-flight slot each, since they cost one request per holder."""
+        ...
+
+    async def many(self, holder: ProviderView, layer: int,
+                   calls: list[tuple[int, np.ndarray, np.ndarray]]) -> list[Answer]:
+        """One request to a holder that `gathers`: each (expert, rows, tokens) of `layer`, answered in
+        order; raise TenzroError when the request fails (every batch in it fails with it)."""
         ...
 
 
@@ -190,26 +200,152 @@ async def run_forward(
         # A holder that takes a wave's batches as one request answers them all after the request's
         # time: its latency book is kept, and its hedges timed, by the rows of the whole request.
         request_rows: dict[str, int] = {}
+        requests: dict[tuple[str, int], list[tuple[Batch, np.ndarray]]] = {}
+        singles: list[tuple[Batch, np.ndarray]] = []
         for batch, pairs in zip(batches, groups, strict=True):
-            request_rows[batch.provider.provider_id] = request_rows.get(batch.provider.provider_id, 0) + len(pairs)
-        await asyncio.gather(*(
-            _serve_batch(batch, pairs, combine, hidden, execute, book, limits, report, in_flight,
-                         gathered=gathers is not None and gathers(batch.provider),
-                         size=request_rows[batch.provider.provider_id])
-            for batch, pairs in zip(batches, groups, strict=True)))
+            pid = batch.provider.provider_id
+            request_rows[pid] = request_rows.get(pid, 0) + len(pairs)
+            if gathers is not None and gathers(batch.provider):
+                requests.setdefault((pid, batch.layer), []).append((batch, pairs))
+            else:
+                singles.append((batch, pairs))
+        await asyncio.gather(
+            *(_serve_request(items, combine, hidden, execute, book, limits, report, in_flight,
+                             size=request_rows[pid]) for (pid, _), items in requests.items()),
+            *(_serve_batch(batch, pairs, combine, hidden, execute, book, limits, report, in_flight,
+                           gathered=False, size=len(pairs)) for batch, pairs in singles))
         if len(report.failures) == failures_before:
             break  # nothing failed: what is left is unroutable, and replanning cannot change that
     return report
 
 
+async def _serve_request(items: list[tuple[Batch, np.ndarray]], combine: StreamingCombine, hidden: np.ndarray,
+                         execute: BatchExecutor, book: LatencyBook, limits: ForwardLimits, report: ForwardReport,
+                         in_flight: asyncio.Semaphore, *, size: int) -> None:
+    """The batches `items` of one layer whose primary takes them as one request of `size` rows: one
+    attempt for all of them while it goes well (a decode step's common case: one task and one timer
+    per holder, not per batch). When the request fails, each batch fails over on its own; when it
+    stalls past the holder's hedge delay, each batch races its backup against it (_race), and the
+    request is cancelled once no batch waits for it."""
+    holder, layer = items[0][0].provider, items[0][0].layer
+    calls = []
+    for batch, pairs in items:
+        tokens = combine.tokens[pairs]
+        calls.append((batch.expert, np.ascontiguousarray(hidden[tokens]), tokens))
+    hedgeable = limits.max_hedges_per_batch > 0 and any(batch.backups for batch, _ in items)
+    pushed_back = 0
+    while True:
+        started = time.monotonic()
+        shared = asyncio.ensure_future(_attempt_many(execute, holder, layer, calls, limits.attempt_timeout_s))
+        after = book.hedge_after_s(holder.provider_id, size) if hedgeable else None
+        try:
+            done, _ = await asyncio.wait((shared,), timeout=after)
+        except asyncio.CancelledError:
+            shared.cancel()
+            raise
+        if not done:  # stalled: every batch races its backup against the request still running
+            await _race_stalled(items, calls, shared, started, combine, execute, book, limits, report, size)
+            return
+        try:
+            answers = shared.result()
+        except (TenzroError, TimeoutError, OSError) as exc:
+            reason = "timeout" if isinstance(exc, TimeoutError) else getattr(exc, "reason", "connection_failed")
+            if reason in BACKPRESSURE and pushed_back < limits.backpressure_retries:
+                pushed_back += 1  # healthy but busy: the same request again after a pause, no penalty
+                await asyncio.sleep(limits.backpressure_wait_s * pushed_back)
+                continue
+            stats = report.holder(holder.provider_id)
+            for batch, pairs in items:  # one failure per batch, as if each had been asked alone
+                stats.failures += 1
+                report.failures.append(Failure(holder.provider_id, reason, str(exc) or reason, layer, batch.expert,
+                                               len(pairs)))
+            await asyncio.gather(*(_serve_batch(batch, pairs, combine, hidden, execute, book, limits, report,
+                                                in_flight, gathered=True, size=size, failed_here=1)
+                                   for batch, pairs in items))
+            return
+        elapsed = time.monotonic() - started
+        book.record(holder.provider_id, size, elapsed)
+        stats = report.holder(holder.provider_id)
+        for (_, pairs), answer in zip(items, answers, strict=True):
+            _credit(stats, answer, len(pairs), elapsed)
+            combine.add(pairs, answer.rows)
+        if answers[0].request is not None:
+            report.timed_requests.add(answers[0].request)
+        return
+
+
+async def _attempt_many(execute: BatchExecutor, holder: ProviderView, layer: int,
+                        calls: list[tuple[int, np.ndarray, np.ndarray]], timeout_s: float) -> list[Answer]:
+    async with asyncio.timeout(timeout_s):
+        answers = await execute.many(holder, layer, calls)
+    if len(answers) != len(calls):
+        raise TenzroError(f"{len(answers)} answers to a request of {len(calls)} batches", reason="bad_answer")
+    return answers
+
+
+async def _race_stalled(items: list[tuple[Batch, np.ndarray]], calls: list[tuple[int, np.ndarray, np.ndarray]],
+                        shared: asyncio.Future[list[Answer]], started: float, combine: StreamingCombine,
+                        execute: BatchExecutor, book: LatencyBook, limits: ForwardLimits, report: ForwardReport,
+                        size: int) -> None:
+    """Each batch of a stalled request in its own race, the request's answer for it as its primary."""
+    loop = asyncio.get_running_loop()
+    parts: list[asyncio.Future[Answer]] = [loop.create_future() for _ in items]
+
+    def fan_out(request: asyncio.Future[list[Answer]]) -> None:
+        for i, part in enumerate(parts):
+            if part.done():
+                continue
+            if request.cancelled():
+                part.cancel()
+            elif request.exception() is not None:
+                part.set_exception(request.exception())  # type: ignore[arg-type]
+            else:
+                part.set_result(request.result()[i])
+
+    def left(_: asyncio.Future[Answer]) -> None:  # answered, failed or raced out: nobody else waits for it
+        if all(part.done() for part in parts) and not shared.done():
+            shared.cancel()  # its stream is reset, the holder stops
+
+    shared.add_done_callback(fan_out)
+    for part in parts:
+        part.add_done_callback(left)
+
+    async def one(i: int) -> None:
+        (batch, pairs), (_, rows, tokens) = items[i], calls[i]
+        won = await _race(batch, rows, tokens, execute, book, limits, report, size, primary=(parts[i], started))
+        if won is not None:
+            combine.add(pairs, won.rows)
+
+    try:
+        await asyncio.gather(*(one(i) for i in range(len(items))))
+    finally:
+        shared.cancel()
+
+
+def _credit(stats: HolderStats, answer: Answer, n: int, elapsed: float) -> None:
+    """A batch of n rows `stats`' holder won in `elapsed` seconds."""
+    stats.transport = answer.transport
+    stats.batches += 1
+    stats.rows += n
+    stats.bytes_sent += answer.bytes_sent
+    stats.bytes_received += answer.bytes_received
+    stats.latencies_s.append(elapsed)
+    if answer.receipt is not None:
+        stats.receipts.append(answer.receipt)
+    if answer.compute_s is not None:
+        stats.overheads_s.append(max(0.0, elapsed - answer.compute_s))
+        stats.computes_s.append(answer.compute_s)
+
+
 async def _serve_batch(batch: Batch, pairs: np.ndarray, combine: StreamingCombine, hidden: np.ndarray,
                        execute: BatchExecutor, book: LatencyBook, limits: ForwardLimits, report: ForwardReport,
-                       in_flight: asyncio.Semaphore, *, gathered: bool, size: int) -> None:
-    """`gathered`: the primary takes this wave's batches as one request of `size` rows."""
+                       in_flight: asyncio.Semaphore, *, gathered: bool, size: int, failed_here: int = 0) -> None:
+    """`gathered`: the primary takes this wave's batches as one request of `size` rows. `failed_here`:
+    holders that already failed this batch (its request), so the next one asked is a retry."""
     tokens = combine.tokens[pairs]
     rows = np.ascontiguousarray(hidden[tokens])
-    if gathered:
-        won = await _race(batch, rows, tokens, execute, book, limits, report, size)  # all start now: one request
+    if gathered:  # all start now: one request
+        won = await _race(batch, rows, tokens, execute, book, limits, report, size, failed_here=failed_here)
     else:
         async with in_flight:
             won = await _race(batch, rows, tokens, execute, book, limits, report, len(rows))
@@ -218,14 +354,19 @@ async def _serve_batch(batch: Batch, pairs: np.ndarray, combine: StreamingCombin
 
 
 async def _race(batch: Batch, rows: np.ndarray, tokens: np.ndarray, execute: BatchExecutor, book: LatencyBook,
-                limits: ForwardLimits, report: ForwardReport, primary_size: int) -> Answer | None:
+                limits: ForwardLimits, report: ForwardReport, primary_size: int, *, failed_here: int = 0,
+                primary: tuple[asyncio.Future[Answer], float] | None = None) -> Answer | None:
     """The batch's holders in order, the next one raced against a stalled one; the winner's answer.
     `primary_size`: the rows of the primary's request (the latency book's size for it; a backup's
-    request is this batch's rows as far as the engine knows)."""
-    waiting = [h for h in (batch.provider, *batch.backups) if h.provider_id not in report.failed_providers]
+    request is this batch's rows as far as the engine knows). `primary`: the primary's attempt, already
+    running since the given time (a stalled shared request's part for this batch)."""
+    running: dict[asyncio.Future[Answer], tuple[ProviderView, float]] = {}
+    if primary is not None:
+        running[primary[0]] = (batch.provider, primary[1])
+    waiting = [h for h in (batch.provider, *batch.backups)
+               if h.provider_id not in report.failed_providers and (primary is None or h is not batch.provider)]
     n = len(rows)
-    running: dict[asyncio.Task[Answer], tuple[ProviderView, float]] = {}
-    hedges = failed_here = pushed_back = 0
+    hedges = pushed_back = 0
     stalled: ProviderView | None = None
 
     async def attempt(holder: ProviderView) -> Answer:
@@ -280,17 +421,7 @@ async def _race(batch: Batch, rows: np.ndarray, tokens: np.ndarray, execute: Bat
                     book.record(holder.provider_id, primary_size if holder is batch.provider else n, elapsed)
                     if answer.request is not None:
                         report.timed_requests.add(answer.request)
-                stats.transport = answer.transport
-                stats.batches += 1
-                stats.rows += n
-                stats.bytes_sent += answer.bytes_sent
-                stats.bytes_received += answer.bytes_received
-                stats.latencies_s.append(elapsed)
-                if answer.receipt is not None:
-                    stats.receipts.append(answer.receipt)
-                if answer.compute_s is not None:
-                    stats.overheads_s.append(max(0.0, elapsed - answer.compute_s))
-                    stats.computes_s.append(answer.compute_s)
+                _credit(stats, answer, n, elapsed)
                 if stalled is not None and holder is not stalled:
                     report.hedges_won += 1
                     if any(h is stalled for h, _ in running.values()):

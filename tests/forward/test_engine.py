@@ -67,22 +67,29 @@ def _forward(shard, holders, *, tokens=40, k=2, book=None, limits=None, allow_pa
     def plan(t, layer, e, exclude):
         return plan_pairs(t, layer, e, shard, exclude=exclude, min_batch_rows=1 << 20)
 
-    report = asyncio.run(run_forward(combine, hidden, layers, plan, holders, book or LatencyBook(),
-                                     limits or ForwardLimits(attempt_timeout_s=5)))
+    async def forward():
+        report = await run_forward(combine, hidden, layers, plan, holders, book or LatencyBook(),
+                                   limits or ForwardLimits(attempt_timeout_s=5))
+        for _ in range(5):  # a cancel reaches the attempts in the next turns of the loop
+            await asyncio.sleep(0)
+        holders.cancelled_by_the_end = list(holders.cancelled)  # before asyncio.run cancels what is left
+        return report
+
+    report = asyncio.run(forward())
     expected = (hidden[:, None, :] * (experts[:, :, None] + 1) * weights[:, :, None]).sum(axis=1)
     return combine, report, expected, experts
 
 
-def test_every_batch_served_once_and_combined():
-    holders = Holders()
+def test_every_batch_served_once_and_combined(kind):
+    holders = kind()()
     combine, report, expected, _ = _forward(_shard({e: [1, 2] for e in range(N_EXPERTS)}), holders)
     np.testing.assert_allclose(combine.finish(allow_partial=False).out, expected, rtol=1e-6)
     assert report.failures == [] and report.hedges_fired == 0 and report.replans == 0
     assert len(holders.calls) == report.batches == N_EXPERTS
 
 
-def test_a_failed_primary_falls_over_to_its_backup_and_is_excluded_afterwards():
-    holders = Holders({1: "fail"})
+def test_a_failed_primary_falls_over_to_its_backup_and_is_excluded_afterwards(kind):
+    holders = kind()({1: "fail"})
     combine, report, expected, _ = _forward(_shard({e: [1, 2] for e in range(N_EXPERTS)}), holders)
     np.testing.assert_allclose(combine.finish(allow_partial=False).out, expected, rtol=1e-6)
     assert {f.provider for f in report.failures} == {provider_id(1)}
@@ -91,8 +98,8 @@ def test_a_failed_primary_falls_over_to_its_backup_and_is_excluded_afterwards():
     assert report.holders[provider_id(2)].batches == N_EXPERTS
 
 
-def test_a_batch_walks_every_listed_holder_before_giving_up():
-    holders = Holders({1: "fail", 2: "fail"})
+def test_a_batch_walks_every_listed_holder_before_giving_up(kind):
+    holders = kind()({1: "fail", 2: "fail"})
     shard = _shard({0: [1, 2, 3], 1: [3], 2: [3], 3: [3]})
     combine, report, expected, _ = _forward(shard, holders)
     np.testing.assert_allclose(combine.finish(allow_partial=False).out, expected, rtol=1e-6)
@@ -100,8 +107,8 @@ def test_a_batch_walks_every_listed_holder_before_giving_up():
     assert report.replans == 0  # expert 0's backups (2, then 3) were enough
 
 
-def test_bounded_replanning_then_fail_closed_or_partial():
-    holders = Holders({1: "fail", 2: "fail"})
+def test_bounded_replanning_then_fail_closed_or_partial(kind):
+    holders = kind()({1: "fail", 2: "fail"})
     shard = _shard({0: [1, 2], 1: [3], 2: [3], 3: [3]})
     combine, report, _, experts = _forward(shard, holders, limits=ForwardLimits(max_replans=2))
     assert report.replans == 1  # the replan found no holder left for expert 0, so no third wave
@@ -112,14 +119,14 @@ def test_bounded_replanning_then_fail_closed_or_partial():
     assert len(partial.missing) == int((experts == 0).sum())
 
 
-def test_a_hanging_primary_is_raced_out_by_its_backup_and_cancelled():
-    holders = Holders({1: "hang"})
+def test_a_hanging_primary_is_raced_out_by_its_backup_and_cancelled(kind):
+    holders = kind()({1: "hang"})
     book = LatencyBook(HedgePolicy(default_s=0.05, floor_s=0.001))
     combine, report, expected, _ = _forward(_shard({e: [1, 2] for e in range(N_EXPERTS)}), holders, book=book)
     np.testing.assert_allclose(combine.finish(allow_partial=False).out, expected, rtol=1e-6)
     primaries = sum(1 for pid, _ in holders.calls if pid == provider_id(1))
     assert report.hedges_fired == report.hedges_won == primaries >= 1
-    assert holders.cancelled == [provider_id(1)] * primaries  # the losers' attempts were cancelled
+    assert holders.cancelled_by_the_end == [provider_id(1)] * primaries  # the losers' attempts were cancelled
     assert {f.reason for f in report.failures} == {"stalled"}
     assert report.failed_providers == frozenset()  # slow is not dead: not excluded
 
@@ -175,7 +182,7 @@ def test_fail_fast_dispatches_nothing_when_a_pair_has_no_holder_at_all():
     assert holders.calls == [(provider_id(1), 0)] and len(combine.unserved()) == 8
 
 
-def test_a_busy_holder_is_asked_again_without_a_penalty():
+def test_a_busy_holder_is_asked_again_without_a_penalty(kind):
     class Busy(Holders):
         async def __call__(self, holder, layer, expert, rows, tokens):
             if holder.provider_id == provider_id(1) and sum(pid == provider_id(1) for pid, _ in self.calls) < 2:
@@ -183,15 +190,20 @@ def test_a_busy_holder_is_asked_again_without_a_penalty():
                 raise Unavailable("slow down", reason="rate_limited")
             return await super().__call__(holder, layer, expert, rows, tokens)
 
-    holders = Busy()
+    holders = kind(Busy)()
     combine, report, expected, _ = _forward(_shard({0: [1], 1: [1], 2: [1], 3: [1]}), holders)
     np.testing.assert_allclose(combine.finish(allow_partial=False).out, expected, rtol=1e-6)
     assert report.failures == [] and report.retries == 0  # pushed back twice, served by the same holder
 
 
-class GatheringHolders(Holders):
-    """Each holder takes a wave's batches as one request (as HolderCaller does for a holder that
-    advertises execute_batches): its answers share one request id."""
+class Gathering:
+    """Mixin: each holder takes a wave's batches as one request (as HolderCaller does for a holder that
+    advertises execute_batches), which fails, hangs or is cancelled as a whole; its answers share one
+    request id."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.requests: list[tuple[str, list[int]]] = []  # (holder, experts) of each request
 
     def gathers(self, holder) -> bool:
         return True
@@ -199,6 +211,26 @@ class GatheringHolders(Holders):
     async def __call__(self, holder, layer, expert, rows, tokens):
         answer = await super().__call__(holder, layer, expert, rows, tokens)
         return Answer(answer.rows, transport="quic", request=hash(holder.provider_id) & 0xFFFF)
+
+    async def many(self, holder, layer, calls):
+        self.requests.append((holder.provider_id, [expert for expert, _, _ in calls]))
+        parts = [asyncio.ensure_future(self(holder, layer, *call)) for call in calls]
+        try:
+            return list(await asyncio.gather(*parts))
+        finally:
+            for part in parts:  # one request: when it fails or is cancelled, none of it goes on
+                part.cancel()
+
+
+class GatheringHolders(Gathering, Holders):
+    pass
+
+
+@pytest.fixture(params=["a request per batch", "a request per holder"])
+def kind(request):
+    """Holders called batch by batch, or (a decode step's common case) one request per holder."""
+    gathered = request.param == "a request per holder"
+    return lambda cls=Holders: type(f"Gathering{cls.__name__}", (Gathering, cls), {}) if gathered else cls
 
 
 def test_a_gathered_request_is_one_latency_sample_sized_by_its_rows() -> None:
