@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from apps.forward.engine import Answer
+from apps.forward.report import Answer
 from apps.receipts.commitment import (
     Expected,
     ExpectedBatches,

@@ -29,32 +29,19 @@ logic runs in unit tests with holders that fail, hang or answer late on purpose.
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from apps.forward.combine import StreamingCombine
 from apps.forward.hedging import LatencyBook
+from apps.forward.report import Answer, Failure, ForwardReport, HolderStats
 from core.errors import TenzroError
 from core.shardmap.gossip_view import ProviderView
 from core.shardmap.planner import Batch, DispatchPlan
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A holder's answer: rows f32 [n, d_model], and what crossed the wire (0 for local)."""
-
-    rows: np.ndarray
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    transport: str = "local"  # local | quic | http
-    compute_s: float | None = None  # the holder's own time on the batch, when it says
-    receipt: Any = None  # the holder's verified receipt (apps.forward.callers.VerifiedBatch); None for local
-    request: int | None = None  # the request it shared with other batches (one latency sample for them all)
 
 
 class BatchExecutor(Protocol):
@@ -92,67 +79,6 @@ class ForwardLimits:
     max_hedges_per_batch: int = 1
     backpressure_retries: int = 3  # a holder that said "not now" (rate_limited, too_many_streams) is asked again
     backpressure_wait_s: float = 0.05
-
-
-@dataclass(frozen=True)
-class Failure:
-    """A holder that failed one batch: `reason` is the error's (timeout, connection_failed,
-    expert_not_loaded, …) or `stalled` for a primary raced out by its backup."""
-
-    provider: str
-    reason: str
-    message: str
-    layer: int
-    expert: int
-    rows: int
-
-
-@dataclass
-class HolderStats:
-    provider: str
-    transport: str = ""
-    batches: int = 0
-    rows: int = 0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    latencies_s: list[float] = field(default_factory=list)
-    overheads_s: list[float] = field(default_factory=list)  # latency minus the holder's compute: the wire's share
-    computes_s: list[float] = field(default_factory=list)  # the compute each answer reported (compute_ms)
-    failures: int = 0
-    receipts: list[Any] = field(default_factory=list)  # the verified receipts of the batches it won
-
-    def to_dict(self) -> dict[str, object]:
-        # statistics, not numpy: a decode step's holder has a sample or a few, where numpy's call
-        # overhead is most of the cost (this runs for every holder of every MoE layer)
-        lat = self.latencies_s
-        return {"provider": self.provider, "transport": self.transport, "batches": self.batches, "rows": self.rows,
-                "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received, "failures": self.failures,
-                "latency_ms_median": round(statistics.median(lat) * 1000.0, 3) if lat else None,
-                "latency_ms_max": round(max(lat) * 1000.0, 3) if lat else None,
-                "overhead_ms_median": round(statistics.median(self.overheads_s) * 1000.0, 3)
-                if self.overheads_s else None,
-                "compute_ms": round(sum(self.computes_s) * 1000.0, 3) if self.computes_s else None,
-                "receipts": len(self.receipts)}
-
-
-@dataclass
-class ForwardReport:
-    holders: dict[str, HolderStats] = field(default_factory=dict)
-    failures: list[Failure] = field(default_factory=list)
-    hedges_fired: int = 0
-    hedges_won: int = 0
-    retries: int = 0
-    replans: int = 0
-    batches: int = 0
-    unroutable: list[tuple[int, int, int, str]] = field(default_factory=list)
-    timed_requests: set[int] = field(default_factory=set)  # gathered requests whose latency the book has
-
-    def holder(self, provider: str) -> HolderStats:
-        return self.holders.setdefault(provider, HolderStats(provider))
-
-    @property
-    def failed_providers(self) -> frozenset[str]:
-        return frozenset(f.provider for f in self.failures if f.reason != "stalled")
 
 
 async def run_forward(

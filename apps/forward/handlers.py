@@ -27,9 +27,10 @@ from django.conf import settings
 from apps.forward import services
 from apps.forward.callers import INLINE_ROWS, HolderCaller
 from apps.forward.combine import ForwardIncomplete, StreamingCombine
-from apps.forward.engine import ForwardLimits, ForwardReport, run_forward
+from apps.forward.engine import ForwardLimits, run_forward
 from apps.forward.hedging import HedgePolicy, LatencyBook
 from apps.forward.ledger import ForwardWork
+from apps.forward.report import ForwardReport
 from apps.governance.selectors import policy_active
 from apps.node.db_threads import with_kept_connections
 from apps.providers.selectors import holding_views, provider_views, replication_policy

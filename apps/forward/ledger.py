@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.forward.engine import Failure, ForwardReport
+from apps.forward.report import Failure, ForwardReport
 
 
 @dataclass

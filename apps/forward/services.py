@@ -10,8 +10,8 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from apps.forward.engine import Failure
 from apps.forward.models import ForwardRecord, HolderPenalty
+from apps.forward.report import Failure
 from apps.forward.selectors import forward_record_to_dict
 from apps.forward.signals import forward_recorded
 from apps.governance.selectors import policy_active

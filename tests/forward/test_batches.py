@@ -16,8 +16,9 @@ import pytest
 
 from apps.forward.callers import HolderCaller
 from apps.forward.combine import StreamingCombine
-from apps.forward.engine import ForwardLimits, ForwardReport, run_forward
+from apps.forward.engine import ForwardLimits, run_forward
 from apps.forward.hedging import HedgePolicy, LatencyBook
+from apps.forward.report import ForwardReport
 from apps.node.identity import load_or_create_identity
 from apps.receipts.commitment import ReceiptSigner, batch_commitment
 from apps.worker.doors import CallContext, Door

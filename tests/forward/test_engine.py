@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from apps.forward.combine import ForwardIncomplete, StreamingCombine
-from apps.forward.engine import Answer, ForwardLimits, run_forward
+from apps.forward.engine import ForwardLimits, run_forward
 from apps.forward.hedging import HedgePolicy, LatencyBook
+from apps.forward.report import Answer
 from core.errors import Unavailable
 from core.shardmap.index import ShardIndex
 from core.shardmap.planner import plan_pairs

@@ -5,8 +5,8 @@ median per holder. Pure."""
 from __future__ import annotations
 
 from apps.forward.callers import VerifiedBatch
-from apps.forward.engine import Failure, ForwardReport, HolderStats
 from apps.forward.ledger import ForwardWork
+from apps.forward.report import Failure, ForwardReport, HolderStats
 from apps.receipts.commitment import SignedReceipt
 
 RECEIPT = SignedReceipt({"v": 2}, "c" * 64, "s" * 128)

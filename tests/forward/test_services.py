@@ -6,8 +6,8 @@ from decimal import Decimal
 
 import pytest
 
-from apps.forward.engine import Failure
 from apps.forward.models import HolderPenalty
+from apps.forward.report import Failure
 from apps.forward.services import forward_outcome_record
 from apps.governance.services import policy_approve, policy_propose
 from apps.reputation.models import ReputationEvent

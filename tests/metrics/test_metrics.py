@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from apps.api.metrics_middleware import route_kind
 from apps.api.metrics_view import metrics_registry
-from apps.forward.engine import Failure, ForwardReport, HolderStats
 from apps.forward.handlers import _count
+from apps.forward.report import Failure, ForwardReport, HolderStats
 from apps.node.supervisor import _empty_metrics_dir, _metrics_process_dead
 from apps.worker.doors import METHOD_DOORS, CallContext, Door, MethodTable
 from apps.worker.server import _tier_gauges

@@ -11,7 +11,7 @@ from nacl.signing import SigningKey
 
 from apps.blobs.selectors import blob_store
 from apps.blobs.store import BLOB_URI_PREFIX
-from apps.forward.engine import Failure
+from apps.forward.report import Failure
 from apps.forward.services import forward_outcome_record
 from apps.governance.selectors import policy_active
 from apps.receipts import services
