@@ -1,6 +1,10 @@
 """Hedge delays follow each holder's own p95 for batches of similar size."""
 
-from apps.forward.hedging import HedgePolicy, LatencyBook, size_bucket
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from apps.forward.hedging import HedgePolicy, LatencyBook, linear_quantile, size_bucket
 
 
 def test_buckets_are_powers_of_two():
@@ -21,3 +25,10 @@ def test_the_delay_is_the_holders_own_p95_at_that_size_else_the_default_else_non
     assert book.median_s("a") == 0.012 and book.median_s("nobody") is None
     unmeasured = LatencyBook(HedgePolicy(min_samples=4))  # no default: never hedged before measured
     assert unmeasured.hedge_after_s("a", 64) is None
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=1e4, allow_nan=False), min_size=1, max_size=80),
+       st.floats(min_value=0.0, max_value=1.0))
+def test_the_quantile_is_numpys_bit_for_bit(samples, q):
+    ascending = sorted(samples)
+    assert linear_quantile(ascending, q) == float(np.quantile(ascending, q))
