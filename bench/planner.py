@@ -21,6 +21,14 @@ Decode table: the same plan_pairs for one token (and sixteen, a batch of sequenc
 against the same whole-model index: what every MoE layer of every decode step plans, as a share
 of the 2 ms a layer's network and dispatch may take (bench/generate.py's target), target <= 10%.
 
+Decode dispatch table: a decode step's whole router-side machinery around the wire for one layer,
+1 token x top-8 of Qwen3-30B-A3B: plan_pairs, apps/forward/engine.run_forward (failover and hedging
+armed, nothing failing) and the gate-weighted combine, with in-process holders that answer at once
+(no codec, no QUIC, no compute), on the index bench/generate.py builds (128 experts on 1 or 4
+holders) and on the whole-model one. Each holder is called the two ways the engine knows: one request per
+batch (a holder on the single-expert frame) and one request per holder (the multi-expert frame,
+served by one attempt per request); the ratio is the second to the first, measured in the same run.
+
 Record table: verifying one signed provider record with 500 holdings beside a bare ed25519
 verify (64 bytes, and the record's own bytes).
 
@@ -37,6 +45,8 @@ bench/results/planner.json under their names.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,15 +54,28 @@ from typing import Any
 import numpy as np
 from nacl.signing import VerifyKey
 
+from apps.forward.combine import StreamingCombine
+from apps.forward.engine import ForwardLimits, run_forward
+from apps.forward.hedging import LatencyBook
+from apps.forward.report import Answer
 from apps.providers.records import RECORD_DOMAIN, verify_record
 from core.shardmap.aggregation import shard_map
 from core.shardmap.index import ShardIndex
 from core.shardmap.planner import plan_dispatch, plan_pairs
 from testkit.records import holdings as record_holdings
 from testkit.records import new_key, signed_record
-from testkit.shard_views import MODEL, POLICY, routings_json, routings_pairs, skewed_routings, synthetic_view
+from testkit.shard_views import (
+    MODEL,
+    POLICY,
+    holding,
+    provider,
+    routings_json,
+    routings_pairs,
+    skewed_routings,
+    synthetic_view,
+)
 
-from .report import headline, print_table, timed, write_results
+from .report import Timing, headline, print_table, timed, write_results
 
 PLAN_TARGET_S = 0.020
 DECODE_LAYER_BUDGET_S = 0.002  # network + dispatch of one MoE layer of a decode step (bench/generate.py's target)
@@ -153,6 +176,81 @@ def decode_planning() -> list[dict[str, Any]]:
     return rows
 
 
+class InstantHolders:
+    """The engine's BatchExecutor with holders in this process that answer at once with the rows they
+    were sent: what is left is the router's own machinery. `gather`: one request per holder."""
+
+    def __init__(self, gather: bool) -> None:
+        self.gather = gather
+
+    def gathers(self, holder: Any) -> bool:
+        return self.gather
+
+    async def __call__(self, holder: Any, layer: int, expert: int, rows: np.ndarray, tokens: np.ndarray) -> Answer:
+        await asyncio.sleep(0)  # the answer comes in a later turn of the loop, as off the wire
+        return Answer(rows, transport="quic", compute_s=0.0)
+
+    async def many(self, holder: Any, layer: int, calls: list[tuple[int, np.ndarray, np.ndarray]]) -> list[Answer]:
+        await asyncio.sleep(0)
+        return [Answer(rows, transport="quic", compute_s=0.0, request=id(calls)) for _, rows, _ in calls]
+
+
+def _time_forwards(index: ShardIndex, model: Model, executor: InstantHolders, repeat: int) -> Timing:
+    """plan + run_forward + combine of one token x top-k of layer 0, `repeat` times in one event loop."""
+    rng = np.random.default_rng(5)
+    hidden = rng.standard_normal((1, 2048), dtype=np.float32)
+    book, limits = LatencyBook(), ForwardLimits()
+
+    async def one() -> None:
+        experts = rng.permutation(model.routed)[:model.top_k]
+        combine = StreamingCombine(n_tokens=1, d_model=hidden.shape[1], layer=0, tokens=np.zeros(model.top_k, np.int64),
+                                   experts=experts, weights=np.full(model.top_k, 1 / model.top_k, np.float32),
+                                   n_routed=model.routed)
+        await run_forward(combine, hidden, np.zeros(model.top_k, np.int64),
+                          lambda t, la, e, x: plan_pairs(t, la, e, index, exclude=x), executor, book, limits)
+        combine.finish(allow_partial=False)
+
+    async def run() -> Timing:
+        wall, cpu = [], []
+        for i in range(repeat + repeat // 10):  # the first tenth warms up
+            t0, c0 = time.perf_counter(), time.process_time()
+            await one()
+            if i >= repeat // 10:
+                wall.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
+        return Timing(float(np.median(wall)), min(wall), float(np.median(cpu)))
+
+    return asyncio.run(run())
+
+
+def decode_dispatch() -> list[dict[str, Any]]:
+    """A decode layer's plan, dispatch and combine on the router, each holder called per batch and per
+    request, against the per-layer budget of network and dispatch."""
+    model = QWEN3_30B
+    view = view_of(model, seed=1)
+    indexes = {f"{n} holder{'s' if n > 1 else ''}, {model.routed} experts (bench/generate.py)": ShardIndex.build(
+        MODEL, [provider(h) for h in range(n)], [holding(e % n, 0, e, tps=1000) for e in range(model.routed)], POLICY)
+        for n in (1, 4)}
+    indexes[f"whole model, {N_PROVIDERS} providers"] = ShardIndex.build(MODEL, view.providers, view.holdings, POLICY)
+    rows, table = [], []
+    for name, index in indexes.items():
+        per_batch = _time_forwards(index, model, InstantHolders(gather=False), 2000)
+        per_request = _time_forwards(index, model, InstantHolders(gather=True), 2000)
+        ratio = per_request.median_s / per_batch.median_s
+        share = per_request.median_s / DECODE_LAYER_BUDGET_S
+        rows.append({"index": name, "per_batch": per_batch.to_dict(), "per_request": per_request.to_dict(),
+                     "ratio": ratio, "budget_ms": DECODE_LAYER_BUDGET_S * 1e3, "share": share})
+        table.append([name, f"1x{model.top_k}", f"{per_batch.median_s * 1e6:.0f} [{per_batch.best_s * 1e6:.0f}]",
+                      f"{per_request.median_s * 1e6:.0f} [{per_request.best_s * 1e6:.0f}] cpu "
+                      f"{per_request.cpu_s * 1e6:.0f}", f"{ratio:.2f}x", f"{share:.1%}"])
+    print_table(f"A decode layer's plan + dispatch + combine on the router, {model.name}, holders answering at once "
+                f"(µs); a request per holder against a request per batch, and its share of the "
+                f"{DECODE_LAYER_BUDGET_S * 1e3:.0f} ms budget",
+                ["index", "tokens x k", "a request per batch [best]", "a request per holder [best] cpu",
+                 "per holder / per batch", "share of budget"], table)
+    return rows
+
+
 def shard_map_whole_model() -> list[dict[str, Any]]:
     model = KIMI_K3
     view = view_of(model, seed=3)
@@ -196,6 +294,7 @@ def record_verification() -> list[dict[str, Any]]:
 TABLES: list[tuple[str, Callable[[], list[dict[str, Any]]]]] = [
     ("planning", planning),
     ("decode_planning", decode_planning),
+    ("decode_dispatch", decode_dispatch),
     ("shard_map", shard_map_whole_model),
     ("record_verification", record_verification),
 ]
@@ -211,6 +310,9 @@ def main() -> None:
         *(headline(f"decode step's plan, one layer, {r['model']}, {r['tokens']} token(s)", r["median_ms"], "ms",
                    reference="a decode layer's network + dispatch budget", reference_value=r["budget_ms"],
                    target=f"≤ {DECODE_PLAN_SHARE:.0%} of it") for r in results["decode_planning"]),
+        *(headline(f"decode layer's plan + dispatch + combine, {r['index']}", r["per_request"]["median_ms"], "ms",
+                   reference="the same, a request per batch", reference_value=r["per_batch"]["median_ms"])
+          for r in results["decode_dispatch"]),
         *(headline(f"shard map of a whole model, {r['model']}", r["median_ms"], "ms",
                    target=f"≤ {r['target_ms']:.0f} ms") for r in results["shard_map"])])
 
