@@ -837,85 +837,221 @@ static void glu_row(float *gu, int d_ff, const float *b, int glu, float alpha, f
     }
 }
 
-static PyObject *qdot_expert(PyObject *self, PyObject *args) {
-    (void)self;
-    const char *gu_name, *down_name, *variant_name;
-    Py_buffer gub, downb, xb, yb, gu_bias = {0}, down_bias = {0};
-    int d_model, d_ff, t, threads, glu = GLU_SILU;
-    long long min_macs;
-    float alpha = 1.0f, limit = 0.0f;
-    if (!PyArg_ParseTuple(args, "sy*sy*iiy*iw*siL|iffz*z*", &gu_name, &gub, &down_name, &downb, &d_model, &d_ff, &xb,
-                          &t, &yb, &variant_name, &threads, &min_macs, &glu, &alpha, &limit, &gu_bias, &down_bias))
-        return NULL;
-    PyObject *result = NULL;
-    if ((glu != GLU_SILU && glu != GLU_CLAMPED) || (gu_bias.buf && (size_t)gu_bias.len != 2 * (size_t)d_ff * 4) ||
-        (down_bias.buf && (size_t)down_bias.len != (size_t)d_model * 4)) {
-        PyErr_Format(PyExc_ValueError, "bad glu %d or bias sizes for d_model=%d d_ff=%d", glu, d_model, d_ff);
-        goto done;
-    }
-    const int fg = find_format(gu_name);
-    if (fg < 0) goto done;
-    const int fd = find_format(down_name);
-    if (fd < 0) goto done;
-    const variant_t *var = find_variant(variant_name);
-    if (!var) goto done;
-    if (t < 0 || d_model <= 0 || d_ff <= 0 || d_ff > (1 << 28) || threads < 1 || min_macs < 0 ||
-        d_model % FORMATS[fg].block != 0 || d_ff % FORMATS[fd].block != 0) {
-        PyErr_Format(PyExc_ValueError, "bad shape d_model=%d d_ff=%d t=%d threads=%d for %s/%s", d_model, d_ff, t,
-                     threads, gu_name, down_name);
-        goto done;
-    }
-    const size_t rb_gu = (size_t)(d_model / FORMATS[fg].block) * FORMATS[fg].bytes;
-    const size_t rb_down = (size_t)(d_ff / FORMATS[fd].block) * FORMATS[fd].bytes;
-    if ((size_t)gub.len != 2 * (size_t)d_ff * rb_gu || (size_t)downb.len != (size_t)d_model * rb_down ||
-        (size_t)xb.len != (size_t)t * d_model * sizeof(float) || (size_t)yb.len != (size_t)t * d_model * sizeof(float)) {
-        PyErr_Format(PyExc_ValueError, "buffer sizes do not match %s/%s d_model=%d d_ff=%d t=%d", gu_name, down_name,
-                     d_model, d_ff, t);
-        goto done;
-    }
-    const int ab_gu = FORMATS[fg].act_block, ab_down = FORMATS[fd].act_block;
-    /* scratch: x quantized | gu f32 [t][2·d_ff] (h over its first half) | h quantized */
-    const size_t gu_bytes = pad64((size_t)t * 2 * d_ff * sizeof(float));
-    uint8_t *buf = scratch_get(acts_bytes(t, d_model, ab_gu) + gu_bytes + acts_bytes(t, d_ff, ab_down));
-    if (!buf) {
-        PyErr_NoMemory();
-        goto done;
-    }
+/* One expert's forward in an `expert` or `experts` call: its buffers (held until the call ends), its
+ * shapes, and where its activations and intermediates sit in the caller's scratch. */
+typedef struct {
+    Py_buffer gub, downb, xb, yb, gu_bias, down_bias;
+    const char *gu_name, *down_name;
+    int d_model, d_ff, t, glu, fg, fd;
+    float alpha, limit;
+    size_t rb_gu, rb_down;
     acts_t xa, ha;
-    uint8_t *p = acts_carve(&xa, buf, t, d_model, ab_gu);
-    float *gu = (float *)p;
-    acts_carve(&ha, p + gu_bytes, t, d_ff, ab_down);
-    const double macs = (double)t * d_ff * d_model;
-    Py_BEGIN_ALLOW_THREADS
-    /* gate and up: one quantization of x, one tile loop over the stacked [2·d_ff, d_model] */
-    acts_fill(var, (const float *)xb.buf, ab_gu, &xa);
-    run_rows(var->fns[fg], (const uint8_t *)gub.buf, rb_gu, 2 * d_ff, &xa, gu, threads_for(2 * macs, min_macs, threads));
-    /* h = glu(g + b_g, u + b_u), quantized row by row (h row tt sits at gu + tt·2·d_ff) */
-    for (int tt = 0; tt < t; tt++) {
-        float *row = gu + (size_t)tt * 2 * d_ff;
-        glu_row(row, d_ff, (const float *)gu_bias.buf, glu, alpha, limit);
-        var->quantize(row, d_ff, ab_down, ha.qs + (size_t)tt * d_ff, ha.d + (size_t)tt * (d_ff / ab_down),
-                      ha.bsums ? ha.bsums + (size_t)tt * (d_ff / ab_down) * 16 : NULL);
+    float *gu; /* [t][2·d_ff] f32: g | u, then h over g */
+} item_t;
+
+static void item_release(item_t *it) {
+    PyBuffer_Release(&it->gu_bias);
+    PyBuffer_Release(&it->down_bias);
+    PyBuffer_Release(&it->gub);
+    PyBuffer_Release(&it->downb);
+    PyBuffer_Release(&it->xb);
+    PyBuffer_Release(&it->yb);
+}
+
+/* Its formats and shapes checked against its buffers; 0, or -1 with an exception set. */
+static int item_check(item_t *it) {
+    if ((it->glu != GLU_SILU && it->glu != GLU_CLAMPED) ||
+        (it->gu_bias.buf && (size_t)it->gu_bias.len != 2 * (size_t)it->d_ff * 4) ||
+        (it->down_bias.buf && (size_t)it->down_bias.len != (size_t)it->d_model * 4)) {
+        PyErr_Format(PyExc_ValueError, "bad glu %d or bias sizes for d_model=%d d_ff=%d", it->glu, it->d_model,
+                     it->d_ff);
+        return -1;
     }
-    run_rows(var->fns[fd], (const uint8_t *)downb.buf, rb_down, d_model, &ha, (float *)yb.buf,
-             threads_for(macs, min_macs, threads));
-    if (down_bias.buf) {
-        const float *bd = (const float *)down_bias.buf;
-        for (int tt = 0; tt < t; tt++) {
-            float *yr = (float *)yb.buf + (size_t)tt * d_model;
-            for (int i = 0; i < d_model; i++) yr[i] += bd[i];
+    if ((it->fg = find_format(it->gu_name)) < 0 || (it->fd = find_format(it->down_name)) < 0) return -1;
+    if (it->t < 0 || it->d_model <= 0 || it->d_ff <= 0 || it->d_ff > (1 << 28) ||
+        it->d_model % FORMATS[it->fg].block != 0 || it->d_ff % FORMATS[it->fd].block != 0) {
+        PyErr_Format(PyExc_ValueError, "bad shape d_model=%d d_ff=%d t=%d for %s/%s", it->d_model, it->d_ff, it->t,
+                     it->gu_name, it->down_name);
+        return -1;
+    }
+    it->rb_gu = (size_t)(it->d_model / FORMATS[it->fg].block) * FORMATS[it->fg].bytes;
+    it->rb_down = (size_t)(it->d_ff / FORMATS[it->fd].block) * FORMATS[it->fd].bytes;
+    const size_t xy = (size_t)it->t * it->d_model * sizeof(float);
+    if ((size_t)it->gub.len != 2 * (size_t)it->d_ff * it->rb_gu || (size_t)it->downb.len != (size_t)it->d_model * it->rb_down ||
+        (size_t)it->xb.len != xy || (size_t)it->yb.len != xy) {
+        PyErr_Format(PyExc_ValueError, "buffer sizes do not match %s/%s d_model=%d d_ff=%d t=%d", it->gu_name,
+                     it->down_name, it->d_model, it->d_ff, it->t);
+        return -1;
+    }
+    return 0;
+}
+
+/* scratch of one item: x quantized | gu f32 [t][2·d_ff] (h over its first half) | h quantized */
+static size_t item_scratch(const item_t *it) {
+    return acts_bytes(it->t, it->d_model, FORMATS[it->fg].act_block) + pad64((size_t)it->t * 2 * it->d_ff * sizeof(float)) +
+           acts_bytes(it->t, it->d_ff, FORMATS[it->fd].act_block);
+}
+
+static uint8_t *item_carve(item_t *it, uint8_t *p) {
+    p = acts_carve(&it->xa, p, it->t, it->d_model, FORMATS[it->fg].act_block);
+    it->gu = (float *)p;
+    p += pad64((size_t)it->t * 2 * it->d_ff * sizeof(float));
+    return acts_carve(&it->ha, p, it->t, it->d_ff, FORMATS[it->fd].act_block);
+}
+
+/* Several projections as one pool job: their row tiles numbered one after another (tile0: a
+ * projection's first task), so the workers wake once for all of them. */
+typedef struct {
+    rows_job_t job;
+    int tile0;
+} proj_t;
+
+typedef struct {
+    const proj_t *p;
+    int n;
+} projs_t;
+
+static void projs_task(void *ctx, int i) {
+    const projs_t *j = (const projs_t *)ctx;
+    int lo = 0, hi = j->n - 1;
+    while (lo < hi) { /* the last projection whose first tile is <= i */
+        int mid = (lo + hi + 1) / 2;
+        if (j->p[mid].tile0 <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    rows_task((void *)&j->p[lo].job, i - j->p[lo].tile0);
+}
+
+static void run_projs(proj_t *p, int n, double macs, long long min_macs, int threads) {
+    int tiles = 0;
+    for (int k = 0; k < n; k++) {
+        p[k].tile0 = tiles;
+        tiles += (p[k].job.m + ROW_TILE - 1) / ROW_TILE;
+    }
+    projs_t job = {p, n};
+    parallel_for(projs_task, &job, tiles, threads_for(macs, min_macs, threads));
+}
+
+/* The items' forwards (scratch carved, GIL released): every item's gate|up tiles in one pool job,
+ * their GLUs, every down tile in a second job. A tile computes the same values on any thread, so
+ * each item's y is what a call of its own gives, bit for bit. `p`: room for n projections. */
+static void run_items(const variant_t *var, item_t *items, int n, proj_t *p, int threads, long long min_macs) {
+    double macs = 0.0;
+    for (int k = 0; k < n; k++) {
+        item_t *it = &items[k];
+        acts_fill(var, (const float *)it->xb.buf, FORMATS[it->fg].act_block, &it->xa);
+        p[k].job = (rows_job_t){var->fns[it->fg], (const uint8_t *)it->gub.buf, it->rb_gu, 2 * it->d_ff, &it->xa, it->gu};
+        macs += (double)it->t * it->d_ff * it->d_model;
+    }
+    run_projs(p, n, 2 * macs, min_macs, threads);
+    for (int k = 0; k < n; k++) {
+        item_t *it = &items[k];
+        const int ab = FORMATS[it->fd].act_block;
+        for (int tt = 0; tt < it->t; tt++) { /* h row tt sits at gu + tt·2·d_ff */
+            float *row = it->gu + (size_t)tt * 2 * it->d_ff;
+            glu_row(row, it->d_ff, (const float *)it->gu_bias.buf, it->glu, it->alpha, it->limit);
+            var->quantize(row, it->d_ff, ab, it->ha.qs + (size_t)tt * it->d_ff, it->ha.d + (size_t)tt * (it->d_ff / ab),
+                          it->ha.bsums ? it->ha.bsums + (size_t)tt * (it->d_ff / ab) * 16 : NULL);
+        }
+        p[k].job = (rows_job_t){var->fns[it->fd], (const uint8_t *)it->downb.buf, it->rb_down, it->d_model, &it->ha,
+                                (float *)it->yb.buf};
+    }
+    run_projs(p, n, macs, min_macs, threads);
+    for (int k = 0; k < n; k++) {
+        const item_t *it = &items[k];
+        if (!it->down_bias.buf) continue;
+        const float *bd = (const float *)it->down_bias.buf;
+        for (int tt = 0; tt < it->t; tt++) {
+            float *yr = (float *)it->yb.buf + (size_t)tt * it->d_model;
+            for (int i = 0; i < it->d_model; i++) yr[i] += bd[i];
         }
     }
+}
+
+/* Check, carve scratch for and run n parsed items; Py_None, or NULL with an exception set. */
+static PyObject *forward_items(item_t *items, int n, const char *variant_name, int threads, long long min_macs) {
+    const variant_t *var = find_variant(variant_name);
+    if (!var) return NULL;
+    if (threads < 1 || min_macs < 0) {
+        PyErr_Format(PyExc_ValueError, "bad shape of the call: threads=%d, min_macs=%lld", threads, min_macs);
+        return NULL;
+    }
+    size_t bytes = 0;
+    for (int k = 0; k < n; k++) {
+        if (item_check(&items[k]) < 0) return NULL;
+        bytes += item_scratch(&items[k]);
+    }
+    proj_t *p = PyMem_Malloc(sizeof(proj_t) * (size_t)(n ? n : 1));
+    uint8_t *buf = scratch_get(bytes ? bytes : 64);
+    if (!p || !buf) {
+        PyMem_Free(p);
+        return PyErr_NoMemory();
+    }
+    for (int k = 0; k < n; k++) buf = item_carve(&items[k], buf);
+    Py_BEGIN_ALLOW_THREADS
+    run_items(var, items, n, p, threads, min_macs);
     Py_END_ALLOW_THREADS
-    result = Py_None;
-    Py_INCREF(result);
+    PyMem_Free(p);
+    Py_RETURN_NONE;
+}
+
+#define ITEM_FORMAT "sy*sy*iiy*iw*"
+
+static PyObject *qdot_expert(PyObject *self, PyObject *args) {
+    (void)self;
+    item_t it = {.glu = GLU_SILU, .alpha = 1.0f, .limit = 0.0f};
+    const char *variant_name;
+    int threads;
+    long long min_macs;
+    if (!PyArg_ParseTuple(args, ITEM_FORMAT "siL|iffz*z*", &it.gu_name, &it.gub, &it.down_name, &it.downb, &it.d_model,
+                          &it.d_ff, &it.xb, &it.t, &it.yb, &variant_name, &threads, &min_macs, &it.glu, &it.alpha,
+                          &it.limit, &it.gu_bias, &it.down_bias))
+        return NULL;
+    PyObject *result = forward_items(&it, 1, variant_name, threads, min_macs);
+    item_release(&it);
+    return result;
+}
+
+static PyObject *qdot_experts(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *variant_name;
+    int threads;
+    long long min_macs;
+    PyObject *seq;
+    if (!PyArg_ParseTuple(args, "siLO", &variant_name, &threads, &min_macs, &seq)) return NULL;
+    PyObject *fast = PySequence_Fast(seq, "experts() takes a sequence of expert tuples");
+    if (!fast) return NULL;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > 4096) {
+        Py_DECREF(fast);
+        return PyErr_Format(PyExc_ValueError, "at most 4096 experts per call, got %zd", n);
+    }
+    item_t *items = PyMem_Calloc((size_t)(n ? n : 1), sizeof(item_t));
+    if (!items) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
+    PyObject *result = NULL;
+    Py_ssize_t parsed = 0;
+    for (; parsed < n; parsed++) {
+        item_t *it = &items[parsed];
+        it->glu = GLU_SILU;
+        it->alpha = 1.0f;
+        PyObject *tuple = PySequence_Fast_GET_ITEM(fast, parsed);
+        if (!PyTuple_Check(tuple)) {
+            PyErr_Format(PyExc_TypeError, "expert %zd is not a tuple", parsed);
+            goto done;
+        }
+        if (!PyArg_ParseTuple(tuple, ITEM_FORMAT "|iffz*z*", &it->gu_name, &it->gub, &it->down_name, &it->downb,
+                              &it->d_model, &it->d_ff, &it->xb, &it->t, &it->yb, &it->glu, &it->alpha, &it->limit,
+                              &it->gu_bias, &it->down_bias))
+            goto done;
+    }
+    result = forward_items(items, (int)n, variant_name, threads, min_macs);
 done:
-    PyBuffer_Release(&gu_bias);
-    PyBuffer_Release(&down_bias);
-    PyBuffer_Release(&gub);
-    PyBuffer_Release(&downb);
-    PyBuffer_Release(&xb);
-    PyBuffer_Release(&yb);
+    for (Py_ssize_t k = 0; k < parsed; k++) item_release(&items[k]);
+    PyMem_Free(items);
+    Py_DECREF(fast);
     return result;
 }
 
@@ -940,6 +1076,12 @@ static PyMethodDef qdot_methods[] = {
      "gu_bias: f32 [2·d_ff] (b_g | b_u) or None; down_bias: f32 [d_model] or None. Each projection\n"
      "runs on one thread per min_macs multiply-adds, at most `threads` (0: always `threads`).\n"
      "Releases the GIL while computing."},
+    {"experts", qdot_experts, METH_VARARGS,
+     "experts(variant, threads, min_macs, items) -> None\n\n"
+     "Several experts' forwards in one call: items is a sequence of (gu_fmt, w_gu, down_fmt, w_down,\n"
+     "d_model, d_ff, x, t, y[, glu, alpha, limit, gu_bias, down_bias]), each as `expert` takes them. Every\n"
+     "expert's gate|up row tiles run as one pool job and every down tile as a second, so the workers wake\n"
+     "twice for the whole call; each y is bit for bit what `expert` writes. Releases the GIL while computing."},
     {NULL, NULL, 0, NULL},
 };
 
