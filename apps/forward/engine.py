@@ -175,10 +175,9 @@ async def _serve_request(items: list[tuple[Batch, np.ndarray]], combine: Streami
         try:
             answers = shared.result()
         except (TenzroError, TimeoutError, OSError) as exc:
-            reason = "timeout" if isinstance(exc, TimeoutError) else getattr(exc, "reason", "connection_failed")
-            if reason in BACKPRESSURE and pushed_back < limits.backpressure_retries:
-                pushed_back += 1  # healthy but busy: the same request again after a pause, no penalty
-                await asyncio.sleep(limits.backpressure_wait_s * pushed_back)
+            reason = _reason(exc)
+            if await _backed_off(reason, pushed_back + 1, limits):
+                pushed_back += 1  # the same request again, no penalty
                 continue
             stats = report.holder(holder.provider_id)
             for batch, pairs in items:  # one failure per batch, as if each had been asked alone
@@ -246,6 +245,20 @@ async def _race_stalled(items: list[tuple[Batch, np.ndarray]], calls: list[tuple
         await asyncio.gather(*(one(i) for i in range(len(items))))
     finally:
         shared.cancel()
+
+
+def _reason(exc: BaseException) -> str:
+    """A failed attempt's reason: the error's own, `timeout`, or `connection_failed` for a socket error."""
+    return "timeout" if isinstance(exc, TimeoutError) else getattr(exc, "reason", "connection_failed")
+
+
+async def _backed_off(reason: str, times: int, limits: ForwardLimits) -> bool:
+    """Whether a holder that failed with `reason` is asked again, after a pause: a holder shedding load
+    is healthy but busy, so it is asked up to `limits.backpressure_retries` times (this the `times`-th)."""
+    if reason not in BACKPRESSURE or times > limits.backpressure_retries:
+        return False
+    await asyncio.sleep(limits.backpressure_wait_s * times)
+    return True
 
 
 def _credit(stats: HolderStats, answer: Answer, n: int, elapsed: float) -> None:
@@ -329,10 +342,9 @@ async def _race(batch: Batch, rows: np.ndarray, tokens: np.ndarray, execute: Bat
                 try:
                     answer = task.result()
                 except (TenzroError, TimeoutError, OSError) as exc:
-                    reason = "timeout" if isinstance(exc, TimeoutError) else getattr(exc, "reason", "connection_failed")
-                    if reason in BACKPRESSURE and pushed_back < limits.backpressure_retries:
-                        pushed_back += 1  # healthy but busy: the same holder again after a pause, no penalty
-                        await asyncio.sleep(limits.backpressure_wait_s * pushed_back)
+                    reason = _reason(exc)
+                    if await _backed_off(reason, pushed_back + 1, limits):
+                        pushed_back += 1  # the same holder again, no penalty
                         waiting.insert(0, holder)
                         continue
                     stats.failures += 1
