@@ -63,6 +63,10 @@ _TILE_BYTES = 32 << 20  # f32 tile per sgemm in the large-batch path; see _tile_
 # A C matmul gets one thread per this many multiply-adds (at most `threads`): waking a parked
 # pool worker costs ~5-20 us on this VM, about what 256K int8 MACs take on one core.
 _C_MIN_MACS_PER_THREAD = 1 << 18
+# One multi-expert C call's scratch (each expert's quantized rows and f32 intermediates) at most this:
+# the calling thread keeps its scratch for the next call, and a frame of many large batches would
+# otherwise leave hundreds of MB behind it. A decode step's or a prefill's frame is one call.
+_C_GROUP_SCRATCH_BYTES = 32 << 20
 # Batches up to this size take the fused kernels; see the module docstring. numba's f32 kernels
 # are compute-bound and lose to BLAS tiles much earlier.
 FUSED_MAX_ROWS = {"c": 128, "numba": 8}
@@ -245,6 +249,22 @@ def _fused_expert(prepared: CpuExpert) -> bool:
 _C_GLU = {"silu": 0, "clamped_swiglu": 1}  # _quant_matmul.expert's glu argument
 
 
+def _scratch_groups(fused: list[tuple[int, CpuExpert, np.ndarray]]) -> list[list[int]]:
+    """The fused experts' indices in order, cut into runs whose C scratch stays under
+    _C_GROUP_SCRATCH_BYTES (an expert over it is a run of its own)."""
+    groups: list[list[int]] = []
+    room = 0
+    for i, prepared, x in fused:
+        # int8 rows and their scales for x and h, and the f32 gate|up rows (the C call's own layout, rounded up)
+        need = x.shape[0] * (2 * prepared.down.shape[0] + 10 * prepared.d_ff) + 1024
+        if not groups or need > room:
+            groups.append([])
+            room = _C_GROUP_SCRATCH_BYTES
+        groups[-1].append(i)
+        room -= need
+    return groups
+
+
 class CpuBackend:
     """Dense f32 via BLAS; block formats via the C or numba kernels (or numpy tiles).
 
@@ -365,12 +385,14 @@ class CpuBackend:
         """[forward(prepared, x) for each item], bit for bit: a holder's multi-expert request. The experts
         the C kernels fuse run in one call, whose pool workers wake twice for all of them instead of
         twice per expert, with no Python in between; the others one by one."""
-        fused = [i for i, (prepared, x) in enumerate(items) if self._fused_c(prepared, x)]
         out: list[np.ndarray | None] = [None] * len(items)
-        if len(fused) > 1:
-            calls = [self._c_item(*items[i]) for i in fused]
+        for group in _scratch_groups([(i, prepared, x) for i, (prepared, x) in enumerate(items)
+                                      if self._fused_c(prepared, x)]):
+            if len(group) < 2:
+                continue  # one expert: forward() below
+            calls = [self._c_item(*items[i]) for i in group]
             _quant_matmul.experts(self._c_variant, self._threads, _C_MIN_MACS_PER_THREAD, [a for a, _ in calls])
-            for i, (_, y) in zip(fused, calls, strict=True):
+            for i, (_, y) in zip(group, calls, strict=True):
                 out[i] = y
         return [y if y is not None else self.forward(*item) for y, item in zip(out, items, strict=True)]
 

@@ -93,3 +93,34 @@ def test_a_multi_expert_request_on_the_cpu_equals_its_experts_run_one_by_one(tmp
     for (expert, x), (y, seconds) in zip(batches, many, strict=True):
         assert np.array_equal(y, runtime.execute(model_id=MODEL, layer=0, expert=expert, hidden=x))
         assert seconds > 0
+
+
+@needs_c
+def test_a_frame_too_large_for_one_calls_scratch_runs_in_several(tmp_path, monkeypatch):
+    """The calling thread keeps its scratch for the next call: a frame of many large batches is cut into
+    calls of bounded scratch, which give the same rows."""
+    from core.experts import backends
+
+    rng = np.random.default_rng(64)
+    backend = CpuBackend()
+    runtime = ExpertRuntime(data_dir=tmp_path, memory_budget_bytes=1 << 28, backend=backend)
+    for e in range(5):
+        runtime.expert_load(payload=expert_payload(expert_weights(rng, 256, 64), expert=e, quant="Q8_0"))
+    batches = [(e, rng.standard_normal((8, 256)).astype(np.float32)) for e in range(5)]
+    whole = runtime.execute_many(model_id=MODEL, layer=0, batches=batches)
+    calls: list[int] = []
+    real = backends._quant_matmul
+
+    class Counted:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def experts(self, variant, threads, min_macs, items):
+            calls.append(len(items))
+            return real.experts(variant, threads, min_macs, items)
+
+    monkeypatch.setattr(backends, "_quant_matmul", Counted())
+    monkeypatch.setattr(backends, "_C_GROUP_SCRATCH_BYTES", 2 * 8 * (2 * 256 + 10 * 64) + 2048)  # two experts a call
+    cut = runtime.execute_many(model_id=MODEL, layer=0, batches=batches)
+    assert calls == [2, 2]  # the fifth expert alone runs through expert()
+    assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(whole, cut, strict=True))
