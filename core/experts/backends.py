@@ -97,7 +97,7 @@ class ComputeBackend(Protocol):
     those attributes a backend runs plain SiLU experts only, and core.experts.ffn refuses the others
     for it with InvalidPayload (the GPU backends today).
 
-    A backend that computes several experts in one call (the GPU backend) has
+    A backend that computes several experts in one call (the GPU backends, the CPU's C kernels) has
     ``forward_many([(prepared, x)…]) -> [y…]`` and says ``groups_experts = True`` while it can;
     the runtime then runs a multi-expert request as one such call.
     """
