@@ -38,7 +38,9 @@
  *
  * Entry points: matmul (one projection), expert (the whole SwiGLU forward in one call:
  * x quantized once for the stacked gate|up weights, one tile loop over both, silu·up in C,
- * that quantized for down; no Python between the three matmuls), and dequantize (rows of W
+ * that quantized for down; no Python between the three matmuls), experts (several experts' forwards
+ * in one call: every expert's gate|up tiles as one pool job, every down tile as a second, each y bit
+ * for bit expert's), and dequantize (rows of W
  * to f32, bit-identical to gguf's decoder, for the large-batch path: tile, then BLAS sgemm).
  *
  * Weight layouts: core/quantization/q8_0.py, q4_k.py, q6_k.py, mxfp4.py (ggml-common.h byte for byte).
