@@ -194,8 +194,6 @@ async def _serve_request(items: list[tuple[Batch, np.ndarray]], combine: Streami
         for (_, pairs), answer in zip(items, answers, strict=True):
             _credit(stats, answer, len(pairs), elapsed)
             combine.add(pairs, answer.rows)
-        if answers[0].request is not None:
-            report.timed_requests.add(answers[0].request)
         return
 
 

@@ -101,13 +101,11 @@ class DistributedForward:
 
         return await self.control_plane.read(f"forward.view:{model_id}", read)
 
-    def _route(self, model_id: str, layer: int, hidden: np.ndarray, view: View, *, readahead: bool = True
-               ) -> tuple[Any, ShardIndex]:
+    def _route(self, model_id: str, layer: int, hidden: np.ndarray, view: View) -> tuple[Any, ShardIndex]:
         """On the compute thread, in one hop: the gate's routing of `hidden`, readahead of the experts
         it chose that this node holds, and the shard index to plan on."""
         routing = self.runtime.route(model_id=model_id, layer=layer, hidden=hidden)
-        if readahead:
-            self.runtime.readahead(self._chosen(model_id, layer, routing))
+        self.runtime.readahead(self._chosen(model_id, layer, routing))
         return routing, self._shard(model_id, view)
 
     @staticmethod
@@ -119,11 +117,10 @@ class DistributedForward:
         new object each TENZRO_WORKER_CONTROL_TTL_S), this node's holdings, or who is cooling down.
         Planning a decode step then costs the plan itself, not a rebuild of every holder's rows."""
         key = self._shard_key()
-        cached = self._shards.get(model_id)
-        if cached is not None and cached[0] is view and cached[1] == key:
-            return cached[2]
-        shard = self._build_shard(model_id, view, key[1])
-        self._shards[model_id] = (view, key, shard)
+        shard = self._cached_shard(model_id, view, key)
+        if shard is None:
+            shard = self._build_shard(model_id, view, key[1])
+            self._shards[model_id] = (view, key, shard)
         return shard
 
     def _shard_key(self) -> tuple[int, frozenset[str]]:
@@ -132,10 +129,11 @@ class DistributedForward:
         cooling = frozenset(pid for pid, until in list(self._cooling.items()) if until > now)
         return self.runtime.holdings_version, cooling
 
-    def _shard_current(self, model_id: str, view: View) -> bool:
-        """Whether _shard would answer from its cache (no rebuild, which costs milliseconds)."""
+    def _cached_shard(self, model_id: str, view: View, key: tuple[int, frozenset[str]]) -> ShardIndex | None:
+        """The shard index built for `view` and `key` (_shard_key), None when it would be built again
+        (which costs milliseconds)."""
         cached = self._shards.get(model_id)
-        return cached is not None and cached[0] is view and cached[1] == self._shard_key()
+        return cached[2] if cached is not None and cached[0] is view and cached[1] == key else None
 
     def _build_shard(self, model_id: str, view: View, cooling: frozenset[str]) -> ShardIndex:
         """The gossiped holders of other providers, and this node's live holdings (latency 0: no wire).
@@ -187,10 +185,10 @@ class DistributedForward:
         codecs = codecs or tuple(c for c in settings.TENZRO_ACTIVATION_CODECS if c in WIRE_CODECS)
         gate = self.runtime.gate_spec(model_id, layer)
         view = await self._gossip_view(model_id)  # kept TENZRO_WORKER_CONTROL_TTL_S: no query per layer
-        if len(hidden) <= INLINE_ROWS and self._shard_current(model_id, view):
+        if len(hidden) <= INLINE_ROWS and (shard := self._cached_shard(model_id, view, self._shard_key())) is not None:
             # A decode step's gate over a few rows costs less than the hop to a compute thread and back;
             # loading a held expert from disk does not, so that readahead still goes to a thread.
-            routing, shard = ctx.run_inline(self._route, model_id, layer, hidden, view, readahead=False)
+            routing = ctx.run_inline(self.runtime.route, model_id=model_id, layer=layer, hidden=hidden)
             if self.runtime.needs_readahead(chosen := self._chosen(model_id, layer, routing)):
                 await ctx.run_blocking(self.executor, self.runtime.readahead, chosen)
         else:
