@@ -7,6 +7,9 @@
   reference Q4_K/Q6_K encoders; without it core.quantization uses its numpy encoders, which
   write the same bytes.  -ffp-contract=off keeps every multiply and add separately rounded,
   as the reference's bytes require.
+* core.quantization._q8_rows (core/quantization/_q8_rows.c): the Q8_0 activation codec of the
+  wire in one pass per direction; without it core.quantization.activations uses the numpy/numba
+  path, which writes the same bytes.
 * apps.receipts._q8_sketch (apps/receipts/_q8_sketch.c): the receipt sketch of Q8_0 answers;
   without it apps.receipts.topk_kernel's numba kernel computes the same bytes.
 
@@ -21,5 +24,7 @@ setup(ext_modules=[
     Extension("core.quantization._kquant_encoders", ["core/quantization/_kquant_encoders.c"],
               extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread"],
               extra_link_args=["-pthread"], optional=True),
+    Extension("core.quantization._q8_rows", ["core/quantization/_q8_rows.c"],
+              extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"], optional=True),
     Extension("apps.receipts._q8_sketch", ["apps/receipts/_q8_sketch.c"], extra_compile_args=["-O3"], optional=True),
 ])
