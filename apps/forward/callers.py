@@ -224,11 +224,8 @@ class HolderCaller:
         """One multi-expert moe/execute for `calls` [(expert, rows f32 [n_i, d], tokens int64 [n_i])]:
         each token's row once in the carrier, each batch's rows named by position."""
         codec = codec_for(holder, self._codecs)
-        carrier_tokens, first = np.unique(np.concatenate([t for _, _, t in calls]), return_index=True)
-        carrier = np.concatenate([r for _, r, _ in calls])[first]  # (n_unique, d_model)
-        positions = [np.searchsorted(carrier_tokens, t).tolist() for _, _, t in calls]  # tokens ascend per batch
+        carrier, token_indices, positions = _carrier(calls)
         body = await self._codec(len(carrier), encode_rows, carrier, codec)
-        token_indices = carrier_tokens.tolist()
         batches = [(expert, rows) for (expert, *_), rows in zip(calls, positions, strict=True)]
         params = {"model_id": self.model_id, "layer": layer, "d_model": self.d_model, "tokens": len(carrier),
                   "encoding": codec, "token_indices": token_indices, "receipt_topk": self._topk,
@@ -237,18 +234,19 @@ class HolderCaller:
         expect = ExpectedBatches(holder.provider_id, self.model_id, layer, token_indices, self.d_model, codec,
                                  blake3_hex(body), codec, self._topk, batches)
         n_rows = sum(len(rows) for _, rows in batches)
-        outs, verified = await self._codec(n_rows, self._accept_batches, result, answer, body, expect)
+        outs, sizes, verified = await self._codec(n_rows, self._accept_batches, result, answer, body, expect)
         reported = result.get("batches")
         sent = [len(body) * len(rows) // n_rows for _, rows in batches]  # the request's bytes, shared by rows
         sent[0] += len(body) - sum(sent)
         request = next(self._requests)
-        return [Answer(out, bytes_sent=sent[i], bytes_received=len(part), transport=transport,
+        return [Answer(out, bytes_sent=sent[i], bytes_received=sizes[i], transport=transport,
                        compute_s=_seconds(reported[i].get("compute_ms")), receipt=batch, request=request)
-                for i, ((out, part), batch) in enumerate(zip(outs, verified, strict=True))]
+                for i, (out, batch) in enumerate(zip(outs, verified, strict=True))]
 
-    def _accept_batches(self, result: dict[str, Any], answer: bytes | bytearray, body: bytes,
-                        expect: ExpectedBatches) -> tuple[list[tuple[np.ndarray, bytes]], list[VerifiedBatch]]:
-        """Split a multi-expert answer into its batches' rows and verify its one receipt (codec executor)."""
+    def _accept_batches(self, result: dict[str, Any], answer: bytes | bytearray, body: bytes, expect: ExpectedBatches
+                        ) -> tuple[list[np.ndarray], list[int], list[VerifiedBatch]]:
+        """Split a multi-expert answer into its batches' rows (f32 [n_i, d_model] each) and their sizes on the
+        wire, and verify its one receipt (inline for a few rows, else on the codec executor)."""
         codec, batches = expect.input_encoding, expect.batches
         reported = result.get("batches")
         if result.get("encoding", "f32") != codec or not isinstance(reported, list) or len(reported) != len(batches) \
@@ -257,17 +255,19 @@ class HolderCaller:
             raise TenzroError(f"holder answered batches {str(reported)[:200]} in {result.get('encoding')!r}, asked "
                               f"{[(e, len(rows)) for e, rows in batches]} in {codec!r}", reason="bad_answer")
         row_bytes = encoded_row_bytes(codec, self.d_model)
-        ends = np.cumsum([len(rows) * row_bytes for _, rows in batches]).tolist()
-        if ends[-1] != len(answer):
-            raise TenzroError(f"holder's answer has {len(answer)} bytes, its batches need {ends[-1]}",
+        counts = [len(rows) for _, rows in batches]
+        total = sum(counts)
+        if total * row_bytes != len(answer):
+            raise TenzroError(f"holder's answer has {len(answer)} bytes, its batches need {total * row_bytes}",
                               reason="bad_answer")
-        view = memoryview(answer)
-        parts = [bytes(view[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
         try:  # in one call (the codecs work row by row): a decode step's eight one-row calls cost more
-            rows_out = decode_rows(answer, codec, tokens=ends[-1] // row_bytes, d_model=self.d_model)
+            rows_out = decode_rows(answer, codec, tokens=total, d_model=self.d_model)
         except ValueError as exc:
             raise TenzroError(f"holder's answer does not decode: {exc}", reason="bad_answer") from exc
-        outs = list(zip(np.split(rows_out, [a // row_bytes for a in ends[:-1]]), parts, strict=True))
+        view, outs, start = memoryview(answer), [], 0
+        for n in counts:  # each batch's rows and its bytes as they came (views: the sketch reads them here)
+            outs.append((rows_out[start:start + n], view[start * row_bytes:(start + n) * row_bytes]))
+            start += n
         try:
             receipt, sketches = verify_batches_receipt(result.get("receipt"), expect, outs)
         except ReceiptError as exc:
@@ -278,7 +278,7 @@ class HolderCaller:
             kept = self._keep(commitment)
             verified.append(VerifiedBatch(receipt, kept, sketch if kept else None, body if kept else None,
                                           commitment, expect.layer, expert, i))
-        return outs, verified
+        return [out for out, _ in outs], [n * row_bytes for n in counts], verified
 
     def _accept(self, result: dict[str, Any], answer: bytes | bytearray, body: bytes,
                 expect: Expected) -> tuple[np.ndarray, VerifiedBatch]:
@@ -321,6 +321,25 @@ class HolderCaller:
             error = header.get("error") or {}
             raise error_for_reason(error.get("reason", "remote_error"), f"{url}: {error.get('message', '')}")
         return header.get("result", {}), bytes(frame.body)
+
+
+def _carrier(calls: list[tuple[int, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, list[int], list[list[int]]]:
+    """A multi-expert request's carrier: each token's row once, f32 [n_unique, d_model], ascending by token;
+    those tokens; and each batch's rows as positions into it. Tokens ascend within a batch and a token's row
+    is the same in every batch. A decode step's batches all carry the same token or few: then one batch's
+    rows are the carrier, found without numpy's set operations (which cost more than the rows)."""
+    tokens = [t.tolist() for _, _, t in calls]
+    union = sorted(set().union(*tokens))
+    index = {t: i for i, t in enumerate(union)}
+    positions = [[index[t] for t in batch] for batch in tokens]
+    whole = next((i for i, batch in enumerate(tokens) if len(batch) == len(union)), None)
+    if whole is not None:  # one batch holds every token of the request
+        return calls[whole][1], union, positions
+    first = {}  # token -> (batch, row) where it first appears
+    for b, batch in enumerate(tokens):
+        for r, t in enumerate(batch):
+            first.setdefault(t, (b, r))
+    return np.stack([calls[b][1][r] for b, r in (first[t] for t in union)]), union, positions
 
 
 def _seconds(compute_ms: Any) -> float | None:

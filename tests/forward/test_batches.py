@@ -208,3 +208,25 @@ def test_an_old_node_refuses_the_multi_expert_frame_it_does_not_know(tmp_path) -
     reply = asyncio.run(old.handle(PeerRequest(method="moe/execute", params=params, body=body, peer=("x", 1))))
     old.executor.shutdown()
     assert reply.header["error"]["reason"] == "invalid_input" and "'expert'" in reply.header["error"]["message"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_carrier_holds_each_token_once_and_every_batch_finds_its_rows_in_it(seed) -> None:
+    """A decode step's batches share one token (one batch's rows are the carrier); a prefill's hold
+    overlapping subsets (no batch holds them all); either way each batch's positions give back its rows."""
+    from apps.forward.callers import _carrier
+
+    rng = np.random.default_rng(seed)
+    hidden = rng.standard_normal((12, D_MODEL)).astype(np.float32)
+    if seed == 0:
+        token_sets = [np.array([3])] * 8
+    else:
+        token_sets = [np.flatnonzero(rng.random(12) < 0.4) for _ in range(int(rng.integers(1, 6)))]
+        token_sets = [t if len(t) else np.array([int(rng.integers(12))]) for t in token_sets]
+    calls = [(e, hidden[t], t.astype(np.int64)) for e, t in enumerate(token_sets)]
+    carrier, tokens, positions = _carrier(calls)
+    union = sorted(set(np.concatenate(token_sets).tolist()))
+    assert tokens == union and all(type(t) is int for t in tokens)
+    assert np.array_equal(carrier, hidden[union])
+    for (_, rows, _), where in zip(calls, positions, strict=True):
+        assert np.array_equal(carrier[where], rows)
