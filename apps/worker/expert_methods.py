@@ -288,8 +288,7 @@ class ExpertHandlers:
             """(the answer's body, each batch's part of it, each batch's compute seconds). Every batch's
             rows are encoded in one call: the codecs work row by row, so the parts are the bytes each
             batch alone would give, and a decode step's eight one-row calls cost more than their rows."""
-            outs = self.runtime.execute_many(model_id=model_id, layer=layer,
-                                             batches=[(e, hidden[rows]) for e, rows in batches])
+            outs = self.runtime.execute_carrier(model_id=model_id, layer=layer, hidden=hidden, batches=batches)
             data = encode_rows(np.concatenate([out for out, _ in outs]), encoding)
             ends = np.cumsum([len(rows) for _, rows in batches]) * encoded_row_bytes(encoding, hidden.shape[1])
             view = memoryview(data)

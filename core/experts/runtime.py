@@ -29,7 +29,14 @@ from blake3 import blake3
 
 from core.durable_files import link_or_write_atomic, write_atomic
 from core.experts.backends import ComputeBackend
-from core.experts.errors import ExpertNotLoaded, GateNotLoaded, InsufficientMemory, InvalidPayload, ModelMismatch
+from core.experts.errors import (
+    ExpertNotLoaded,
+    GateNotLoaded,
+    InsufficientMemory,
+    InvalidPayload,
+    ModelMismatch,
+    ShapeMismatch,
+)
 from core.experts.ffn import (
     ExpertHeader,
     ResidentExpert,
@@ -244,13 +251,38 @@ class ExpertRuntime:
 
         Every expert is checked before any runs: ExpertNotLoaded names all that are not held here
         (details `experts`), ShapeMismatch / NonFiniteInput the first bad batch."""
-        keys = [(model_id, int(layer), int(e)) for e, _ in batches]
+        keys = self._held(model_id, layer, [e for e, _ in batches])
+        xs = [check_hidden(x, self._cache.record(key).header.d_model) for key, (_, x) in zip(keys, batches,
+                                                                                               strict=True)]
+        return self._execute_checked(keys, xs)
+
+    def execute_carrier(self, *, model_id: str, layer: int, hidden: np.ndarray,
+                        batches: list[tuple[int, list[int]]]) -> list[tuple[np.ndarray, float]]:
+        """execute_many over one carrier of rows (a multi-expert request's body): hidden f32 [n, d_model],
+        checked once, and batches [(expert, strictly ascending positions into it)]. A batch naming every
+        row takes the carrier itself (a decode step's experts all share its one row); the others a copy
+        of their rows. Raises as execute_many."""
+        keys = self._held(model_id, layer, [e for e, _ in batches])
+        if not keys:
+            return []
+        d_model = self._cache.record(keys[0]).header.d_model
+        x = check_hidden(hidden, d_model)
+        other = [key[2] for key in keys if self._cache.record(key).header.d_model != d_model]
+        if other:
+            raise ShapeMismatch(f"{model_id!r} layer {layer}: experts {other} are not d_model {d_model} as "
+                                f"expert {keys[0][2]} is; one carrier cannot feed them all")
+        return self._execute_checked(keys, [x if len(rows) == len(x) else x[rows] for _, rows in batches])
+
+    def _held(self, model_id: str, layer: int, experts: list[int]) -> list[Key]:
+        """The experts' keys; ExpertNotLoaded naming every one not held here."""
+        keys = [(model_id, int(layer), int(e)) for e in experts]
         missing = [k[2] for k in keys if k not in self._cache]
         if missing:
             raise ExpertNotLoaded(f"{model_id!r} layer {layer}: experts {missing} are not held on this node",
                                   experts=missing)
-        xs = [check_hidden(x, self._cache.record(key).header.d_model) for key, (_, x) in zip(keys, batches,
-                                                                                               strict=True)]
+        return keys
+
+    def _execute_checked(self, keys: list[Key], xs: list[np.ndarray]) -> list[tuple[np.ndarray, float]]:
         if getattr(self.backend, "groups_experts", False) and sum(1 for x in xs if len(x)) > 1:
             return self._run_together(keys, xs)
         out = []

@@ -124,3 +124,26 @@ def test_a_frame_too_large_for_one_calls_scratch_runs_in_several(tmp_path, monke
     cut = runtime.execute_many(model_id=MODEL, layer=0, batches=batches)
     assert calls == [2, 2]  # the fifth expert alone runs through expert()
     assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(whole, cut, strict=True))
+
+
+def test_a_carrier_of_rows_gives_each_expert_its_rows_and_is_checked_once(tmp_path):
+    """execute_carrier (a multi-expert request's body): each batch's rows are execute_many's for the same
+    rows, a batch naming every row takes the carrier as it is, and a bad carrier or an expert not held is
+    refused before anything runs."""
+    from core.experts.errors import ExpertNotLoaded, NonFiniteInput
+
+    rng = np.random.default_rng(65)
+    runtime = ExpertRuntime(data_dir=tmp_path, memory_budget_bytes=1 << 28, backend=CpuBackend())
+    for e in range(3):
+        runtime.expert_load(payload=expert_payload(expert_weights(rng, 256, 64), expert=e, quant="Q8_0"))
+    carrier = rng.standard_normal((4, 256)).astype(np.float32)
+    batches = [(0, [0, 1, 2, 3]), (1, [1, 3]), (2, [2])]
+    got = runtime.execute_carrier(model_id=MODEL, layer=0, hidden=carrier, batches=batches)
+    want = runtime.execute_many(model_id=MODEL, layer=0, batches=[(e, carrier[rows]) for e, rows in batches])
+    assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(got, want, strict=True))
+    bad = carrier.copy()
+    bad[3, 7] = np.nan
+    with pytest.raises(NonFiniteInput, match="rows 3"):
+        runtime.execute_carrier(model_id=MODEL, layer=0, hidden=bad, batches=[(2, [2])])
+    with pytest.raises(ExpertNotLoaded, match=r"\[7\]"):
+        runtime.execute_carrier(model_id=MODEL, layer=0, hidden=carrier, batches=[(0, [0]), (7, [1])])
