@@ -10,7 +10,9 @@ import pytest
 from core.transport.framing import (
     KIND_REQUEST,
     KIND_RESPONSE,
+    MAGIC,
     PREFIX,
+    VERSION,
     FrameDecoder,
     FramingError,
     Reply,
@@ -116,3 +118,29 @@ def test_parts_are_the_frame_and_keep_the_body_uncopied() -> None:
     assert np.array_equal(np.frombuffer(frames[0].body, dtype="<f4").reshape(3, 5), rows)
     reply_head, reply_body = Reply.ok({}, rows.tobytes()).encode_parts()
     assert reply_head + reply_body == Reply.ok({}, rows.tobytes()).encode()
+
+
+@pytest.mark.parametrize("header", [
+    {"ok": True, "result": {"tokens": 1, "batches": [{"expert": 3, "rows": [0]}], "x": 0.1, "s": "é\u2028"}},
+    {"ok": True, "result": {"none": None, "big": 1 << 70, "neg": -(1 << 63)}},  # json: a null, an int past 64 bits
+    {"ok": False, "error": {"reason": "r", "message": "m", "details": {1: "int key", "t": (1, 2)}}},
+    {"method": "m", "params": {"f": 1e300, "tiny": 5e-324, "b": [True, False]}},
+])
+def test_a_header_is_the_json_values_it_was(header) -> None:
+    frame = FrameDecoder(max_body=1 << 20).feed(encode_frame(KIND_RESPONSE, header))[0]
+    assert frame.header == json.loads(json.dumps(header))
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf")])
+def test_encoder_refuses_infinities_in_header(value) -> None:
+    with pytest.raises(ValueError):
+        encode_frame(KIND_RESPONSE, {"ok": True, "result": {"x": [1, value]}})
+
+
+@pytest.mark.parametrize("raw", [b'{"x": NaN}', b'{"x": Infinity}', b'{"x": "\\ud800"}', b'{"x": "\xff"}',
+                                 b"[" * 1100 + b"]" * 1100, b'{"x": 1'])
+def test_a_header_that_is_not_strict_json_is_refused(raw) -> None:
+    frame = PREFIX.pack(MAGIC, VERSION, KIND_REQUEST, len(raw), 0) + raw
+    with pytest.raises(FramingError, match="frame header is not JSON") as refused:
+        FrameDecoder(max_body=1 << 20).feed(frame)
+    assert refused.value.reason == "bad_frame"
