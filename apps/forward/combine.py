@@ -82,6 +82,14 @@ class StreamingCombine:
         if rows.shape != (len(pairs), self._routed_out.shape[1]):
             raise ValueError(f"a batch of {len(pairs)} pairs answered rows of shape {rows.shape}, "
                              f"expected ({len(pairs)}, {self._routed_out.shape[1]})")
+        if len(pairs) == 1:  # a decode step's batch: the same products and sums as below, without the index arrays
+            pair = int(pairs[0])
+            if self.served[pair]:
+                raise ValueError("a pair was combined twice")
+            self.served[pair] = True
+            out = self._shared_out if self.shared[pair] else self._routed_out
+            out[self.tokens[pair]] += self.weights[pair] * rows[0]
+            return
         if self.served[pairs].any():
             raise ValueError("a pair was combined twice")  # a hedge's loser must never be added
         self.served[pairs] = True

@@ -117,11 +117,13 @@ async def run_forward(
         order = np.argsort(planned.pair_batch, kind="stable")  # stable: tokens stay ascending per batch
         order = order[routed[order]]
         sorted_batch = planned.pair_batch[order]
-        starts = np.flatnonzero(np.r_[True, sorted_batch[1:] != sorted_batch[:-1]])
-        groups = np.split(todo[order], starts[1:])
+        starts = [0, *(np.flatnonzero(sorted_batch[1:] != sorted_batch[:-1]) + 1).tolist()]
+        ordered = todo[order]
+        groups = [ordered[a:b] for a, b in zip(starts, [*starts[1:], len(ordered)], strict=True)]  # views
         failures_before = len(report.failures)
         report.batches += len(groups)
-        batches = [planned.batches[int(sorted_batch[s])] for s in starts.tolist()]
+        batch_of = sorted_batch.tolist()
+        batches = [planned.batches[batch_of[s]] for s in starts]
         gathers = getattr(execute, "gathers", None)
         # A holder that takes a wave's batches as one request answers them all after the request's
         # time: its latency book is kept, and its hedges timed, by the rows of the whole request.

@@ -60,6 +60,22 @@ def test_a_pair_is_never_combined_twice():
         c.add(np.flatnonzero(exp == 8), np.zeros((1, 4), np.float32))
 
 
+def test_a_batch_of_one_pair_adds_what_a_batch_of_many_adds_for_it():
+    """A decode step's batches hold one pair each and take a shorter path: the same products and sums,
+    bit for bit, routed and shared alike, and a pair added twice is still refused."""
+    rng = np.random.default_rng(3)
+    tok, exp, w = _pairs(rng)
+    ys = _outputs(rng, exp)
+    whole, single = _combine(tok, exp, w), _combine(tok, exp, w)
+    _feed(whole, tok, exp, ys)
+    for e in np.random.default_rng(9).permutation(np.unique(exp)):  # the same order, one pair at a time
+        for pair in np.flatnonzero(exp == e):
+            single.add(np.array([pair]), ys[int(e)][tok[[pair]]])
+    assert whole.finish(allow_partial=False).out.tobytes() == single.finish(allow_partial=False).out.tobytes()
+    with pytest.raises(ValueError, match="twice"):
+        single.add(np.array([0]), np.zeros((1, 4), np.float32))
+
+
 def test_missing_pairs_fail_closed_by_default_and_are_listed():
     rng = np.random.default_rng(3)
     tok, exp, w = _pairs(rng)
