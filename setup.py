@@ -22,9 +22,10 @@ setup(ext_modules=[
     Extension("core.experts._quant_matmul", ["core/experts/_quant_matmul.c"], extra_compile_args=["-O3"],
               optional=True),
     Extension("core.quantization._kquant_encoders", ["core/quantization/_kquant_encoders.c"],
+              depends=["core/quantization/f16_bits.h"],
               extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread"],
               extra_link_args=["-pthread"], optional=True),
-    Extension("core.quantization._q8_rows", ["core/quantization/_q8_rows.c"],
+    Extension("core.quantization._q8_rows", ["core/quantization/_q8_rows.c"], depends=["core/quantization/f16_bits.h"],
               extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"], optional=True),
     Extension("apps.receipts._q8_sketch", ["apps/receipts/_q8_sketch.c"], extra_compile_args=["-O3"], optional=True),
 ])

@@ -28,36 +28,7 @@
 
 enum { OK = 0, NON_FINITE_INPUT = 1, SCALE_OVERFLOW = 2, NON_FINITE_SCALE = 3 };
 
-/* f32 -> f16, round to nearest even (numpy's astype("<f2")); overflow to inf. */
-static inline uint16_t f32_to_f16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
-    if (ax < 0x38800000u) {                                    /* below 2^-14: an f16 subnormal */
-        float a;
-        memcpy(&a, &ax, sizeof a);
-        return (uint16_t)(sign | (uint32_t)lrintf(a * 16777216.f)); /* units of 2^-24, ties to even */
-    }
-    return (uint16_t)(sign | ((ax + 0x0fffu + ((ax >> 13) & 1u) - 0x38000000u) >> 13));
-}
-
-static inline float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
-    if (e == 0x1f) {
-        bits = sign | 0x7f800000u | (m << 13);
-    } else if (e == 0) { /* zero or subnormal: m * 2^-24, exact in f32 */
-        float v = (float)m * (1.f / 16777216.f);
-        memcpy(&bits, &v, sizeof bits);
-        bits |= sign;
-    } else {
-        bits = sign | ((e + 112u) << 23) | (m << 13);
-    }
-    float out;
-    memcpy(&out, &bits, sizeof out);
-    return out;
-}
+#include "f16_bits.h"
 
 /* One block of 32 values into out[34]; SCALE_OVERFLOW when d is not an f16.
  * Written so that GCC vectorizes each loop: the largest |x| as the largest of the finite values'
