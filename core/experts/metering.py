@@ -87,14 +87,19 @@ class DemandMeter:
 
     def record(self, key: Hashable, rows: int, *, now: float | None = None) -> None:
         """Count `rows` served for `key` at `now`."""
+        self.record_many([(key, rows)], now=now)
+
+    def record_many(self, served: list[tuple[Hashable, int]], *, now: float | None = None) -> None:
+        """record() of each (key, rows) at one `now` (a multi-expert request's experts), under one lock."""
         now = time.monotonic() if now is None else now
         second = float(int(now))
         with self._lock:
-            buckets = self._buckets.setdefault(key, deque())
-            if buckets and buckets[-1][0] == second:
-                buckets[-1][1] += rows
-            else:
-                buckets.append([second, float(rows)])
+            for key, rows in served:
+                buckets = self._buckets.setdefault(key, deque())
+                if buckets and buckets[-1][0] == second:
+                    buckets[-1][1] += rows
+                else:
+                    buckets.append([second, float(rows)])
 
     def rates(self, *, now: float | None = None) -> dict[Hashable, float]:
         """{key: rows per second over the window} for every key that served rows in it."""

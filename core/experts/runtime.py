@@ -301,13 +301,13 @@ class ExpertRuntime:
         ys = self.backend.forward_many([(residents[i].prepared, xs[i]) for i in busy])
         seconds = time.perf_counter() - start
         rows = sum(len(xs[i]) for i in busy)
-        out = [(np.zeros((0, r.d_model), dtype=np.float32), 0.0) for r in residents]
+        out: list[tuple[np.ndarray, float] | None] = [None] * len(keys)
         for i, y in zip(busy, ys, strict=True):
-            share = seconds * len(xs[i]) / rows
-            out[i] = (y, share)
-            self._meter.record(len(xs[i]), share)
-            self._demand.record(keys[i], len(xs[i]))
-        return out
+            out[i] = (y, seconds * len(xs[i]) / rows)
+        self._meter.record(rows, seconds)  # the call's rows in its time: the sum of the batches' shares
+        self._demand.record_many([(keys[i], len(xs[i])) for i in busy])
+        return [o if o is not None else (np.zeros((0, r.d_model), dtype=np.float32), 0.0)
+                for o, r in zip(out, residents, strict=True)]
 
     def recompute(self, *, model_id: str, layer: int, expert: int, hidden: np.ndarray) -> np.ndarray:
         """One held expert over hidden f32 [t, d_model] -> f32 [t, d_model], unmetered: a dispute's
