@@ -17,6 +17,10 @@ numpy encoder, on the same input in the same run, with their ratios to the scala
 to the numpy encoder, Q6_K's speed relative to Q4_K's in the same copy, and whether the bytes
 equal the numpy encoder's (they must).  An AVX2-only machine runs the avx2 and scalar rows.
 The C encoder splits a large input over one thread per CPU (the threads column).
+Activation rows: the wire's Q8_0 codec (core.quantization.activations, what a router and a holder
+encode and decode on every request) at 1, 8 and 512 rows of d_model 2048, µs per call: the C codec
+(core/quantization/_q8_rows.c, its variant named), the numpy/numba path it replaces (the same bytes),
+and gguf-py's quantize/dequantize of the same rows (the same bytes) as the reference.
 Quality is the relative RMSE sqrt(mean (y-x)^2 / mean x^2) on Gaussian and Student-t (3 dof)
 weights, next to the naive min/max encoder of the same layout (core.quantization.baseline)
 and llama.cpp reference figures (see LLAMA_CPP below).
@@ -26,12 +30,13 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 
 import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import quants as gq
 
-from core.quantization import kquant_c
+from core.quantization import activations, kquant_c
 from core.quantization.baseline import NAIVE
 from core.quantization.registry import KERNELS, dequantize, encoder, quantize
 from core.quantization.types import GGMLType
@@ -156,6 +161,34 @@ def encoder_variants(shape: tuple[int, int] = (768, 2048), rounds: int = 7) -> l
     return rows
 
 
+ACTIVATION_ROWS = (1, 8, 512)  # a decode step's carrier, a holder's eight answers to it, a prefill's rows
+
+
+def activation_rows(d_model: int = 2048) -> list[dict]:
+    """The wire's Q8_0 codec, µs per call (best of many): C, the numpy/numba path and gguf-py on the same rows."""
+    rng = np.random.default_rng(11)
+    out = []
+    for rows in ACTIVATION_ROWS:
+        x = rng.standard_normal((rows, d_model), dtype=np.float32)
+        blob = activations.encode_rows_q8_0(x)
+        reference = gq.quantize(x, GGUF[GGMLType.Q8_0])
+        raw = np.frombuffer(blob, dtype=np.uint8).reshape(rows, -1)
+        repeat = max(5, 2000 // rows)
+        q8 = GGUF[GGMLType.Q8_0]
+        calls = {"encode": partial(activations.encode_rows_q8_0, x),
+                 "encode_numpy": partial(activations.encode_rows_q8_0_numpy, x),
+                 "encode_gguf": partial(gq.quantize, x, q8),
+                 "decode": partial(activations.decode_rows_q8_0, blob, rows, d_model),
+                 "decode_numpy": partial(activations.decode_rows_q8_0_numpy, blob, rows, d_model),
+                 "decode_gguf": partial(gq.dequantize, raw, q8)}
+        timings = {name: best_time(call, repeat) for name, call in calls.items()}
+        same = blob == activations.encode_rows_q8_0_numpy(x) == reference.tobytes() and np.array_equal(
+            activations.decode_rows_q8_0(blob, rows, d_model), gq.dequantize(raw, GGUF[GGMLType.Q8_0]))
+        out.append({"rows": rows, "d_model": d_model, **{f"{k}_us": v * 1e6 for k, v in timings.items()},
+                    "same_bytes": bool(same)})
+    return out
+
+
 def quality() -> list[dict]:
     rng = np.random.default_rng(1)
     data = {"gaussian": rng.standard_normal((256, 4096)).astype(np.float32),
@@ -201,6 +234,16 @@ def main() -> None:
         ["type", "encoder", "threads", "MB/s", "x scalar", "x numpy", "x Q4_K", "bytes"],
         [[r["type"], r["encoder"], r["threads"], f(r["mb_s"]), times(r["x_scalar"]), times(r["x_numpy"]),
           times(r["x_q4_k"]), "= numpy" if r["same_bytes_as_numpy"] else "DIFFER"] for r in ev])
+    rows = activation_rows()
+    variant = activations._q8_rows.variant() if activations._q8_rows is not None else "none (numpy path)"
+    print_table(
+        f"Q8_0 activation rows of d_model 2048 (the wire codec), µs per call; C codec variant: {variant}; "
+        "reference gguf-py, same bytes",
+        ["rows", "encode", "numpy path", "gguf", "x gguf", "decode", "numpy path", "gguf", "x gguf", "bytes"],
+        [[r["rows"], f(r["encode_us"]), f(r["encode_numpy_us"]), f(r["encode_gguf_us"]),
+          times(r["encode_gguf_us"] / r["encode_us"]), f(r["decode_us"]), f(r["decode_numpy_us"]),
+          f(r["decode_gguf_us"]), times(r["decode_gguf_us"] / r["decode_us"]),
+          "= gguf" if r["same_bytes"] else "DIFFER"] for r in rows])
     q = quality()
     print_table(
         "relative RMSE (lower is better): searched scales vs naive min/max, same layout",
@@ -213,6 +256,7 @@ def main() -> None:
           "-" if r["student_t3_naive"] is None else f"{1 - r['student_t3'] / r['student_t3_naive']:.1%}",
           LLAMA_CPP[GGMLType(r["type"])]] for r in q])
     write_results("quant", {"throughput": tp, "encoder_variants": ev, "kquant_variant": kquant_c.variant(),
+                            "activation_rows": rows, "activation_codec_variant": variant,
                             "quality": q,
                             "llama_cpp_published": {k.value: v for k, v in LLAMA_CPP.items()}},
                   [headline(f"{r['type']} {kind} ({r['shape']})", r[f"{kind}_mb_s"], "MB/s",

@@ -67,6 +67,29 @@ static int encode_block(const float *x, Py_ssize_t n, uint8_t *out) {
     return encode_full_block(v, out);
 }
 
+/* The rows' blocks into o: OK, NON_FINITE_INPUT (o untouched) or SCALE_OVERFLOW. One copy for AVX2 (eight
+ * lanes, the unsigned max in one instruction) and one for any x86-64 (SSE2) or other CPU, picked when the
+ * module loads (GCC's target_clones); both are the same IEEE operations, so the same bytes. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static int encode_rows(const float *x, Py_ssize_t rows, Py_ssize_t d, uint8_t *o) {
+    const uint32_t *bits = (const uint32_t *)x;
+    uint32_t non_finite = 0; /* an exponent of all ones: inf or NaN (a branch-free pass the compiler vectorizes) */
+    for (Py_ssize_t i = 0; i < rows * d; i++) non_finite |= (bits[i] & 0x7f800000u) == 0x7f800000u;
+    if (non_finite) return NON_FINITE_INPUT;
+    Py_ssize_t blocks = (d + QK - 1) / QK;
+    int status = OK;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        for (Py_ssize_t b = 0; b < blocks; b++) {
+            Py_ssize_t start = b * QK, n = d - start < QK ? d - start : QK;
+            uint8_t *block = o + (r * blocks + b) * QB;
+            status |= n == QK ? encode_full_block(x + r * d + start, block) : encode_block(x + r * d + start, n, block);
+        }
+    }
+    return status;
+}
+
 /* encode(src, rows, d) -> bytes or an int: src f32[rows * d] (C order); the rows' Q8_0 blocks, or
  * NON_FINITE_INPUT / SCALE_OVERFLOW (the caller names them). */
 static PyObject *py_encode(PyObject *self, PyObject *args) {
@@ -78,35 +101,28 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
         PyBuffer_Release(&src);
         return NULL;
     }
-    const float *x = (const float *)src.buf;
-    const uint32_t *bits = (const uint32_t *)src.buf;
-    uint32_t non_finite = 0; /* an exponent of all ones: inf or NaN (a branch-free pass the compiler vectorizes) */
-    for (Py_ssize_t i = 0; i < rows * d; i++) non_finite |= (bits[i] & 0x7f800000u) == 0x7f800000u;
-    if (non_finite) {
-        PyBuffer_Release(&src);
-        return PyLong_FromLong(NON_FINITE_INPUT);
-    }
-    Py_ssize_t blocks = (d + QK - 1) / QK;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, rows * blocks * QB);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, rows * ((d + QK - 1) / QK) * QB);
     if (out == NULL) {
         PyBuffer_Release(&src);
         return NULL;
     }
-    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
-    int status = OK;
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        for (Py_ssize_t b = 0; b < blocks; b++) {
-            Py_ssize_t start = b * QK, n = d - start < QK ? d - start : QK;
-            uint8_t *block = o + (r * blocks + b) * QB;
-            status |= n == QK ? encode_full_block(x + r * d + start, block) : encode_block(x + r * d + start, n, block);
-        }
-    }
+    int status = encode_rows((const float *)src.buf, rows, d, (uint8_t *)PyBytes_AS_STRING(out));
     PyBuffer_Release(&src);
     if (status != OK) {
         Py_DECREF(out);
-        return PyLong_FromLong(SCALE_OVERFLOW);
+        return PyLong_FromLong(status & NON_FINITE_INPUT ? NON_FINITE_INPUT : SCALE_OVERFLOW);
     }
     return out;
+}
+
+/* variant() -> str: the encoder copy this CPU runs (for the benchmarks' tables). */
+static PyObject *py_variant(PyObject *self, PyObject *args) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    __builtin_cpu_init();
+    return PyUnicode_FromString(__builtin_cpu_supports("avx2") ? "avx2" : "sse2");
+#else
+    return PyUnicode_FromString("scalar");
+#endif
 }
 
 /* decode(src, dst, rows, d) -> int: src the rows' Q8_0 blocks, dst f32[rows * d] written; OK, or
@@ -145,6 +161,7 @@ static PyMethodDef methods[] = {
     {"encode", py_encode, METH_VARARGS,
      "encode(src, rows, d) -> bytes | int: f32 rows [rows, d] (C order) as Q8_0 blocks, rows padded to a\n"
      "multiple of 32 with zeros; 1 (a non-finite input) or 2 (a scale past f16) instead of bytes."},
+    {"variant", py_variant, METH_NOARGS, "variant() -> the encoder copy this CPU runs: avx2, sse2 or scalar."},
     {"decode", py_decode, METH_VARARGS,
      "decode(src, dst, rows, d) -> int: Q8_0 rows into f32 dst [rows, d]; 0, or 3 for a non-finite scale."},
     {NULL, NULL, 0, NULL},
