@@ -12,7 +12,8 @@
  *
  * tests/quantization/test_q8_rows.py holds both to the numpy/numba path over random, padded, tiny,
  * huge and non-finite rows. No fast-math and no FMA contraction: every product is the IEEE one.
- * The GIL is held: a call moves a few kilobytes.
+ * A decode step's rows are coded with the GIL held (releasing it would cost more than they do); a
+ * prefill's, from RELEASE_GIL_VALUES values up, with it released, as the numba path did.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -27,6 +28,8 @@
 #define QB 34 /* bytes per block: f16 scale, 32 int8 */
 
 enum { OK = 0, NON_FINITE_INPUT = 1, SCALE_OVERFLOW = 2, NON_FINITE_SCALE = 3 };
+
+#define RELEASE_GIL_VALUES (1 << 16) /* 32 rows of 2,048: ~30 us of work */
 
 #include "f16_bits.h"
 
@@ -106,7 +109,14 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
         PyBuffer_Release(&src);
         return NULL;
     }
-    int status = encode_rows((const float *)src.buf, rows, d, (uint8_t *)PyBytes_AS_STRING(out));
+    int status;
+    if (rows * d >= RELEASE_GIL_VALUES) {
+        Py_BEGIN_ALLOW_THREADS
+        status = encode_rows((const float *)src.buf, rows, d, (uint8_t *)PyBytes_AS_STRING(out));
+        Py_END_ALLOW_THREADS
+    } else {
+        status = encode_rows((const float *)src.buf, rows, d, (uint8_t *)PyBytes_AS_STRING(out));
+    }
     PyBuffer_Release(&src);
     if (status != OK) {
         Py_DECREF(out);
@@ -125,6 +135,23 @@ static PyObject *py_variant(PyObject *self, PyObject *args) {
 #endif
 }
 
+/* The rows' blocks at s into x (f32 [rows, d]): OK, or NON_FINITE_SCALE (x then undefined). */
+static int decode_rows(const uint8_t *s, Py_ssize_t rows, Py_ssize_t d, float *x) {
+    Py_ssize_t blocks = (d + QK - 1) / QK;
+    int status = OK;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        for (Py_ssize_t b = 0; b < blocks; b++) {
+            const uint8_t *block = s + (r * blocks + b) * QB;
+            float scale = f16_to_f32((uint16_t)(block[0] | (block[1] << 8)));
+            if (!isfinite(scale)) status = NON_FINITE_SCALE;
+            Py_ssize_t start = b * QK, n = d - start < QK ? d - start : QK;
+            float *row = x + r * d + start;
+            for (Py_ssize_t i = 0; i < n; i++) row[i] = (float)(int8_t)block[2 + i] * scale;
+        }
+    }
+    return status;
+}
+
 /* decode(src, dst, rows, d) -> int: src the rows' Q8_0 blocks, dst f32[rows * d] written; OK, or
  * NON_FINITE_SCALE (dst then undefined). */
 static PyObject *py_decode(PyObject *self, PyObject *args) {
@@ -139,18 +166,13 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
         PyBuffer_Release(&dst);
         return NULL;
     }
-    const uint8_t *s = (const uint8_t *)src.buf;
-    float *x = (float *)dst.buf;
-    int status = OK;
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        for (Py_ssize_t b = 0; b < blocks; b++) {
-            const uint8_t *block = s + (r * blocks + b) * QB;
-            float scale = f16_to_f32((uint16_t)(block[0] | (block[1] << 8)));
-            if (!isfinite(scale)) status = NON_FINITE_SCALE;
-            Py_ssize_t start = b * QK, n = d - start < QK ? d - start : QK;
-            float *row = x + r * d + start;
-            for (Py_ssize_t i = 0; i < n; i++) row[i] = (float)(int8_t)block[2 + i] * scale;
-        }
+    int status;
+    if (rows * d >= RELEASE_GIL_VALUES) {
+        Py_BEGIN_ALLOW_THREADS
+        status = decode_rows((const uint8_t *)src.buf, rows, d, (float *)dst.buf);
+        Py_END_ALLOW_THREADS
+    } else {
+        status = decode_rows((const uint8_t *)src.buf, rows, d, (float *)dst.buf);
     }
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
