@@ -45,7 +45,7 @@ def encode_rows_q8_0(x: np.ndarray) -> bytes:
     if _q8_rows is not None:
         encoded = _q8_rows.encode(np.ascontiguousarray(x), tokens, d)  # bytes, or why not
         if encoded == _NON_FINITE_INPUT:
-            raise ValueError("cannot quantize to q8_0: input has non-finite values")
+            raise ValueError("cannot quantize to Q8_0: input has non-finite values")
         if encoded == _SCALE_OVERFLOW:
             raise ValueError(f"values overflow the f16 scales of Q8_0 (max |x| = {np.abs(x).max()})")
         return encoded
