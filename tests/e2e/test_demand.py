@@ -10,10 +10,11 @@ the repair interval to 2 s, so demand comes and goes within the test:
    (Metered as rows per second of compute, as before, every expert was "hot" and went to 3.)
 2. A load generator executes expert 0 on its two holders for a while. With the measured demand D and
    capacity C, the policy's threshold is set to D/4, its headroom to 5.5 C / D and max_replication to
-   16, so the target, ceil(demand x headroom / C), is 3 to 15 while the ratio of demand to capacity a
-   pass sees stays within 0.37-2.7x the test's (a loaded machine serves the generator unevenly, and
-   each holder measures its capacity from the calls it got): the third node fetches the expert (a
-   target above 3 is reported as `capped`: there are 3 providers), and no pass targets max_replication.
+   64, so the target, ceil(demand x headroom / C), is 3 to 63 while the ratio of demand to capacity a
+   pass sees stays within 0.37-11x the test's (a loaded machine serves the generator unevenly, and
+   each holder measures its capacity from the calls it got: a full CI run once saw a pass size it at
+   16, the ratio past 2.7x): the third node fetches the expert (a target above 3 is reported as
+   `capped`: there are 3 providers), and no pass targets max_replication.
 3. The load stops: once it has left the window the expert drops back to 2 (two stable passes), and
    stays there.
 """
@@ -35,7 +36,7 @@ from tests.e2e.test_prepare_blobs import MODEL, prepare
 pytestmark = pytest.mark.e2e
 ENV = {**FAST, "TENZRO_REPAIR_TICK_S": "1", "TENZRO_METER_WINDOW_S": "10"}
 D_MODEL, HOT = 64, 0
-MAX_REPLICATION = 16  # raised for the load: a target sized by demand stays clear of it
+MAX_REPLICATION = 64  # raised for the load: a target sized by demand stays clear of it
 
 
 def propose(node, **changes) -> None:
@@ -152,7 +153,7 @@ def test_replication_follows_demand_up_and_back_down(start_node, tmp_path) -> No
         assert {e: r for e, r in replication(a).items() if e != HOT} == {1: 2, 2: 2, 3: 2}
         rows = [r for p in passes_after(third, raised) for r in p["rows"] if r["expert"] == HOT]
         assert "fetched" in [r["outcome"] for r in rows if r["action"] == "add"], rows
-        # by demand, not to max_replication: 6 at the figures measured, 3-15 as they move with the load
+        # by demand, not to max_replication: 6 at the figures measured, 3-63 as they move with the load
         targets = [r["target"] for r in rows if r["action"] == "add"]
         assert all(3 <= t < MAX_REPLICATION for t in targets), targets
 
