@@ -170,11 +170,10 @@ def activation_rows(d_model: int = 2048) -> list[dict]:
     out = []
     for rows in ACTIVATION_ROWS:
         x = rng.standard_normal((rows, d_model), dtype=np.float32)
+        q8 = GGUF[GGMLType.Q8_0]
         blob = activations.encode_rows_q8_0(x)
-        reference = gq.quantize(x, GGUF[GGMLType.Q8_0])
         raw = np.frombuffer(blob, dtype=np.uint8).reshape(rows, -1)
         repeat = max(5, 2000 // rows)
-        q8 = GGUF[GGMLType.Q8_0]
         calls = {"encode": partial(activations.encode_rows_q8_0, x),
                  "encode_numpy": partial(activations.encode_rows_q8_0_numpy, x),
                  "encode_gguf": partial(gq.quantize, x, q8),
@@ -182,8 +181,8 @@ def activation_rows(d_model: int = 2048) -> list[dict]:
                  "decode_numpy": partial(activations.decode_rows_q8_0_numpy, blob, rows, d_model),
                  "decode_gguf": partial(gq.dequantize, raw, q8)}
         timings = {name: best_time(call, repeat) for name, call in calls.items()}
-        same = blob == activations.encode_rows_q8_0_numpy(x) == reference.tobytes() and np.array_equal(
-            activations.decode_rows_q8_0(blob, rows, d_model), gq.dequantize(raw, GGUF[GGMLType.Q8_0]))
+        same = blob == activations.encode_rows_q8_0_numpy(x) == gq.quantize(x, q8).tobytes() and np.array_equal(
+            activations.decode_rows_q8_0(blob, rows, d_model), gq.dequantize(raw, q8))
         out.append({"rows": rows, "d_model": d_model, **{f"{k}_us": v * 1e6 for k, v in timings.items()},
                     "same_bytes": bool(same)})
     return out
