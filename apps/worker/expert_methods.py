@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -290,7 +291,8 @@ class ExpertHandlers:
             batch alone would give, and a decode step's eight one-row calls cost more than their rows."""
             outs = self.runtime.execute_carrier(model_id=model_id, layer=layer, hidden=hidden, batches=batches)
             data = encode_rows(np.concatenate([out for out, _ in outs]), encoding)
-            ends = np.cumsum([len(rows) for _, rows in batches]) * encoded_row_bytes(encoding, hidden.shape[1])
+            row_bytes = encoded_row_bytes(encoding, hidden.shape[1])
+            ends = list(accumulate(len(rows) * row_bytes for _, rows in batches))
             view = memoryview(data)
             return data, [view[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)], [s for _, s in outs]
 

@@ -294,20 +294,18 @@ class ExpertRuntime:
     def _run_together(self, keys: list[Key], xs: list[np.ndarray]) -> list[tuple[np.ndarray, float]]:
         """execute_many on a backend that computes several experts in one call (a GPU device's
         grouped forward): one call for the batches with rows, its time shared among them by rows
-        (what each batch's compute_ms then says), each expert metered for its own rows."""
+        (what each batch's compute_ms then says); the call metered once, each expert's demand by its own rows."""
         residents = [self._cache.get(key) for key in keys]  # promotes Cold experts; not metered
         busy = [i for i, x in enumerate(xs) if len(x)]
         start = time.perf_counter()
         ys = self.backend.forward_many([(residents[i].prepared, xs[i]) for i in busy])
         seconds = time.perf_counter() - start
         rows = sum(len(xs[i]) for i in busy)
-        out: list[tuple[np.ndarray, float] | None] = [None] * len(keys)
-        for i, y in zip(busy, ys, strict=True):
-            out[i] = (y, seconds * len(xs[i]) / rows)
         self._meter.record(rows, seconds)  # the call's rows in its time: the sum of the batches' shares
         self._demand.record_many([(keys[i], len(xs[i])) for i in busy])
-        return [o if o is not None else (np.zeros((0, r.d_model), dtype=np.float32), 0.0)
-                for o, r in zip(out, residents, strict=True)]
+        answered = dict(zip(busy, ys, strict=True))
+        return [(answered[i], seconds * len(xs[i]) / rows) if i in answered
+                else (np.zeros((0, r.d_model), dtype=np.float32), 0.0) for i, r in enumerate(residents)]
 
     def recompute(self, *, model_id: str, layer: int, expert: int, hidden: np.ndarray) -> np.ndarray:
         """One held expert over hidden f32 [t, d_model] -> f32 [t, d_model], unmetered: a dispute's

@@ -120,7 +120,7 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
     PyBuffer_Release(&src);
     if (status != OK) {
         Py_DECREF(out);
-        return PyLong_FromLong(status & NON_FINITE_INPUT ? NON_FINITE_INPUT : SCALE_OVERFLOW);
+        return PyLong_FromLong(status);
     }
     return out;
 }
