@@ -1,4 +1,4 @@
-"""A pool of pinned QUIC client connections: one per (host, port, pin), many calls on each.
+"""A pool of pinned QUIC client connections: one per (host, port, pin, lane), many calls on each.
 
 The distributed forward calls many peers, many times a second; a handshake per call would
 cost a round trip and a certificate check each. The pool opens one connection per peer
@@ -8,6 +8,11 @@ through a whole call, or deaf to a PING after a call that timed out or was cance
 (a peer restarted on the same address ignores the old connection) — so the next call
 reconnects. Cancelling a call's task resets its stream (quic_client.py), which makes the server
 cancel the work.
+
+Lane 0 is a peer's connection. A caller with a request larger than that connection's congestion
+window asks `lanes_for` which lanes it may split it over (core/transport/lanes.py decides how many):
+the lanes open now, while the missing ones open in the background for the next request, so no
+handshake is ever on a request's way.
 
 The pool belongs to one event loop (the one its first call ran on). It knows nothing of
 what it carries: methods, params and bodies are the caller's.
@@ -24,11 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.transport.framing import Body
+from core.transport.lanes import MIN_LANE_BYTES, LanePolicy
 from core.transport.quic_client import OpenConnection, open_connection, result_of
 from core.transport.quic_config import QuicSettings, TransportError
 
 logger = logging.getLogger(__name__)
-Key = tuple[str, int, str]  # host, port, certificate pin (lowercase hex)
+Key = tuple[str, int, str, int]  # host, port, certificate pin (lowercase hex), lane
 # After a call timed out, or was cancelled with nothing heard back: how long the peer has to
 # acknowledge a PING before its connection is dropped. Any live peer acknowledges within a few
 # round trips, whatever its handler is doing.
@@ -43,6 +49,7 @@ class _Pooled:
     slots: asyncio.Semaphore
     last_used: float = field(default_factory=time.monotonic)
     checking: asyncio.Task[None] | None = None  # the liveness check after a timed-out call
+    lanes: LanePolicy | None = None  # lane 0's: how many lanes this peer's large requests take
 
     @property
     def alive(self) -> bool:
@@ -70,18 +77,20 @@ class QuicPool:
         self._opening: dict[Key, asyncio.Task[_Pooled]] = {}
         self._ever_opened: set[Key] = set()
         self._closing: set[asyncio.Task[None]] = set()
+        self._warming: set[asyncio.Task[_Pooled]] = set()  # lanes opening for the next large request
         self._reaper: asyncio.Task[None] | None = None
         self._closed = False
         self._counts: collections.Counter[str] = collections.Counter()
 
     async def call(self, *, host: str, port: int, pin_sha256: str, method: str, params: dict[str, Any],
-                   body: Body = b"", timeout_s: float) -> tuple[dict[str, Any], bytes | bytearray]:
-        """One request on its own stream of the peer's pooled connection, within `timeout_s` in all."""
+                   body: Body = b"", timeout_s: float, lane: int = 0) -> tuple[dict[str, Any], bytes | bytearray]:
+        """One request on its own stream of the peer's pooled connection (its `lane`th), within
+        `timeout_s` in all."""
         if self._closed:
             raise TransportError("connection_closed", "the QUIC pool is closed")
         self._counts["calls"] += 1
         self._start_reaper()
-        key = (host, port, pin_sha256.lower())
+        key = (host, port, pin_sha256.lower(), lane)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         pooled: _Pooled | None = None
@@ -130,7 +139,7 @@ class QuicPool:
         if self._closed:
             raise TransportError("connection_closed", "the QUIC pool is closed")
         self._start_reaper()
-        key = (host, port, pin_sha256.lower())
+        key = (host, port, pin_sha256.lower(), 0)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         kept = key in self._pooled
@@ -151,6 +160,40 @@ class QuicPool:
             raise TransportError("connection_closed", f"the connection to {host}:{port} closed: {exc}") from exc
         finally:
             pooled.last_used = time.monotonic()
+
+    def lanes_for(self, *, host: str, port: int, pin_sha256: str, nbytes: int) -> list[int]:
+        """The lanes a request of about `nbytes` each way to this peer may be split over now: [0]
+        unless the peer's connection is open and core/transport/lanes.py wants more. Missing lanes up
+        to what it wants start opening, for the requests after this one."""
+        if nbytes < 2 * MIN_LANE_BYTES or self._settings.max_lanes <= 1:  # a decode step's: at once
+            return [0]
+        key = (host, port, pin_sha256.lower(), 0)
+        pooled = self._pooled.get(key)
+        if pooled is None or not pooled.alive or self._closed:
+            return [0]
+        if pooled.lanes is None:
+            pooled.lanes = LanePolicy(self._settings.max_lanes)
+        window, rtt_s = self._settings.lib.path_state(pooled.connection.protocol._quic)
+        wanted = pooled.lanes.wanted(nbytes, window=window, rtt_s=rtt_s, now=time.monotonic())
+        ready = [0]
+        for lane in range(1, wanted):
+            other = (*key[:3], lane)
+            kept = self._pooled.get(other)
+            if kept is not None and kept.alive:
+                ready.append(lane)
+            elif other not in self._opening:
+                self._warm(other)
+        return ready
+
+    def _warm(self, key: Key) -> None:
+        task = asyncio.ensure_future(self._connection(key))
+        self._warming.add(task)
+        task.add_done_callback(self._warmed)
+
+    def _warmed(self, task: asyncio.Task[_Pooled]) -> None:
+        self._warming.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # the next large request tries again
+            logger.debug("QUIC pool: a lane did not open: %s", task.exception())
 
     def _suspect(self, key: Key, pooled: _Pooled, sent_at: float) -> None:
         """A call timed out: is the peer gone (crashed, restarted, unreachable) without a word?"""
@@ -201,7 +244,7 @@ class QuicPool:
             task.exception()  # retrieved: every waiter may have given up before it failed
 
     async def _open(self, key: Key) -> _Pooled:
-        host, port, pin = key
+        host, port, pin, _ = key
         self._counts["handshakes"] += 1
         if key in self._ever_opened:
             self._counts["reconnects"] += 1
@@ -249,7 +292,7 @@ class QuicPool:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        for task in list(self._opening.values()):
+        for task in [*self._opening.values(), *self._warming]:
             task.cancel()
         for pooled in self._pooled.values():
             if pooled.checking is not None:
@@ -260,9 +303,11 @@ class QuicPool:
             await asyncio.gather(*self._closing, return_exceptions=True)
 
     def stats(self) -> dict[str, int]:
-        """Counters since the pool was made, and the connections open now."""
+        """Counters since the pool was made, and the connections open now (`open_lanes`: those beyond
+        each peer's first)."""
         return {
             "open_connections": sum(1 for pooled in self._pooled.values() if pooled.alive),
+            "open_lanes": sum(1 for (*_, lane), pooled in self._pooled.items() if lane and pooled.alive),
             "in_flight": sum(pooled.connection.protocol.in_flight for pooled in self._pooled.values()),
             **{name: self._counts[name] for name in
                ("handshakes", "reconnects", "calls", "cancelled_streams", "failures")},

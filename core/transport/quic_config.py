@@ -17,6 +17,9 @@ from core.transport.udp import datagram_size_for, interface_mtu, route_mtu
 
 ALPN = "tenzro/moe"
 MIB = 1024 * 1024
+# Lanes to one peer at most: a peer door admits 64 connections from one host by default
+# (TENZRO_PEER_MAX_CONNECTIONS_PER_HOST), shared with every other node behind that address.
+MAX_LANES = 32
 
 
 class TransportError(Exception):
@@ -77,8 +80,14 @@ class QuicSettings:
     # quinn-udp, quic_lib._serve_batched); False keeps asyncio's endpoint, one system call each (the
     # benchmark's reference).
     batched_server: bool = True
+    # At most this many connections (lanes) to one peer carry one large request split by rows, when
+    # the request is larger than the first connection's congestion window on a path with no standing
+    # queue (core/transport/lanes.py); 1 = one connection per peer.
+    max_lanes: int = field(default_factory=lambda: _env_int("TENZRO_QUIC_LANES", 16))
 
     def __post_init__(self) -> None:
+        if not 1 <= self.max_lanes <= MAX_LANES:
+            raise ValueError(f"TENZRO_QUIC_LANES must be 1-{MAX_LANES}, got {self.max_lanes}")
         if not 0 <= self.ack_hold_s < quic_lib.MAX_ACK_HOLD_S:
             raise ValueError(f"TENZRO_QUIC_ACK_HOLD_MS must be 0-{quic_lib.MAX_ACK_HOLD_S * 1000 - 1:g} (below the "
                              f"peers' 25 ms max_ack_delay), got {self.ack_hold_s * 1000:g}")
@@ -120,4 +129,5 @@ class QuicSettings:
                 "connection_window": self.connection_window, "stream_window": self.stream_window,
                 "congestion_control": self.congestion_control or self.lib.default_congestion_control
                 or "the library's own",
-                "socket_buffer_bytes": self.socket_buffer_bytes, "ack_hold_ms": self.ack_hold_s * 1000}
+                "socket_buffer_bytes": self.socket_buffer_bytes, "ack_hold_ms": self.ack_hold_s * 1000,
+                "max_lanes": self.max_lanes}

@@ -94,6 +94,17 @@ class QuicLibrary:
         host = str(address[0])
         return (host.removeprefix("::ffff:"), int(address[1]))
 
+    def path_state(self, quic: Any) -> tuple[int | None, float | None]:
+        """(congestion window in bytes, smoothed RTT in seconds) of a connection; None where there is
+        none yet (before the handshake, or before the first acknowledgement). The smoothed RTT, not
+        the latest sample: its samples have the peer's stated ACK delay taken out, and a holder holds
+        a request's ACK while it computes (quic_lib.GuardedTransmit)."""
+        if self.name == "qh3":
+            core = getattr(quic, "_core", None)
+            return (None, None) if core is None else (core.congestion_window, core.smoothed_rtt)
+        recovery = quic._loss
+        return recovery.congestion_window, recovery._rtt_smoothed if recovery._rtt_initialized else None
+
     @property
     def default_congestion_control(self) -> str | None:
         """The controller a configuration gets unless one is named (None: the library's own, fixed)."""

@@ -1,0 +1,98 @@
+"""QuicPool's lanes: more connections to one peer for a request larger than the first one's congestion
+window (core/transport/lanes.py decides how many), opened beside it, never on a request's way."""
+
+import asyncio
+import os
+
+import pytest
+
+from core.transport.pool import QuicPool
+from core.transport.quic import QuicSettings
+from testkit.netem import Impairment, UdpRelay
+from tests.transport.test_pool import Server
+
+# aioquic's own default controller ("tolerant") keeps its window under random loss: the lanes are for
+# loss-based controllers, NewReno there and qh3's fixed one
+CONTROLLERS = {"qh3": "", "aioquic": "reno"}
+DATAGRAM = 1452  # an Ethernet path's, so that a loss costs what it costs there
+
+
+def _lanes(pool: QuicPool, port: int, pin: str, nbytes: int) -> list[int]:
+    return pool.lanes_for(host="127.0.0.1", port=port, pin_sha256=pin, nbytes=nbytes)
+
+
+async def _echo(pool: QuicPool, port: int, pin: str, body: bytes, lane: int = 0) -> None:
+    _, answer = await pool.call(host="127.0.0.1", port=port, pin_sha256=pin, method="echo", params={}, body=body,
+                                timeout_s=30, lane=lane)
+    assert bytes(answer) == body[::-1]
+
+
+@pytest.mark.parametrize("library", ["qh3", "aioquic"])
+def test_a_clean_path_keeps_one_connection(identity, library) -> None:
+    async def scenario():
+        server = await Server(identity, library).start()
+        pool = QuicPool(QuicSettings(max_body=1 << 24, library=library))
+        try:
+            assert _lanes(pool, server.port, identity.cert_sha256, 1 << 20) == [0]  # no connection yet
+            await _echo(pool, server.port, identity.cert_sha256, os.urandom(1 << 20))
+            lanes = _lanes(pool, server.port, identity.cert_sha256, 256 * 1024)
+            await asyncio.sleep(0.2)
+            return lanes, pool.stats()
+        finally:
+            await pool.close()
+            server.stop()
+
+    lanes, stats = asyncio.run(scenario())
+    assert lanes == [0] and stats["open_lanes"] == 0 and stats["handshakes"] == 1
+
+
+@pytest.mark.parametrize("library", ["qh3", "aioquic"])
+def test_a_lossy_path_splits_a_large_request_over_lanes_opened_beside_the_first(identity, library) -> None:
+    async def scenario():
+        server = await Server(identity, library, max_datagram_size=DATAGRAM).start()
+        relay = UdpRelay(listen=("127.0.0.1", 0), target=("127.0.0.1", server.port),
+                         impairment=Impairment(delay_ms=5, loss=0.05), seed=3).start()
+        port, pin = relay.listen[1], identity.cert_sha256
+        pool = QuicPool(QuicSettings(max_body=1 << 24, library=library, max_datagram_size=DATAGRAM,
+                                     congestion_control=CONTROLLERS[library], max_lanes=4))
+        try:
+            body = os.urandom(512 * 1024)
+            await _echo(pool, port, pin, body)  # its window shrinks under the loss
+            first = _lanes(pool, port, pin, len(body))  # only the lane that is open; the others start opening
+            for _ in range(200):
+                if pool.stats()["open_lanes"] == 3:
+                    break
+                await asyncio.sleep(0.05)
+            lanes = _lanes(pool, port, pin, len(body))
+            parts = [body[i::len(lanes)] for i in range(len(lanes))]
+            await asyncio.gather(*(_echo(pool, port, pin, part, lane) for part, lane in zip(parts, lanes, strict=True)))
+            return first, lanes, pool.stats()
+        finally:
+            await pool.close()
+            relay.close()
+            server.stop()
+
+    first, lanes, stats = asyncio.run(scenario())
+    assert first == [0]  # no handshake on the way of the request that asked
+    assert lanes == [0, 1, 2, 3]  # max_lanes: 512 KB is many windows here
+    assert stats["open_lanes"] == 3 and stats["handshakes"] == 4 and stats["failures"] == 0
+
+
+def test_lanes_off_is_one_connection_whatever_the_path(identity) -> None:
+    async def scenario():
+        server = await Server(identity, "qh3", max_datagram_size=DATAGRAM).start()
+        relay = UdpRelay(listen=("127.0.0.1", 0), target=("127.0.0.1", server.port),
+                         impairment=Impairment(delay_ms=5, loss=0.05), seed=3).start()
+        pool = QuicPool(QuicSettings(max_body=1 << 24, library="qh3", max_datagram_size=DATAGRAM, max_lanes=1))
+        try:
+            await _echo(pool, relay.listen[1], identity.cert_sha256, os.urandom(256 * 1024))
+            lanes = _lanes(pool, relay.listen[1], identity.cert_sha256, 1 << 20)
+            await asyncio.sleep(0.2)
+            return lanes, pool.stats()
+        finally:
+            await pool.close()
+            relay.close()
+            server.stop()
+
+    lanes, stats = asyncio.run(scenario())
+    assert lanes == [0] and stats["open_lanes"] == 0
