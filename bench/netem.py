@@ -25,6 +25,8 @@ fresh nodes, so the loss targets are read per transport.
 "RTTs added" = (p50 − clean p50) / ping p50: how many round trips of the path the forward pays
 (one exchange per holder, in parallel, is 1; loss recovery, congestion windows growing from
 their initial size, and hedges add more). Connections are pooled, so no handshake is timed.
+"lanes": the median over the forwards of the most connections one holder's request was split over
+(core/transport/lanes.py: more than one where the request is larger than the congestion window).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -106,6 +109,7 @@ def measure(forward: Forwarder, bodies: dict[str, bytes], want: np.ndarray, repe
     latencies: with the clean path's, hedges fire on every forward of the first lossy condition)."""
     samples: dict[str, list[float]] = {w: [] for w in bodies}
     errors: dict[str, float] = dict.fromkeys(bodies, 0.0)
+    lanes: dict[str, list[int]] = {w: [] for w in bodies}  # per forward: the most lanes a holder's request took
     failures, hedges, retries = 0, 0, 0
     for _ in range(WARMUP):
         for body in bodies.values():
@@ -120,10 +124,11 @@ def measure(forward: Forwarder, bodies: dict[str, bytes], want: np.ndarray, repe
                 continue
             samples[wire].append(seconds * 1e3)
             errors[wire] = max(errors[wire], rel_error(out, want))
+            lanes[wire].append(max((h.get("lanes", 1) for h in stats["holders"]), default=1))
             hedges += stats["hedges_fired"]
             retries += stats["retries"]
     return {"samples_ms": samples, "rel_error": errors, "failures": failures, "hedges_fired": hedges,
-            "retries": retries}
+            "retries": retries, "lanes": lanes}
 
 
 def run(args: argparse.Namespace, work: Path, transport: tuple[str, str]) -> dict[str, Any]:
@@ -188,7 +193,7 @@ def table(results: dict[str, Any]) -> list[dict[str, Any]]:
         ping = c["ping"]
         for wire, samples in c["samples_ms"].items():
             if not samples:
-                rows.append([name, wire, "-", "-", "-", "-", "-", "-", "-", c["failures"], "-", "-"])
+                rows.append([name, wire, "-", "-", "-", "-", "-", "-", "-", c["failures"], "-", "-", "-"])
                 continue
             p50, p99 = percentile(samples, 50), percentile(samples, 99)
             added = (p50 - clean[wire]) / ping["p50_ms"] if ping["p50_ms"] and ping["p50_ms"] > 1 else None
@@ -197,7 +202,8 @@ def table(results: dict[str, Any]) -> list[dict[str, Any]]:
             rows.append([name, wire, ping["p50_ms"], ping["p99_ms"], f"{ping['lost']}/{ping['sent']}", p50, p99,
                          f"{p50 / clean[wire]:.2f}x", "-" if added is None else f"{added:.1f}",
                          f"{bound:.0f} {met}" if name in TARGETED else "-", c["failures"],
-                         f"{c['rel_error'][wire]:.1e}", f"{c['hedges_fired']}/{c['retries']}"])
+                         f"{c['rel_error'][wire]:.1e}", f"{c['hedges_fired']}/{c['retries']}",
+                         f"{statistics.median(c['lanes'][wire]):g}"])
             if name != "clean (relays pass through)":
                 heads.append(headline(f"forward p50, {TOKENS} tokens, {wire} wire, {name}, {results['transport']}",
                                       p50, "ms",
@@ -216,7 +222,7 @@ def table(results: dict[str, Any]) -> list[dict[str, Any]]:
         f"{TOKENS} tokens, "
         f"{results['repeats']} forwards per wire per condition); ms; RTTs added = (p50 - clean p50) / ping p50",
         ["condition", "wire", "ping p50", "ping p99", "ping lost", "forward p50", "forward p99", "/clean",
-         "RTTs added", "target (ms) met", "failed", "rel error (max)", "hedges/retries"], rows)
+         "RTTs added", "target (ms) met", "failed", "rel error (max)", "hedges/retries", "lanes"], rows)
     heads.append(headline(f"forwards failed, all conditions, {results['transport']}",
                           sum(c["failures"] for c in conditions.values()), "forwards", target="0"))
     heads.append(headline(f"relative error of f32-wire forwards, worst of all conditions, {results['transport']}",

@@ -190,7 +190,8 @@ class InstantHolders:
         await asyncio.sleep(0)  # the answer comes in a later turn of the loop, as off the wire
         return Answer(rows, transport="quic", compute_s=0.0)
 
-    async def many(self, holder: Any, layer: int, calls: list[tuple[int, np.ndarray, np.ndarray]]) -> list[Answer]:
+    async def many(self, holder: Any, layer: int, calls: list[tuple[int, np.ndarray, np.ndarray]],
+                   lane: int = 0) -> list[Answer]:
         await asyncio.sleep(0)
         return [Answer(rows, transport="quic", compute_s=0.0, request=id(calls)) for _, rows, _ in calls]
 

@@ -73,6 +73,8 @@ class HolderForwardStats(Out):
     compute_ms: float | None = Field(None, description="The compute_ms its accepted batches' answers reported, "
                                                        "summed (null when none reported it).")
     receipts: int = Field(description="Its batches accepted with a verified receipt (0 for this node's own).")
+    lanes: int = Field(1, description="The QUIC connections its requests were split over (more than 1 where a "
+                                      "request was larger than the congestion window of a lossy path).")
 
 
 class ForwardFailure(Out):

@@ -100,6 +100,14 @@ def codec_for(holder: ProviderView, preferred: tuple[str, ...]) -> str:
     return next((c for c in preferred if c in holder.activation_codecs), "f32")
 
 
+def _quic_address(holder: ProviderView) -> tuple[str, int] | None:
+    """(host, port) of the holder's QUIC door, when its record pins a certificate for it."""
+    if not (holder.quic_endpoint and holder.quic_cert_sha256):
+        return None
+    host, _, port = holder.quic_endpoint.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 class HolderCaller:
     def __init__(self, *, self_id: str, model_id: str, d_model: int, run_local: RunLocal, pool: QuicPool,
                  http: httpx.AsyncClient, codecs: tuple[str, ...], codec_executor: Executor,
@@ -125,6 +133,16 @@ class HolderCaller:
         """Batches for `holder` started in one turn travel as one multi-expert request."""
         return self._gather_batches and holder.execute_batches and holder.provider_id != self.self_id
 
+    def lanes(self, holder: ProviderView, rows: int) -> list[int]:
+        """The QUIC connection lanes a request of `rows` rows each way to `holder` may be split over now
+        (QuicPool.lanes_for); [0] over HTTP."""
+        address = _quic_address(holder)
+        if address is None:
+            return [0]
+        nbytes = rows * encoded_row_bytes(codec_for(holder, self._codecs), self.d_model)
+        return self._pool.lanes_for(host=address[0], port=address[1], pin_sha256=holder.quic_cert_sha256,
+                                    nbytes=nbytes)
+
     async def __call__(self, holder: ProviderView, layer: int, expert: int, rows: np.ndarray,
                        tokens: np.ndarray) -> Answer:
         if holder.provider_id == self.self_id:
@@ -149,15 +167,15 @@ class HolderCaller:
             return func(*args)
         return await asyncio.get_running_loop().run_in_executor(self._codec_executor, func, *args)
 
-    async def _request(self, holder: ProviderView, params: dict[str, Any], body: bytes
+    async def _request(self, holder: ProviderView, params: dict[str, Any], body: bytes, lane: int = 0
                        ) -> tuple[dict[str, Any], bytes | bytearray, str]:
-        """One moe/execute to `holder`: over QUIC when its record pins a certificate, else HTTP."""
-        if holder.quic_endpoint and holder.quic_cert_sha256:
-            host, _, port = holder.quic_endpoint.rpartition(":")
+        """One moe/execute to `holder`: over QUIC (its `lane`th connection) when its record pins a
+        certificate, else HTTP."""
+        if (address := _quic_address(holder)) is not None:
             try:
-                result, answer = await self._pool.call(host=host.strip("[]"), port=int(port),
+                result, answer = await self._pool.call(host=address[0], port=address[1],
                                                        pin_sha256=holder.quic_cert_sha256, method="moe/execute",
-                                                       params=params, body=body, timeout_s=self._timeout_s)
+                                                       params=params, body=body, timeout_s=self._timeout_s, lane=lane)
             except TransportError as exc:
                 raise error_for_reason(exc.reason, f"{holder.provider_id[:16]}… over QUIC: {exc}") from exc
             except (ValueError, RuntimeError, AssertionError) as exc:  # the QUIC library's own refusals
@@ -196,11 +214,11 @@ class HolderCaller:
         if not group.abandoned():
             group.task = asyncio.ensure_future(self._serve_gathered(group))
 
-    async def many(self, holder: ProviderView, layer: int,
-                   calls: list[tuple[int, np.ndarray, np.ndarray]]) -> list[Answer]:
+    async def many(self, holder: ProviderView, layer: int, calls: list[tuple[int, np.ndarray, np.ndarray]],
+                   lane: int = 0) -> list[Answer]:
         """The engine's own gathering: every (expert, rows, tokens) of a wave's batches for `holder` (one
-        that `gathers`) in one multi-expert request, answered in order."""
-        return await self._call_batches(holder, layer, calls)
+        that `gathers`) in one multi-expert request on connection lane `lane`, answered in order."""
+        return await self._call_batches(holder, layer, calls, lane)
 
     async def _serve_gathered(self, group: _Gathered) -> None:
         calls = [c for c in group.calls if not c[3].done()]
@@ -220,7 +238,7 @@ class HolderCaller:
                 future.set_result(answer)
 
     async def _call_batches(self, holder: ProviderView, layer: int,
-                            calls: list[tuple[int, np.ndarray, np.ndarray]]) -> list[Answer]:
+                            calls: list[tuple[int, np.ndarray, np.ndarray]], lane: int = 0) -> list[Answer]:
         """One multi-expert moe/execute for `calls` [(expert, rows f32 [n_i, d], tokens int64 [n_i])]:
         each token's row once in the carrier, each batch's rows named by position."""
         codec = codec_for(holder, self._codecs)
@@ -230,7 +248,7 @@ class HolderCaller:
         params = {"model_id": self.model_id, "layer": layer, "d_model": self.d_model, "tokens": len(carrier),
                   "encoding": codec, "token_indices": token_indices, "receipt_topk": self._topk,
                   "batches": [{"expert": e, "rows": rows} for e, rows in batches]}
-        result, answer, transport = await self._request(holder, params, body)
+        result, answer, transport = await self._request(holder, params, body, lane)
         expect = ExpectedBatches(holder.provider_id, self.model_id, layer, token_indices, self.d_model, codec,
                                  blake3_hex(body), codec, self._topk, batches)
         n_rows = sum(len(rows) for _, rows in batches)

@@ -13,7 +13,9 @@ logic runs in unit tests with holders that fail, hang or answer late on purpose.
 * The batches of a holder that `gathers` go out as one request (`execute.many`) and are served by
   one attempt while it goes well: one task and one timer per holder, not per batch. When that
   request fails, each of its batches fails over on its own; when it stalls, each races its backup
-  against it, and it is cancelled once no batch waits for it.
+  against it, and it is cancelled once no batch waits for it. A request larger than its connection's
+  congestion window on a lossy path goes as several, split by token, one per connection lane the
+  executor offers (`execute.lanes`, apps/forward/lanes.py), each served as such a request.
 * A batch walks its holders warm-first (the primary, then the plan's ordered backups). A
   primary that stalls — slower than its own p95 for batches of that size (hedging.py) — is
   raced by the next holder; the first answer wins and the other attempt is cancelled (its
@@ -38,6 +40,7 @@ import numpy as np
 
 from apps.forward.combine import StreamingCombine
 from apps.forward.hedging import LatencyBook
+from apps.forward.lanes import split_by_tokens
 from apps.forward.report import Answer, Failure, ForwardReport, HolderStats
 from core.errors import TenzroError
 from core.shardmap.gossip_view import ProviderView
@@ -56,10 +59,16 @@ class BatchExecutor(Protocol):
         moe/execute): they need no in-flight slot each, since they cost one request per holder."""
         ...
 
-    async def many(self, holder: ProviderView, layer: int,
-                   calls: list[tuple[int, np.ndarray, np.ndarray]]) -> list[Answer]:
+    async def many(self, holder: ProviderView, layer: int, calls: list[tuple[int, np.ndarray, np.ndarray]],
+                   lane: int = 0) -> list[Answer]:
         """One request to a holder that `gathers`: each (expert, rows, tokens) of `layer`, answered in
-        order; raise TenzroError when the request fails (every batch in it fails with it)."""
+        order, on the transport's `lane`th connection to it; raise TenzroError when the request fails
+        (every batch in it fails with it)."""
+        ...
+
+    def lanes(self, holder: ProviderView, rows: int) -> list[int]:
+        """Optional. The lanes a request of `rows` rows to `holder` may be split over now (the
+        transport's connections to it, core/transport/lanes.py); [0]: keep it whole."""
         ...
 
 
@@ -138,8 +147,9 @@ async def run_forward(
             else:
                 singles.append((batch, pairs))
         await asyncio.gather(
-            *(_serve_request(items, combine, hidden, execute, book, limits, report, in_flight,
-                             size=request_rows[pid]) for (pid, _), items in requests.items()),
+            *(_serve_request(part, combine, hidden, execute, book, limits, report, in_flight, size=size, lane=lane)
+              for (pid, _), items in requests.items()
+              for lane, part, size in _lanes(items, request_rows[pid], combine, execute)),
             *(_serve_batch(batch, pairs, combine, hidden, execute, book, limits, report, in_flight,
                            gathered=False, size=len(pairs)) for batch, pairs in singles))
         if len(report.failures) == failures_before:
@@ -147,9 +157,21 @@ async def run_forward(
     return report
 
 
+def _lanes(items: list[tuple[Batch, np.ndarray]], size: int, combine: StreamingCombine, execute: BatchExecutor
+           ) -> list[tuple[int, list[tuple[Batch, np.ndarray]], int]]:
+    """[(lane, items, rows)]: a holder's request of `size` rows, split by token over the lanes its
+    executor offers for that size (apps/forward/lanes.py), or whole on lane 0."""
+    offered = getattr(execute, "lanes", None)
+    lanes = offered(items[0][0].provider, size) if offered is not None else [0]
+    if len(lanes) <= 1:
+        return [(0, items, size)]
+    parts = split_by_tokens(items, combine.tokens, len(lanes))
+    return [(lane, part, sum(len(pairs) for _, pairs in part)) for lane, part in zip(lanes, parts, strict=False)]
+
+
 async def _serve_request(items: list[tuple[Batch, np.ndarray]], combine: StreamingCombine, hidden: np.ndarray,
                          execute: BatchExecutor, book: LatencyBook, limits: ForwardLimits, report: ForwardReport,
-                         in_flight: asyncio.Semaphore, *, size: int) -> None:
+                         in_flight: asyncio.Semaphore, *, size: int, lane: int = 0) -> None:
     """The batches `items` of one layer whose primary takes them as one request of `size` rows: one
     attempt for all of them while it goes well (a decode step's common case: one task and one timer
     per holder, not per batch). When the request fails, each batch fails over on its own; when it
@@ -164,7 +186,7 @@ async def _serve_request(items: list[tuple[Batch, np.ndarray]], combine: Streami
     pushed_back = 0
     while True:
         started = time.monotonic()
-        shared = asyncio.ensure_future(_attempt_many(execute, holder, layer, calls, limits.attempt_timeout_s))
+        shared = asyncio.ensure_future(_attempt_many(execute, holder, layer, calls, limits.attempt_timeout_s, lane))
         after = book.hedge_after_s(holder.provider_id, size) if hedgeable else None
         try:
             done, _ = await asyncio.wait((shared,), timeout=after)
@@ -193,6 +215,7 @@ async def _serve_request(items: list[tuple[Batch, np.ndarray]], combine: Streami
         elapsed = time.monotonic() - started
         book.record(holder.provider_id, size, elapsed)
         stats = report.holder(holder.provider_id)
+        stats.lanes.add(lane)
         for (_, pairs), answer in zip(items, answers, strict=True):
             _credit(stats, answer, len(pairs), elapsed)
             combine.add(pairs, answer.rows)
@@ -200,9 +223,9 @@ async def _serve_request(items: list[tuple[Batch, np.ndarray]], combine: Streami
 
 
 async def _attempt_many(execute: BatchExecutor, holder: ProviderView, layer: int,
-                        calls: list[tuple[int, np.ndarray, np.ndarray]], timeout_s: float) -> list[Answer]:
+                        calls: list[tuple[int, np.ndarray, np.ndarray]], timeout_s: float, lane: int) -> list[Answer]:
     async with asyncio.timeout(timeout_s):
-        answers = await execute.many(holder, layer, calls)
+        answers = await execute.many(holder, layer, calls, lane)
     if len(answers) != len(calls):
         raise TenzroError(f"{len(answers)} answers to a request of {len(calls)} batches", reason="bad_answer")
     return answers

@@ -52,6 +52,7 @@ class HolderStats:
     computes_s: list[float] = field(default_factory=list)  # the compute each answer reported (compute_ms)
     failures: int = 0
     receipts: list[Any] = field(default_factory=list)  # the verified receipts of the batches it won
+    lanes: set[int] = field(default_factory=set)  # the connection lanes its requests' answers came over
 
     def to_dict(self) -> dict[str, object]:
         # statistics, not numpy: a decode step's holder has a sample or a few, where numpy's call
@@ -64,7 +65,7 @@ class HolderStats:
                 "overhead_ms_median": round(statistics.median(self.overheads_s) * 1000.0, 3)
                 if self.overheads_s else None,
                 "compute_ms": round(sum(self.computes_s) * 1000.0, 3) if self.computes_s else None,
-                "receipts": len(self.receipts)}
+                "receipts": len(self.receipts), "lanes": len(self.lanes) or (1 if self.batches else 0)}
 
 
 @dataclass

@@ -98,3 +98,27 @@ def test_the_forward_stays_correct_under_delay_jitter_and_loss(setup, impairment
           f"relays: {after.received - before.received} datagrams, {after.lost - before.lost} lost")
     assert after.received > before.received  # the forwards' datagrams did cross the relays
     assert ping.percentile(50) >= 2 * impairment.delay_ms * 0.8  # the relay adds what it says
+
+
+def test_a_large_forward_over_a_lossy_path_is_split_over_lanes_and_stays_exact(setup) -> None:
+    """512 tokens' f32 rows to a holder are many congestion windows on a lossy 30 ms path: the router
+    splits them by token over more QUIC connections to that holder (docs/protocol.md, "Lanes"),
+    opened in the background after the first such forward asks."""
+    network, local = setup
+    a = network.nodes[0]
+    network.set(LOSSY)
+    rng = np.random.default_rng(512)
+    lanes = []
+    for _ in range(4):
+        hidden = rng.standard_normal((512, D_MODEL)).astype(np.float32)
+        answer = a.rpc("tenzro_moeForward", {"model_id": MODEL, "d_model": D_MODEL, "hidden": b64(hidden.tobytes()),
+                                             "wire": "f32"}, timeout=120)
+        assert "result" in answer, answer
+        result = answer["result"]
+        out = np.frombuffer(base64.b64decode(result["output"]), dtype="<f4").reshape(512, D_MODEL)
+        want = local.forward_local(model_id=MODEL, layer=0, hidden=hidden)
+        assert float(np.linalg.norm(out - want) / np.linalg.norm(want)) < 1e-5
+        assert result["missing"] == []
+        lanes.append(max(h["lanes"] for h in result["stats"]["holders"]))
+    print(f"\nlanes per forward (the most of one holder): {lanes}")
+    assert max(lanes[1:]) > 1
