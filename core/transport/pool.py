@@ -39,6 +39,11 @@ Key = tuple[str, int, str, int]  # host, port, certificate pin (lowercase hex), 
 # acknowledge a PING before its connection is dropped. Any live peer acknowledges within a few
 # round trips, whatever its handler is doing.
 PING_TIMEOUT_S = 1.0
+# A lane that did not open, or died, is not tried again for this long: a peer refusing more
+# connections from this host (its door's limit) must not see a handshake for every large request.
+LANE_RETRY_S = 30.0
+# How long a new lane has to acknowledge its first PING (it is not on any request's way).
+LANE_PROOF_TIMEOUT_S = 3.0
 
 
 @dataclass
@@ -50,6 +55,9 @@ class _Pooled:
     last_used: float = field(default_factory=time.monotonic)
     checking: asyncio.Task[None] | None = None  # the liveness check after a timed-out call
     lanes: LanePolicy | None = None  # lane 0's: how many lanes this peer's large requests take
+    # Answered a PING or a call: a door over its connection limit closes a new connection right
+    # after its handshake, so a lane opened in the background is offered only once proven.
+    proven: bool = True
 
     @property
     def alive(self) -> bool:
@@ -77,7 +85,8 @@ class QuicPool:
         self._opening: dict[Key, asyncio.Task[_Pooled]] = {}
         self._ever_opened: set[Key] = set()
         self._closing: set[asyncio.Task[None]] = set()
-        self._warming: set[asyncio.Task[_Pooled]] = set()  # lanes opening for the next large request
+        self._warming: set[asyncio.Task[None]] = set()  # lanes opening for the next large request
+        self._lane_retry_at: dict[Key, float] = {}  # lanes that failed: not opened again before then
         self._reaper: asyncio.Task[None] | None = None
         self._closed = False
         self._counts: collections.Counter[str] = collections.Counter()
@@ -116,6 +125,7 @@ class QuicPool:
                             raise
                         finally:
                             pooled.last_used = time.monotonic()
+            pooled.proven = True
             return result_of(frame)
         except TimeoutError as exc:
             self._counts["failures"] += 1
@@ -175,25 +185,42 @@ class QuicPool:
             pooled.lanes = LanePolicy(self._settings.max_lanes)
         window, rtt_s = self._settings.lib.path_state(pooled.connection.protocol._quic)
         wanted = pooled.lanes.wanted(nbytes, window=window, rtt_s=rtt_s, now=time.monotonic())
-        ready = [0]
+        ready, now = [0], time.monotonic()
         for lane in range(1, wanted):
             other = (*key[:3], lane)
             kept = self._pooled.get(other)
             if kept is not None and kept.alive:
-                ready.append(lane)
-            elif other not in self._opening:
+                if kept.proven:
+                    ready.append(lane)
+                continue
+            if kept is not None:  # it died (closed by the peer, or by its door's connection limit)
+                self._drop(other, kept, why=kept.connection.protocol.terminated or "terminated")
+                self._lane_retry_at[other] = now + LANE_RETRY_S
+            if other not in self._opening and now >= self._lane_retry_at.get(other, 0.0):
                 self._warm(other)
         return ready
 
     def _warm(self, key: Key) -> None:
-        task = asyncio.ensure_future(self._connection(key))
+        task = asyncio.ensure_future(self._open_lane(key))
         self._warming.add(task)
-        task.add_done_callback(self._warmed)
+        task.add_done_callback(lambda done: self._warmed(key, done))
 
-    def _warmed(self, task: asyncio.Task[_Pooled]) -> None:
+    async def _open_lane(self, key: Key) -> None:
+        pooled = await self._connection(key)
+        if pooled.proven:
+            return
+        try:
+            await pooled.connection.protocol.ping_within(LANE_PROOF_TIMEOUT_S)
+        except (TimeoutError, ConnectionError):
+            self._drop(key, pooled, why="a new lane did not answer its first PING")
+            raise
+        pooled.proven = pooled.alive
+
+    def _warmed(self, key: Key, task: asyncio.Task[None]) -> None:
         self._warming.discard(task)
-        if not task.cancelled() and task.exception() is not None:  # the next large request tries again
-            logger.debug("QUIC pool: a lane did not open: %s", task.exception())
+        if not task.cancelled() and task.exception() is not None:
+            self._lane_retry_at[key] = time.monotonic() + LANE_RETRY_S
+            logger.debug("QUIC pool: lane %d to %s:%d did not open: %s", key[3], key[0], key[1], task.exception())
 
     def _suspect(self, key: Key, pooled: _Pooled, sent_at: float) -> None:
         """A call timed out: is the peer gone (crashed, restarted, unreachable) without a word?"""
@@ -254,7 +281,7 @@ class QuicPool:
         if self._closed:
             await connection.close()
             raise TransportError("connection_closed", "the QUIC pool is closed")
-        pooled = self._pooled[key] = _Pooled(connection, asyncio.Semaphore(self._max_streams))
+        pooled = self._pooled[key] = _Pooled(connection, asyncio.Semaphore(self._max_streams), proven=not key[3])
         return pooled
 
     def _drop(self, key: Key, pooled: _Pooled, *, why: str) -> None:
@@ -304,10 +331,10 @@ class QuicPool:
 
     def stats(self) -> dict[str, int]:
         """Counters since the pool was made, and the connections open now (`open_lanes`: those beyond
-        each peer's first)."""
+        each peer's first, once proven)."""
         return {
             "open_connections": sum(1 for pooled in self._pooled.values() if pooled.alive),
-            "open_lanes": sum(1 for (*_, lane), pooled in self._pooled.items() if lane and pooled.alive),
+            "open_lanes": sum(1 for (*_, lane), p in self._pooled.items() if lane and p.alive and p.proven),
             "in_flight": sum(pooled.connection.protocol.in_flight for pooled in self._pooled.values()),
             **{name: self._counts[name] for name in
                ("handshakes", "reconnects", "calls", "cancelled_streams", "failures")},
