@@ -31,6 +31,8 @@ FORWARDS = Counter("tenzro_forwards", "Distributed forwards on this router, by o
                    ["outcome"])
 FORWARD_BATCHES = Counter("tenzro_forward_batches", "Batches a forward dispatched and got answered, by transport "
                           "(local, quic, http)", ["transport"])
+FORWARD_LANE_PARTS = Counter("tenzro_forward_lane_parts", "Parts of holders' requests that forwards split over "
+                             "QUIC lanes (a request larger than its connection's congestion window on a lossy path)")
 HOLDER_FAILURES = Counter("tenzro_holder_failures", "Failed attempts of a forward's batches, by reason", ["reason"])
 RECEIPTS = Counter("tenzro_receipts", "Receipts: signed (as holder), verified and rejected (as router)", ["event"])
 DISPUTES = Counter("tenzro_disputes", "Disputes: opened, upheld, dismissed", ["event"])

@@ -310,6 +310,8 @@ def _count(report: ForwardReport) -> None:
     for holder in report.holders.values():
         if holder.batches:
             metrics.FORWARD_BATCHES.labels(holder.transport or "local").inc(holder.batches)
+        if len(holder.lanes) > 1:
+            metrics.FORWARD_LANE_PARTS.inc(len(holder.lanes))
         if holder.receipts:
             metrics.RECEIPTS.labels("verified").inc(len(holder.receipts))
     for failure in report.failures:

@@ -63,17 +63,19 @@ def test_a_forward_report_counts_batches_failures_and_receipts() -> None:
     report = ForwardReport()
     report.holders["a"] = HolderStats("a", transport="quic", batches=3, receipts=[object(), object(), object()])
     report.holders["b"] = HolderStats("b", transport="", batches=2)  # this node's own work
+    report.holders["e"] = HolderStats("e", transport="quic", batches=4, lanes={0, 1, 3})  # split over 3 lanes
     report.failures += [Failure("c", "timeout", "", 0, 1, 4), Failure("c", "bad_receipt", "", 0, 2, 4),
                         Failure("d", "reason-a-holder-made-up", "", 0, 3, 4)]
     names = [("tenzro_forward_batches_total", {"transport": "quic"}),
              ("tenzro_forward_batches_total", {"transport": "local"}),
              ("tenzro_holder_failures_total", {"reason": "timeout"}),
              ("tenzro_holder_failures_total", {"reason": "other"}),
-             ("tenzro_receipts_total", {"event": "verified"}), ("tenzro_receipts_total", {"event": "rejected"})]
+             ("tenzro_receipts_total", {"event": "verified"}), ("tenzro_receipts_total", {"event": "rejected"}),
+             ("tenzro_forward_lane_parts_total", {})]
     before = [sample(n, **labels) for n, labels in names]
     _count(report)
     after = [sample(n, **labels) for n, labels in names]
-    assert [b - a for a, b in zip(before, after, strict=True)] == [3, 2, 1, 1, 3, 1]
+    assert [b - a for a, b in zip(before, after, strict=True)] == [7, 2, 1, 1, 3, 1, 3]
     assert reason_label("stalled") == "stalled" and reason_label(None) == "other"
 
 
