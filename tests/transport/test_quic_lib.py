@@ -33,6 +33,16 @@ def test_knobs_come_from_the_environment(monkeypatch) -> None:
         QuicSettings(max_body=1)
 
 
+def test_lanes_come_from_the_environment_within_what_a_peer_door_admits(monkeypatch) -> None:
+    assert QuicSettings(max_body=1).max_lanes == 16
+    monkeypatch.setenv("TENZRO_QUIC_LANES", "1")
+    assert QuicSettings(max_body=1).max_lanes == 1
+    for bad in ("0", "33"):
+        monkeypatch.setenv("TENZRO_QUIC_LANES", bad)
+        with pytest.raises(ValueError, match="TENZRO_QUIC_LANES must be 1-32"):
+            QuicSettings(max_body=1)
+
+
 def test_aioquic_offers_congestion_controls_and_refuses_unknown_ones() -> None:
     settings = QuicSettings(max_body=1, library="aioquic", congestion_control="cubic")
     assert settings.configuration(is_client=True, datagram_size=1200).congestion_control_algorithm == "cubic"
