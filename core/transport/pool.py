@@ -184,8 +184,9 @@ class QuicPool:
         if pooled.lanes is None:
             pooled.lanes = LanePolicy(self._settings.max_lanes)
         window, rtt_s = self._settings.lib.path_state(pooled.connection.protocol._quic)
-        wanted = pooled.lanes.wanted(nbytes, window=window, rtt_s=rtt_s, now=time.monotonic())
-        ready, now = [0], time.monotonic()
+        now = time.monotonic()
+        wanted = pooled.lanes.wanted(nbytes, window=window, rtt_s=rtt_s, now=now)
+        ready = [0]
         for lane in range(1, wanted):
             other = (*key[:3], lane)
             kept = self._pooled.get(other)
