@@ -2,6 +2,7 @@
 window (core/transport/lanes.py decides how many), opened beside it, never on a request's way."""
 
 import asyncio
+import contextlib
 import os
 
 import pytest
@@ -17,6 +18,18 @@ from tests.transport.test_pool import Server, _free_udp_port
 # loss-based controllers, NewReno there and qh3's fixed one
 CONTROLLERS = {"qh3": "", "aioquic": "reno"}
 DATAGRAM = 1452  # an Ethernet path's, so that a loss costs what it costs there
+LOSSY = Impairment(delay_ms=5, loss=0.05)
+
+
+@contextlib.asynccontextmanager
+async def _lossy_path(pool: QuicPool, server_port: int):
+    """A relay with LOSSY in front of `server_port`: yields the relay's port; closes the pool and the relay."""
+    relay = UdpRelay(listen=("127.0.0.1", 0), target=("127.0.0.1", server_port), impairment=LOSSY, seed=3).start()
+    try:
+        yield relay.listen[1]
+    finally:
+        await pool.close()
+        relay.close()
 
 
 def _lanes(pool: QuicPool, port: int, pin: str, nbytes: int) -> list[int]:
@@ -52,27 +65,27 @@ def test_a_clean_path_keeps_one_connection(identity, library) -> None:
 def test_a_lossy_path_splits_a_large_request_over_lanes_opened_beside_the_first(identity, library) -> None:
     async def scenario():
         server = await Server(identity, library, max_datagram_size=DATAGRAM).start()
-        relay = UdpRelay(listen=("127.0.0.1", 0), target=("127.0.0.1", server.port),
-                         impairment=Impairment(delay_ms=5, loss=0.05), seed=3).start()
-        port, pin = relay.listen[1], identity.cert_sha256
+        pin = identity.cert_sha256
         pool = QuicPool(QuicSettings(max_body=1 << 24, library=library, max_datagram_size=DATAGRAM,
                                      congestion_control=CONTROLLERS[library], max_lanes=4))
         try:
-            body = os.urandom(512 * 1024)
-            await _echo(pool, port, pin, body)  # its window shrinks under the loss
-            first = _lanes(pool, port, pin, len(body))  # only the lane that is open; the others start opening
-            for _ in range(200):
-                if pool.stats()["open_lanes"] == 3:
-                    break
-                await asyncio.sleep(0.05)
-            lanes = _lanes(pool, port, pin, len(body))
-            parts = [body[i::len(lanes)] for i in range(len(lanes))]
-            await asyncio.gather(*(_echo(pool, port, pin, part, lane) for part, lane in zip(parts, lanes, strict=True)))
-            return first, lanes, pool.stats()
+            async with _lossy_path(pool, server.port) as port:
+                return await split(pool, port, pin)
         finally:
-            await pool.close()
-            relay.close()
             server.stop()
+
+    async def split(pool, port, pin):
+        body = os.urandom(512 * 1024)
+        await _echo(pool, port, pin, body)  # its window shrinks under the loss
+        first = _lanes(pool, port, pin, len(body))  # only the lane that is open; the others start opening
+        for _ in range(200):
+            if pool.stats()["open_lanes"] == 3:
+                break
+            await asyncio.sleep(0.05)
+        lanes = _lanes(pool, port, pin, len(body))
+        parts = [body[i::len(lanes)] for i in range(len(lanes))]
+        await asyncio.gather(*(_echo(pool, port, pin, part, lane) for part, lane in zip(parts, lanes, strict=True)))
+        return first, lanes, pool.stats()
 
     first, lanes, stats = asyncio.run(scenario())
     assert first == [0]  # no handshake on the way of the request that asked
@@ -85,17 +98,14 @@ def test_a_lossy_path_splits_a_large_request_over_lanes_opened_beside_the_first(
 def test_lanes_off_is_one_connection_whatever_the_path(identity) -> None:
     async def scenario():
         server = await Server(identity, "qh3", max_datagram_size=DATAGRAM).start()
-        relay = UdpRelay(listen=("127.0.0.1", 0), target=("127.0.0.1", server.port),
-                         impairment=Impairment(delay_ms=5, loss=0.05), seed=3).start()
         pool = QuicPool(QuicSettings(max_body=1 << 24, library="qh3", max_datagram_size=DATAGRAM, max_lanes=1))
         try:
-            await _echo(pool, relay.listen[1], identity.cert_sha256, os.urandom(256 * 1024))
-            lanes = _lanes(pool, relay.listen[1], identity.cert_sha256, 1 << 20)
-            await asyncio.sleep(0.2)
-            return lanes, pool.stats()
+            async with _lossy_path(pool, server.port) as port:
+                await _echo(pool, port, identity.cert_sha256, os.urandom(256 * 1024))
+                lanes = _lanes(pool, port, identity.cert_sha256, 1 << 20)
+                await asyncio.sleep(0.2)
+                return lanes, pool.stats()
         finally:
-            await pool.close()
-            relay.close()
             server.stop()
 
     lanes, stats = asyncio.run(scenario())
@@ -114,21 +124,18 @@ def test_a_peer_refusing_more_connections_keeps_the_request_on_one_and_is_not_as
         server = await start_server(host="127.0.0.1", port=port, cert_path=str(identity.cert_path),
                                     key_path=str(identity.cert_key_path), handler=echo, settings=settings,
                                     limits=PeerLimits(max_body=1 << 24, max_connections_per_host=1))
-        relay = UdpRelay(listen=("127.0.0.1", 0), target=("127.0.0.1", port),
-                         impairment=Impairment(delay_ms=5, loss=0.05), seed=3).start()
         pool = QuicPool(QuicSettings(max_body=1 << 24, library="qh3", max_datagram_size=DATAGRAM, max_lanes=2))
         try:
-            body = os.urandom(512 * 1024)
-            await _echo(pool, relay.listen[1], identity.cert_sha256, body)
-            asked = []
-            for _ in range(40):  # a large request every 50 ms for 2 s
-                asked.append(_lanes(pool, relay.listen[1], identity.cert_sha256, len(body)))
-                await asyncio.sleep(0.05)
-            await _echo(pool, relay.listen[1], identity.cert_sha256, body)  # the first connection still serves
-            return asked, pool.stats()
+            async with _lossy_path(pool, port) as relayed:
+                body = os.urandom(512 * 1024)
+                await _echo(pool, relayed, identity.cert_sha256, body)
+                asked = []
+                for _ in range(40):  # a large request every 50 ms for 2 s
+                    asked.append(_lanes(pool, relayed, identity.cert_sha256, len(body)))
+                    await asyncio.sleep(0.05)
+                await _echo(pool, relayed, identity.cert_sha256, body)  # the first connection still serves
+                return asked, pool.stats()
         finally:
-            await pool.close()
-            relay.close()
             server.close()
 
     asked, stats = asyncio.run(scenario())
