@@ -25,7 +25,9 @@ step's request never gets that far). It stays on one when
   changed meanwhile would read as a queue for the signal's whole base window);
 * `max_lanes` is 1 (TENZRO_QUIC_LANES=1, the setting off).
 
-Imports no QUIC library: the pool (pool.py) reads the window and the RTT from its connection.
+Imports no QUIC library: the pool (pool.py) reads the window and the RTT from its connection, the
+window being the smaller of its own and the one the peer stated on its last large answer (the
+answer of a multi-expert request, several times the request, comes in the peer's window).
 """
 
 from __future__ import annotations

@@ -183,7 +183,11 @@ class QuicPool:
             return [0]
         if pooled.lanes is None:
             pooled.lanes = LanePolicy(self._settings.max_lanes)
-        window, rtt_s = self._settings.lib.path_state(pooled.connection.protocol._quic)
+        protocol = pooled.connection.protocol
+        window, rtt_s = self._settings.lib.path_state(protocol._quic)
+        if window is not None and protocol.peer_window is not None:
+            # the answer comes in the peer's window: a multi-expert answer is several times its request
+            window = min(window, protocol.peer_window)
         now = time.monotonic()
         wanted = pooled.lanes.wanted(nbytes, window=window, rtt_s=rtt_s, now=now)
         ready = [0]

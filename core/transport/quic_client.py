@@ -47,6 +47,9 @@ class _ClientConnection(quic_lib.GuardedTransmit):
         self._waiters: dict[int, tuple[FrameDecoder, asyncio.Future[Frame]]] = {}
         self.terminated: str | None = None  # why the connection ended, once it has
         self.last_received = time.monotonic()  # any datagram from the peer: it is alive
+        # The server's congestion window toward us, as its last large answer stated it (`window`,
+        # docs/protocol.md "Frame"); None until one did.
+        self.peer_window: int | None = None
 
     # -- asyncio ------------------------------------------------------------------------------
 
@@ -181,6 +184,9 @@ class _ClientConnection(quic_lib.GuardedTransmit):
                 return
             for frame in frames:
                 if not future.done() and frame.kind == KIND_RESPONSE:
+                    window = frame.header.get("window")
+                    if type(window) is int and window > 0:
+                        self.peer_window = window
                     future.set_result(frame)
         elif isinstance(event, events.StreamReset):
             waiter = self._waiters.get(event.stream_id)

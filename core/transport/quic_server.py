@@ -30,7 +30,8 @@ from typing import Any
 from core import metrics
 from core.transport import quic_lib
 from core.transport.admission import PeerAdmission, PeerLimits, PeerTable, peer_key
-from core.transport.framing import KIND_REQUEST, Frame, FrameDecoder, FramingError, Reply
+from core.transport.framing import KIND_REQUEST, Frame, FrameDecoder, FramingError, Reply, byte_view
+from core.transport.lanes import MIN_LANE_BYTES
 from core.transport.quic_config import QuicSettings
 from core.transport.udp import tune_socket
 
@@ -266,9 +267,19 @@ class _ServerConnection(quic_lib.GuardedTransmit):
             reply = Reply.error("internal_error", f"internal error in {method}")
         self._send(stream_id, reply)
 
+    def _with_window(self, reply: Reply) -> Reply:
+        """`reply` with this connection's congestion window in its header (`window`, bytes) when its
+        body is one a router may split over lanes (2 x MIN_LANE_BYTES or more): the answer of a
+        multi-expert request is several times its request, and the window it goes out in is this
+        side's, which the router cannot read off its own connection (core/transport/lanes.py)."""
+        if len(byte_view(reply.body)) < 2 * MIN_LANE_BYTES:
+            return reply
+        window, _ = self._lib.path_state(self._quic)
+        return reply if window is None else Reply({**reply.header, "window": int(window)}, reply.body)
+
     def _send(self, stream_id: int, reply: Reply) -> None:
         try:
-            head, body = reply.encode_parts()
+            head, body = self._with_window(reply).encode_parts()
             # Header and body are queued separately: the library copies each into its send
             # buffer anyway, so joining them first would only copy the body once more.
             self._quic.send_stream_data(stream_id, head, end_stream=not len(body))

@@ -198,7 +198,7 @@ def test_status_execute_and_blob_reads_work_for_any_peer(node) -> None:
     hidden = rng.standard_normal((5, D_MODEL)).astype("<f4")
     via_rpc = node.result("tenzro_moeExecute", {"model_id": MODEL, "layer": 1, "expert": 6, "d_model": D_MODEL,
                                                 "hidden": b64(hidden.tobytes())})
-    stored = bytes(range(256)) * 64  # a blob as the store lays it out: blobs/<hh>/<blake3>
+    stored = bytes(range(256)) * 256  # a blob as the store lays it out: blobs/<hh>/<blake3>
     digest = blake3(stored).hexdigest()
     (node.data_dir / "blobs" / digest[:2]).mkdir(parents=True, exist_ok=True)
     (node.data_dir / "blobs" / digest[:2] / digest).write_bytes(stored)
@@ -214,9 +214,10 @@ def test_status_execute_and_blob_reads_work_for_any_peer(node) -> None:
         nan = await client.ask("moe/execute", key, np.full((1, D_MODEL), np.nan, "<f4").tobytes())
         blob = await client.ask("blob/get", {"hash": digest, "start": 100, "end": 300})
         missing_blob = await client.ask("blob/get", {"hash": "0" * 64})
-        return status, executed, wrong, nan, blob, missing_blob, q8, bad_codec
+        whole_blob = await client.ask("blob/get", {"hash": digest})
+        return status, executed, wrong, nan, blob, missing_blob, q8, bad_codec, whole_blob
 
-    status, executed, wrong, nan, blob, missing_blob, q8, bad_codec = asyncio.run(
+    status, executed, wrong, nan, blob, missing_blob, q8, bad_codec, whole_blob = asyncio.run(
         as_outsider(node.quic_port, scenario))
     assert status[0]["ok"] and status[0]["result"]["provider_id"] == node.result("tenzro_nodeInfo")["provider_id"]
     header, body = executed
@@ -248,6 +249,9 @@ def test_status_execute_and_blob_reads_work_for_any_peer(node) -> None:
     assert blob[0]["result"] == {"hash": digest, "size": len(stored), "start": 100, "end": 300}
     assert blob[1] == stored[100:300]
     assert missing_blob[0]["error"]["reason"] == "blob_not_found"
+    # an answer of 32 KiB or more states the server's congestion window toward us (bytes); a smaller one does not
+    assert whole_blob[1] == stored and type(whole_blob[0]["window"]) is int and whole_blob[0]["window"] > 0
+    assert "window" not in blob[0] and "window" not in executed[0]
 
 
 def test_a_peer_over_its_limits_gets_errors_while_others_are_served(node) -> None:

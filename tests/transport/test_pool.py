@@ -46,6 +46,8 @@ class Server:
                 return Reply.error("expert_not_loaded", "expert 7 is not loaded here", {"expert": 7})
             if request.method == "slow":
                 await asyncio.sleep(float(request.params["s"]))
+            if request.method == "big":  # an answer of n bytes to a request of any size
+                return Reply.ok({}, bytes(int(request.params["n"])))
             return Reply.ok({"n": request.params.get("n")}, bytes(request.body)[::-1])
         except asyncio.CancelledError:
             self.cancelled.append(request.method)

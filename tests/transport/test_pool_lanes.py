@@ -95,6 +95,49 @@ def test_a_lossy_path_splits_a_large_request_over_lanes_opened_beside_the_first(
     assert stats["open_lanes"] == len(lanes) - 1 and stats["handshakes"] == 4 and stats["failures"] == 0
 
 
+@pytest.mark.parametrize("library", ["qh3", "aioquic"])
+def test_the_window_a_large_answer_comes_in_is_the_servers_and_bounds_the_split(identity, library) -> None:
+    """A multi-expert answer is several times its request and comes in the holder's window, which loss on
+    the way back shrinks while the router's own stays large: the holder states it (`window`)."""
+    async def scenario():
+        server = await Server(identity, library, max_datagram_size=DATAGRAM,
+                              congestion_control=CONTROLLERS[library]).start()  # its window shrinks under loss
+        pin, size = identity.cert_sha256, 256 * 1024
+        pool = QuicPool(QuicSettings(max_body=1 << 24, library=library, max_datagram_size=DATAGRAM,
+                                     congestion_control=CONTROLLERS[library], max_lanes=4))
+        relay = UdpRelay(listen=("127.0.0.1", 0), target=("127.0.0.1", server.port),
+                         impairment=Impairment(delay_ms=5), seed=5).start()
+        port = relay.listen[1]
+        try:
+            await _echo(pool, port, pin, b"small")
+            protocol = pool._pooled[("127.0.0.1", port, pin.lower(), 0)].connection.protocol
+            small_states = protocol.peer_window
+            for _ in range(4):  # the clean path: both windows grow past the answer
+                await _echo(pool, port, pin, os.urandom(size))
+            clean = _lanes(pool, port, pin, size), protocol.peer_window
+            relay.down.impairment = Impairment(delay_ms=5, loss=0.05)  # the answers' way only
+            for _ in range(6):
+                await pool.call(host="127.0.0.1", port=port, pin_sha256=pin, method="big", params={"n": size},
+                                timeout_s=30)
+            own_window, _ = pool._settings.lib.path_state(protocol._quic)
+            _lanes(pool, port, pin, size)  # wanted: they start opening
+            for _ in range(200):
+                if pool.stats()["open_lanes"]:
+                    break
+                await asyncio.sleep(0.05)
+            return small_states, clean, own_window, protocol.peer_window, _lanes(pool, port, pin, size)
+        finally:
+            await pool.close()
+            relay.close()
+            server.stop()
+
+    small_states, (clean_lanes, clean_window), own_window, lossy_window, lanes = asyncio.run(scenario())
+    assert small_states is None  # an answer under 32 KiB states no window
+    assert clean_lanes == [0] and clean_window > 256 * 1024
+    assert own_window > 256 * 1024  # the requests' way is clean: the router's own window would not split
+    assert lossy_window < 256 * 1024 and len(lanes) >= 2  # the holder's does
+
+
 def test_lanes_off_is_one_connection_whatever_the_path(identity) -> None:
     async def scenario():
         server = await Server(identity, "qh3", max_datagram_size=DATAGRAM).start()
