@@ -14,8 +14,8 @@ logic runs in unit tests with holders that fail, hang or answer late on purpose.
   one attempt while it goes well: one task and one timer per holder, not per batch. When that
   request fails, each of its batches fails over on its own; when it stalls, each races its backup
   against it, and it is cancelled once no batch waits for it. A request larger than its connection's
-  congestion window on a lossy path goes as several, split by token, one per connection lane the
-  executor offers (`execute.lanes`, apps/forward/lanes.py), each served as such a request.
+  congestion window on a lossy path goes as several, cut in expert order, one per connection lane
+  the executor offers (`execute.lanes`, apps/forward/lanes.py), each served as such a request.
 * A batch walks its holders warm-first (the primary, then the plan's ordered backups). A
   primary that stalls — slower than its own p95 for batches of that size (hedging.py) — is
   raced by the next holder; the first answer wins and the other attempt is cancelled (its
@@ -40,7 +40,7 @@ import numpy as np
 
 from apps.forward.combine import StreamingCombine
 from apps.forward.hedging import LatencyBook
-from apps.forward.lanes import split_by_tokens
+from apps.forward.lanes import split_in_expert_order
 from apps.forward.report import Answer, Failure, ForwardReport, HolderStats
 from core.errors import TenzroError
 from core.shardmap.gossip_view import ProviderView
@@ -149,7 +149,7 @@ async def run_forward(
         await asyncio.gather(
             *(_serve_request(part, combine, hidden, execute, book, limits, report, in_flight, size=size, lane=lane)
               for (pid, _), items in requests.items()
-              for lane, part, size in _lanes(items, request_rows[pid], combine, execute)),
+              for lane, part, size in _lanes(items, request_rows[pid], execute)),
             *(_serve_batch(batch, pairs, combine, hidden, execute, book, limits, report, in_flight,
                            gathered=False, size=len(pairs)) for batch, pairs in singles))
         if len(report.failures) == failures_before:
@@ -157,15 +157,15 @@ async def run_forward(
     return report
 
 
-def _lanes(items: list[tuple[Batch, np.ndarray]], size: int, combine: StreamingCombine, execute: BatchExecutor
+def _lanes(items: list[tuple[Batch, np.ndarray]], size: int, execute: BatchExecutor
            ) -> list[tuple[int, list[tuple[Batch, np.ndarray]], int]]:
-    """[(lane, items, rows)]: a holder's request of `size` rows, split by token over the lanes its
+    """[(lane, items, rows)]: a holder's request of `size` rows, cut in expert order over the lanes its
     executor offers for that size (apps/forward/lanes.py), or whole on lane 0."""
     offered = getattr(execute, "lanes", None)
     lanes = offered(items[0][0].provider, size) if offered is not None else [0]
     if len(lanes) <= 1:
         return [(0, items, size)]
-    parts = split_by_tokens(items, combine.tokens, len(lanes))
+    parts = split_in_expert_order(items, len(lanes))
     return [(lane, part, sum(len(pairs) for _, pairs in part)) for lane, part in zip(lanes, parts, strict=False)]
 
 

@@ -1,11 +1,19 @@
-"""A holder's request split by tokens over the connection lanes its transport offers.
+"""A holder's request cut in expert order over the connection lanes its transport offers.
 
 Pure (no Django, no QUIC library). The transport says how many lanes a request of so many rows
 may take (HolderCaller.lanes over QuicPool.lanes_for; the rule is core/transport/lanes.py's); the
 engine cuts the request here and sends each part on its own lane. Each part is a whole multi-expert
-request of its own: the same experts, each batch keeping the pairs of the part's tokens, with its
-own receipt, failover and hedging. Cutting by token rather than by expert keeps the parts'
-carriers apart: a token's row travels once however many of the holder's experts it was routed to.
+request of its own, with its own receipt, failover and hedging.
+
+The parts are runs of the request's (expert, token) pairs in batch order, so a part holds whole
+batches and at most two pieces of batches cut at its ends: the holder reads each expert's weights
+once, plus once more per cut. Cut by token instead, every part named every expert, and a holder of
+16 experts whose answer went over 12 lanes read each expert's weights 12 times: its summed compute
+rose from 13–38 ms to 300–560 ms a forward, more than the round trips the lanes saved
+(docs/performance.md, "Loss and reordering on the wire"). The price is the carrier: a token routed to
+two of the holder's experts may travel in two parts, so the parts' requests together are up to the
+answer's size (each part's request is at most its own answer), where by token they were the
+request's.
 """
 
 from __future__ import annotations
@@ -15,24 +23,24 @@ import numpy as np
 from core.shardmap.planner import Batch
 
 
-def split_by_tokens(items: list[tuple[Batch, np.ndarray]], pair_tokens: np.ndarray,
-                    lanes: int) -> list[list[tuple[Batch, np.ndarray]]]:
-    """`items` [(batch, pairs int64 [n_i])], whose pairs index `pair_tokens` int64 [n_pairs], cut into at
-    most `lanes` parts: every pair of a token in one part, the parts' pair counts as even as whole
-    tokens allow, in token order; a batch left with no pair in a part is not in it. Each part keeps
-    the batches' order and each batch's pairs their order."""
+def split_in_expert_order(items: list[tuple[Batch, np.ndarray]], lanes: int) -> list[list[tuple[Batch, np.ndarray]]]:
+    """`items` [(batch, pairs int64 [n_i])] cut into min(lanes, pairs) parts whose pair counts differ by
+    at most one, each a run of the pairs in batch order. Each part keeps the batches' order and each
+    batch's pairs their order; no part and no batch in a part is empty."""
+    total = sum(len(pairs) for _, pairs in items)
+    lanes = min(lanes, total)
     if lanes <= 1:
         return [items]
-    tokens = pair_tokens[np.concatenate([pairs for _, pairs in items])]
-    unique, counts = np.unique(tokens, return_counts=True)
-    lanes = min(lanes, len(unique))
-    if lanes <= 1:
-        return [items]
-    before = np.cumsum(counts) - counts  # pairs of the tokens before each token
-    part_of = before * lanes // len(tokens)  # each token's part: 0 .. lanes-1, non-decreasing
+    bounds = [total * part // lanes for part in range(lanes + 1)]  # where each part's run of pairs starts
     parts: list[list[tuple[Batch, np.ndarray]]] = [[] for _ in range(lanes)]
+    start = 0
     for batch, pairs in items:
-        part = part_of[np.searchsorted(unique, pair_tokens[pairs])]
-        for index in np.unique(part).tolist():
-            parts[index].append((batch, pairs[part == index]))
-    return [part for part in parts if part]
+        end = start + len(pairs)
+        first = int(np.searchsorted(bounds, start, side="right")) - 1  # the part this batch's first pair is in
+        for index in range(first, lanes):
+            low, high = max(start, bounds[index]), min(end, bounds[index + 1])
+            if low >= high:
+                break
+            parts[index].append((batch, pairs[low - start:high - start]))
+        start = end
+    return parts
