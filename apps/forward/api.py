@@ -72,6 +72,9 @@ class HolderForwardStats(Out):
     overhead_ms_median: float | None = Field(description="Latency minus the holder's reported compute.")
     compute_ms: float | None = Field(None, description="The compute_ms its accepted batches' answers reported, "
                                                        "summed (null when none reported it).")
+    rtt_ms: float | None = Field(None, description="The QUIC path's smoothed round trip as its answers found it "
+                                                    "(median; null over HTTP or locally): what the planner ranks "
+                                                    "it by.")
     receipts: int = Field(description="Its batches accepted with a verified receipt (0 for this node's own).")
     lanes: int = Field(1, description="The QUIC connections its requests were split over (more than 1 where a "
                                       "request was larger than the congestion window of a lossy path).")

@@ -154,12 +154,12 @@ class HolderCaller:
         token_indices = [int(t) for t in tokens]
         params = {"model_id": self.model_id, "layer": layer, "expert": expert, "d_model": self.d_model,
                   "tokens": len(rows), "encoding": codec, "token_indices": token_indices, "receipt_topk": self._topk}
-        result, answer, transport = await self._request(holder, params, body)
+        result, answer, transport, rtt_s = await self._request(holder, params, body)
         expect = Expected(holder.provider_id, self.model_id, layer, expert, token_indices, self.d_model, codec,
                           "", codec, self._topk)
         out, verified = await self._codec(len(rows), self._accept, result, answer, body, expect)
         return Answer(out, bytes_sent=len(body), bytes_received=len(answer), transport=transport,
-                      compute_s=_seconds(result.get("compute_ms")), receipt=verified)
+                      compute_s=_seconds(result.get("compute_ms")), receipt=verified, rtt_s=rtt_s)
 
     async def _codec(self, rows: int, func: Callable[..., Any], /, *args: Any) -> Any:
         """`func(*args)`: inline for a few rows, else on the codec executor (off the event loop)."""
@@ -168,9 +168,9 @@ class HolderCaller:
         return await asyncio.get_running_loop().run_in_executor(self._codec_executor, func, *args)
 
     async def _request(self, holder: ProviderView, params: dict[str, Any], body: bytes, lane: int = 0
-                       ) -> tuple[dict[str, Any], bytes | bytearray, str]:
+                       ) -> tuple[dict[str, Any], bytes | bytearray, str, float | None]:
         """One moe/execute to `holder`: over QUIC (its `lane`th connection) when its record pins a
-        certificate, else HTTP."""
+        certificate, else HTTP. (result, answer body, transport, the path's smoothed RTT or None)."""
         if (address := _quic_address(holder)) is not None:
             try:
                 result, answer = await self._pool.call(host=address[0], port=address[1],
@@ -181,10 +181,11 @@ class HolderCaller:
             except (ValueError, RuntimeError, AssertionError) as exc:  # the QUIC library's own refusals
                 raise Unavailable(f"{holder.provider_id[:16]}… over QUIC: {type(exc).__name__}: {exc}",
                                   reason="transport_error") from exc
-            return result, answer, "quic"
+            rtt_s = self._pool.smoothed_rtt_s(host=address[0], port=address[1], pin_sha256=holder.quic_cert_sha256)
+            return result, answer, "quic", rtt_s
         if holder.http_endpoint:
             result, answer = await self._http_call(holder.http_endpoint, params, body)
-            return result, answer, "http"
+            return result, answer, "http", None
         raise Unavailable(f"provider {holder.provider_id[:16]}… advertises no endpoint", reason="unreachable")
 
     # -- one request per holder and layer step ------------------------------------------------
@@ -248,7 +249,7 @@ class HolderCaller:
         params = {"model_id": self.model_id, "layer": layer, "d_model": self.d_model, "tokens": len(carrier),
                   "encoding": codec, "token_indices": token_indices, "receipt_topk": self._topk,
                   "batches": [{"expert": e, "rows": rows} for e, rows in batches]}
-        result, answer, transport = await self._request(holder, params, body, lane)
+        result, answer, transport, rtt_s = await self._request(holder, params, body, lane)
         expect = ExpectedBatches(holder.provider_id, self.model_id, layer, token_indices, self.d_model, codec,
                                  blake3_hex(body), codec, self._topk, batches)
         n_rows = sum(len(rows) for _, rows in batches)
@@ -258,7 +259,8 @@ class HolderCaller:
         sent[0] += len(body) - sum(sent)
         request = next(self._requests)
         return [Answer(out, bytes_sent=sent[i], bytes_received=sizes[i], transport=transport,
-                       compute_s=_seconds(reported[i].get("compute_ms")), receipt=batch, request=request)
+                       compute_s=_seconds(reported[i].get("compute_ms")), receipt=batch, request=request,
+                       rtt_s=rtt_s)
                 for i, (out, batch) in enumerate(zip(outs, verified, strict=True))]
 
     def _accept_batches(self, result: dict[str, Any], answer: bytes | bytearray, body: bytes, expect: ExpectedBatches

@@ -297,6 +297,8 @@ def _credit(stats: HolderStats, answer: Answer, n: int, elapsed: float) -> None:
     if answer.compute_s is not None:
         stats.overheads_s.append(max(0.0, elapsed - answer.compute_s))
         stats.computes_s.append(answer.compute_s)
+    if answer.rtt_s is not None:
+        stats.rtts_s.append(answer.rtt_s)
 
 
 async def _serve_batch(batch: Batch, pairs: np.ndarray, combine: StreamingCombine, hidden: np.ndarray,

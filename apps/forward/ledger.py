@@ -38,8 +38,13 @@ class ForwardWork:
         for pid, stats in report.holders.items():
             if stats.latencies_s:
                 # The planner's latency is a holder's round trip beside its compute (committed_tps
-                # accounts for that), so the wire's share is what is fed back where the holder reported it.
-                wire = stats.overheads_s or stats.latencies_s
+                # accounts for that): the QUIC path's own where it was measured, else the wire's share
+                # where the holder reported its compute. Not the wire's share over QUIC: on a lossy path
+                # that is mostly the time its bytes took, which grows with the rows it was given, and
+                # the holder that answered faster was given every row of the next forward and the
+                # other none, which left its old figure standing (docs/performance.md, "Loss and
+                # reordering on the wire").
+                wire = stats.rtts_s or stats.overheads_s or stats.latencies_s
                 self.latencies_ms.setdefault(pid, []).append(statistics.median(wire) * 1000.0)
             if pid == self_id or not stats.receipts:
                 continue

@@ -24,6 +24,7 @@ class Answer:
     compute_s: float | None = None  # the holder's own time on the batch, when it says
     receipt: Any = None  # the holder's verified receipt (apps.forward.callers.VerifiedBatch); None for local
     request: int | None = None  # the request it shared with other batches (one latency sample for them all)
+    rtt_s: float | None = None  # the smoothed RTT of the QUIC connection it came over: the path's round trip
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class HolderStats:
     latencies_s: list[float] = field(default_factory=list)
     overheads_s: list[float] = field(default_factory=list)  # latency minus the holder's compute: the wire's share
     computes_s: list[float] = field(default_factory=list)  # the compute each answer reported (compute_ms)
+    rtts_s: list[float] = field(default_factory=list)  # the path's round trip as each QUIC answer found it
     failures: int = 0
     receipts: list[Any] = field(default_factory=list)  # the verified receipts of the batches it won
     lanes: set[int] = field(default_factory=set)  # the connection lanes its requests' answers came over
@@ -65,6 +67,7 @@ class HolderStats:
                 "overhead_ms_median": round(statistics.median(self.overheads_s) * 1000.0, 3)
                 if self.overheads_s else None,
                 "compute_ms": round(sum(self.computes_s) * 1000.0, 3) if self.computes_s else None,
+                "rtt_ms": round(statistics.median(self.rtts_s) * 1000.0, 3) if self.rtts_s else None,
                 "receipts": len(self.receipts), "lanes": len(self.lanes) or (1 if self.batches else 0)}
 
 

@@ -37,7 +37,8 @@ Score (lower is better): the estimated time at which the holder would finish thi
 ``load`` is the rows this plan already gave h (for any expert), ``rate`` its capacity_tps
 in tokens/s (a holder that measured nothing, new or just restarted, counts as the slowest
 measured one, so it is sent rows and measures; 1 when nobody measured: core.shardmap.spread),
-``latency_s`` its recent round trip (an unmeasured one counts as the slowest measured,
+``latency_s`` its recent round trip (its QUIC path's, else the wire's share of its answers'
+latency: docs/protocol.md, "stats"; an unmeasured one counts as the slowest measured,
 core.shardmap.index). Latency is paid once per holder: its batches travel
 together. Equal scores go to the higher reputation, then the smaller provider id.
 

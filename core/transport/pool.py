@@ -205,6 +205,14 @@ class QuicPool:
                 self._warm(other)
         return ready
 
+    def smoothed_rtt_s(self, *, host: str, port: int, pin_sha256: str) -> float | None:
+        """The smoothed RTT of this peer's first connection, the path's own round trip (None: no
+        connection open, or no sample yet)."""
+        pooled = self._pooled.get((host, port, pin_sha256.lower(), 0))
+        if pooled is None or not pooled.alive:
+            return None
+        return self._settings.lib.path_state(pooled.connection.protocol._quic)[1]
+
     def _warm(self, key: Key) -> None:
         task = asyncio.ensure_future(self._open_lane(key))
         self._warming.add(task)

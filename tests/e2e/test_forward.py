@@ -167,6 +167,8 @@ def test_the_distributed_forward_equals_the_local_one(network, layers) -> None:
         assert sum(h["rows"] for h in stats["holders"]) == 48 * (TOP_K + (model == DEEPSEEK))
         for h in stats["holders"]:
             transports.setdefault(h["provider"], set()).add(h["transport"])
+            # the path's own round trip, which the planner ranks QUIC holders by: measured on QUIC only
+            assert (h["rtt_ms"] is not None and 0 < h["rtt_ms"] < 1000) == (h["transport"] == "quic"), h
             if h["provider"] != pid_a:
                 wire[codec][0] += h["bytes_sent"] + h["bytes_received"]
                 wire[codec][1] += h["rows"]

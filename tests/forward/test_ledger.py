@@ -39,3 +39,14 @@ def test_every_layer_of_a_generation_adds_to_one_settlement_per_holder() -> None
     assert medians["a"] == 2.0 and medians["b"] == 10.0  # the wire's share where a holder reported compute
     assert "me" in medians  # measured, and skipped by the writer (not a network latency)
     assert work
+
+
+def test_a_quic_holders_latency_is_its_paths_round_trip_not_the_time_its_rows_took() -> None:
+    """On a lossy path the wire's share grows with the rows a holder was given: fed back, the holder that
+    answered faster got every row of the next forward (the planner pays latency once per holder)."""
+    loaded = HolderStats("a", batches=16, rows=256, latencies_s=[0.30, 0.35], overheads_s=[0.28, 0.33],
+                         rtts_s=[0.031, 0.033])
+    http = HolderStats("b", batches=1, rows=4, latencies_s=[0.012], overheads_s=[0.009])  # no QUIC path to read
+    work = ForwardWork()
+    work.add(ForwardReport(holders={"a": loaded, "b": http}), self_id="me", prices={}, blob_of={})
+    assert work.latency_medians() == {"a": 32.0, "b": 9.0}
