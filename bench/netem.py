@@ -1,6 +1,7 @@
 """The distributed forward under network conditions: latency against the clean forward and the path's RTT.
 
     .venv/bin/python -m bench.netem [--quick] [--loopback] [--repeats N] [--transports qh3,aioquic:reno]
+                                    [--conditions "1% loss,reorder"]
 
 What is measured, and how. Three real nodes (`tenzro node run`), each in a network namespace of
 its own on one bridge (testkit/netns.py; `--loopback`, or a machine where namespaces cannot be
@@ -27,6 +28,8 @@ fresh nodes, so the loss targets are read per transport.
 their initial size, and hedges add more). Connections are pooled, so no handshake is timed.
 "lanes": the median over the forwards of the most connections one holder's request was split over
 (core/transport/lanes.py: more than one where the request is larger than the congestion window).
+"busiest": the median over the forwards of the share of the rows the busiest holder served (50 % is
+an even split between the two holders; 100 %, every row on one).
 """
 
 from __future__ import annotations
@@ -58,8 +61,9 @@ from .report import headline, print_table, write_results
 
 LAYER = Layer("bench/netem-layer", 1024, 512, 16, 4)
 TOKENS = 64
+CLEAN = "clean (relays pass through)"
 CONDITIONS = {
-    "clean (relays pass through)": Impairment(),
+    CLEAN: Impairment(),
     "30 ms RTT ±5, 0.1% loss": Impairment(delay_ms=15, jitter_ms=2.5, loss=0.001),
     "30 ms RTT ±5, 1% loss": Impairment(delay_ms=15, jitter_ms=2.5, loss=0.01),
     "30 ms RTT ±5, 1% loss, 1% reorder": Impairment(delay_ms=15, jitter_ms=2.5, loss=0.01, reorder=0.01),
@@ -110,6 +114,7 @@ def measure(forward: Forwarder, bodies: dict[str, bytes], want: np.ndarray, repe
     samples: dict[str, list[float]] = {w: [] for w in bodies}
     errors: dict[str, float] = dict.fromkeys(bodies, 0.0)
     lanes: dict[str, list[int]] = {w: [] for w in bodies}  # per forward: the most lanes a holder's request took
+    busiest: dict[str, list[float]] = {w: [] for w in bodies}  # per forward: the busiest holder's share of the rows
     failures, hedges, retries = 0, 0, 0
     for _ in range(WARMUP):
         for body in bodies.values():
@@ -125,10 +130,12 @@ def measure(forward: Forwarder, bodies: dict[str, bytes], want: np.ndarray, repe
             samples[wire].append(seconds * 1e3)
             errors[wire] = max(errors[wire], rel_error(out, want))
             lanes[wire].append(max((h.get("lanes", 1) for h in stats["holders"]), default=1))
+            rows = [h["rows"] for h in stats["holders"]]
+            busiest[wire].append(max(rows) / sum(rows) if sum(rows) else 0.0)
             hedges += stats["hedges_fired"]
             retries += stats["retries"]
     return {"samples_ms": samples, "rel_error": errors, "failures": failures, "hedges_fired": hedges,
-            "retries": retries, "lanes": lanes}
+            "retries": retries, "lanes": lanes, "busiest_share": busiest}
 
 
 def run(args: argparse.Namespace, work: Path, transport: tuple[str, str]) -> dict[str, Any]:
@@ -150,7 +157,7 @@ def run(args: argparse.Namespace, work: Path, transport: tuple[str, str]) -> dic
             forward = Forwarder(network.nodes[0], client)
             bodies = {wire: forward.body(LAYER, hidden, wire) for wire in ("q8_0", "f32")}
             delay_ms = 0.0
-            for name, impairment in CONDITIONS.items():
+            for name, impairment in args.conditions.items():
                 network.set(impairment)
                 if impairment.delay_ms != delay_ms:
                     # The path's delay jumped (the relays switch live; real paths do not): give the
@@ -178,6 +185,17 @@ def parse_transports(text: str) -> list[tuple[str, str]]:
     return transports
 
 
+def parse_conditions(text: str) -> dict[str, Impairment]:
+    """"1% loss,reorder" -> the clean condition (every run's reference) and each of CONDITIONS whose name
+    holds one of the comma-separated parts."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    chosen = {name: impairment for name, impairment in CONDITIONS.items()
+              if name == CLEAN or any(part in name for part in parts)}
+    if len(chosen) == 1:
+        raise argparse.ArgumentTypeError(f"no condition's name holds any of {parts}; they are {list(CONDITIONS)}")
+    return chosen
+
+
 def transport_name(transport: tuple[str, str]) -> str:
     lib = quic_lib.load(transport[0])
     congestion = transport[1] or lib.default_congestion_control or "its own"
@@ -187,13 +205,13 @@ def transport_name(transport: tuple[str, str]) -> str:
 def table(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Print the table; return the headline figures."""
     conditions = results["conditions"]
-    clean = {w: percentile(s, 50) for w, s in conditions["clean (relays pass through)"]["samples_ms"].items()}
+    clean = {w: percentile(s, 50) for w, s in conditions[CLEAN]["samples_ms"].items()}
     rows, heads = [], []
     for name, c in conditions.items():
         ping = c["ping"]
         for wire, samples in c["samples_ms"].items():
             if not samples:
-                rows.append([name, wire, "-", "-", "-", "-", "-", "-", "-", c["failures"], "-", "-", "-"])
+                rows.append([name, wire, *["-"] * 8, c["failures"], *["-"] * 4])
                 continue
             p50, p99 = percentile(samples, 50), percentile(samples, 99)
             added = (p50 - clean[wire]) / ping["p50_ms"] if ping["p50_ms"] and ping["p50_ms"] > 1 else None
@@ -203,8 +221,9 @@ def table(results: dict[str, Any]) -> list[dict[str, Any]]:
                          f"{p50 / clean[wire]:.2f}x", "-" if added is None else f"{added:.1f}",
                          f"{bound:.0f} {met}" if name in TARGETED else "-", c["failures"],
                          f"{c['rel_error'][wire]:.1e}", f"{c['hedges_fired']}/{c['retries']}",
-                         f"{statistics.median(c['lanes'][wire]):g}"])
-            if name != "clean (relays pass through)":
+                         f"{statistics.median(c['lanes'][wire]):g}",
+                         f"{statistics.median(c['busiest_share'][wire]):.0%}"])
+            if name != CLEAN:
                 heads.append(headline(f"forward p50, {TOKENS} tokens, {wire} wire, {name}, {results['transport']}",
                                       p50, "ms",
                                       reference="clean forward p50 (relays pass through)",
@@ -222,7 +241,7 @@ def table(results: dict[str, Any]) -> list[dict[str, Any]]:
         f"{TOKENS} tokens, "
         f"{results['repeats']} forwards per wire per condition); ms; RTTs added = (p50 - clean p50) / ping p50",
         ["condition", "wire", "ping p50", "ping p99", "ping lost", "forward p50", "forward p99", "/clean",
-         "RTTs added", "target (ms) met", "failed", "rel error (max)", "hedges/retries", "lanes"], rows)
+         "RTTs added", "target (ms) met", "failed", "rel error (max)", "hedges/retries", "lanes", "busiest"], rows)
     heads.append(headline(f"forwards failed, all conditions, {results['transport']}",
                           sum(c["failures"] for c in conditions.values()), "forwards", target="0"))
     heads.append(headline(f"relative error of f32-wire forwards, worst of all conditions, {results['transport']}",
@@ -240,6 +259,9 @@ def main() -> None:
                         help="the nodes' QUIC library[:congestion control], comma-separated, each a run of every "
                              "condition (TENZRO_QUIC_LIB, TENZRO_QUIC_CONGESTION; default controller: the "
                              "library's, aioquic's is 'tolerant')")
+    parser.add_argument("--conditions", type=parse_conditions, default=CONDITIONS,
+                        help="only the conditions whose names hold one of these comma-separated parts, beside the "
+                             "clean one (results under bench/results/netem-partial.json)")
     args = parser.parse_args()
     args.repeats = args.repeats or (5 if args.quick else 20)
     runs, heads = [], []
@@ -254,7 +276,7 @@ def main() -> None:
         runs.append(results)
     for results in runs:  # the tables together, after every run
         heads += table(results)
-    write_results("netem", {"runs": runs}, heads)
+    write_results("netem" if args.conditions == CONDITIONS else "netem-partial", {"runs": runs}, heads)
 
 
 if __name__ == "__main__":
