@@ -259,10 +259,11 @@ class DistributedForward:
         of the answer."""
         _count(report)
         until = time.monotonic() + settings.TENZRO_FORWARD_FAILURE_COOLDOWN_S
-        for failure in report.failures:
-            self._cooling[failure.provider] = until
+        cooling = report.cooling_providers()
+        for pid in cooling:
+            self._cooling[pid] = until
         for pid, stats in report.holders.items():
-            if stats.batches and not stats.failures:
+            if stats.batches and pid not in cooling:
                 self._cooling.pop(pid, None)  # it answered this time
         if forward_stats is not None:
             self._write(lambda: services.forward_stats_record(forward_id=forward_id, model_id=model_id,

@@ -89,3 +89,13 @@ class ForwardReport:
     @property
     def failed_providers(self) -> frozenset[str]:
         return frozenset(f.provider for f in self.failures if f.reason != "stalled")
+
+    def cooling_providers(self) -> frozenset[str]:
+        """The holders to plan last for a while (the forward failure cooldown): each that failed, and
+        each that stalled without answering any of the forward's batches, as a hung holder does. One
+        that answered some and stalled on others is on a lossy path, where a request's last datagram
+        lost waits out a probe timeout: cooled, it gave every row of the next forwards to the other
+        holder."""
+        return self.failed_providers | frozenset(
+            f.provider for f in self.failures
+            if f.reason == "stalled" and not (f.provider in self.holders and self.holders[f.provider].batches))
