@@ -133,12 +133,12 @@ class HolderCaller:
         """Batches for `holder` started in one turn travel as one multi-expert request."""
         return self._gather_batches and holder.execute_batches and holder.provider_id != self.self_id
 
-    def lanes(self, holder: ProviderView, rows: int) -> list[int]:
-        """The QUIC connection lanes a request of `rows` rows each way to `holder` may be split over now
-        (QuicPool.lanes_for); [0] over HTTP."""
+    def lanes(self, holder: ProviderView, rows: int) -> list[tuple[int, int]]:
+        """The QUIC connection lanes a request of `rows` rows each way to `holder` may be split over now,
+        each with its window (QuicPool.lanes_for); [(0, 0)] over HTTP."""
         address = _quic_address(holder)
         if address is None:
-            return [0]
+            return [(0, 0)]
         nbytes = rows * encoded_row_bytes(codec_for(holder, self._codecs), self.d_model)
         return self._pool.lanes_for(host=address[0], port=address[1], pin_sha256=holder.quic_cert_sha256,
                                     nbytes=nbytes)

@@ -66,9 +66,10 @@ class BatchExecutor(Protocol):
         (every batch in it fails with it)."""
         ...
 
-    def lanes(self, holder: ProviderView, rows: int) -> list[int]:
+    def lanes(self, holder: ProviderView, rows: int) -> list[tuple[int, int]]:
         """Optional. The lanes a request of `rows` rows to `holder` may be split over now (the
-        transport's connections to it, core/transport/lanes.py); [0]: keep it whole."""
+        transport's connections to it, core/transport/lanes.py), each with its window in bytes (0:
+        unknown); [(0, 0)]: keep it whole."""
         ...
 
 
@@ -162,11 +163,12 @@ def _lanes(items: list[tuple[Batch, np.ndarray]], size: int, execute: BatchExecu
     """[(lane, items, rows)]: a holder's request of `size` rows, cut in expert order over the lanes its
     executor offers for that size (apps/forward/lanes.py), or whole on lane 0."""
     offered = getattr(execute, "lanes", None)
-    lanes = offered(items[0][0].provider, size) if offered is not None else [0]
+    lanes = offered(items[0][0].provider, size) if offered is not None else [(0, 0)]
     if len(lanes) <= 1:
         return [(0, items, size)]
-    parts = split_in_expert_order(items, len(lanes))
-    return [(lane, part, sum(len(pairs) for _, pairs in part)) for lane, part in zip(lanes, parts, strict=False)]
+    parts = split_in_expert_order(items, [window for _, window in lanes])
+    return [(lane, part, sum(len(pairs) for _, pairs in part))
+            for (lane, _), part in zip(lanes, parts, strict=False)]
 
 
 async def _serve_request(items: list[tuple[Batch, np.ndarray]], combine: StreamingCombine, hidden: np.ndarray,

@@ -23,15 +23,24 @@ import numpy as np
 from core.shardmap.planner import Batch
 
 
-def split_in_expert_order(items: list[tuple[Batch, np.ndarray]], lanes: int) -> list[list[tuple[Batch, np.ndarray]]]:
-    """`items` [(batch, pairs int64 [n_i])] cut into min(lanes, pairs) parts whose pair counts differ by
-    at most one, each a run of the pairs in batch order. Each part keeps the batches' order and each
-    batch's pairs their order; no part and no batch in a part is empty."""
+def split_in_expert_order(items: list[tuple[Batch, np.ndarray]], windows: list[int]
+                          ) -> list[list[tuple[Batch, np.ndarray]]]:
+    """`items` [(batch, pairs int64 [n_i])] cut into min(len(windows), pairs) parts, each a run of the
+    pairs in batch order, their pair counts in proportion to `windows` (the bytes each lane's
+    connection may have in flight; 0 = unknown, counted as the known ones' mean): a lane opened a
+    moment ago starts from its initial window, and an even share would make it the forward's slowest
+    part. Each part keeps the batches' order and each batch's pairs their order; no part and no batch
+    in a part is empty."""
     total = sum(len(pairs) for _, pairs in items)
-    lanes = min(lanes, total)
+    lanes = min(len(windows), total)
     if lanes <= 1:
         return [items]
-    bounds = [total * part // lanes for part in range(lanes + 1)]  # where each part's run of pairs starts
+    known = [w for w in windows[:lanes] if w > 0]
+    fill = sum(known) / len(known) if known else 1.0
+    weights = np.cumsum([w if w > 0 else fill for w in windows[:lanes]], dtype=np.float64)
+    bounds = [0, *np.rint(total * weights[:-1] / weights[-1]).astype(int).tolist(), total]
+    for part in range(1, lanes):  # at least one pair each
+        bounds[part] = min(max(bounds[part], bounds[part - 1] + 1), total - (lanes - part))
     parts: list[list[tuple[Batch, np.ndarray]]] = [[] for _ in range(lanes)]
     start = 0
     for batch, pairs in items:

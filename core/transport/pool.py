@@ -171,32 +171,29 @@ class QuicPool:
         finally:
             pooled.last_used = time.monotonic()
 
-    def lanes_for(self, *, host: str, port: int, pin_sha256: str, nbytes: int) -> list[int]:
-        """The lanes a request of about `nbytes` each way to this peer may be split over now: [0]
-        unless the peer's connection is open and core/transport/lanes.py wants more. Missing lanes up
-        to what it wants start opening, for the requests after this one."""
+    def lanes_for(self, *, host: str, port: int, pin_sha256: str, nbytes: int) -> list[tuple[int, int]]:
+        """The lanes a request of about `nbytes` each way to this peer may be split over now, each with
+        its window (bytes, 0 when unknown): [(0, 0)] unless the peer's connection is open and
+        core/transport/lanes.py wants more. Missing lanes up to what it wants start opening, for the
+        requests after this one."""
         if nbytes < 2 * MIN_LANE_BYTES or self._settings.max_lanes <= 1:  # a decode step's: at once
-            return [0]
+            return [(0, 0)]
         key = (host, port, pin_sha256.lower(), 0)
         pooled = self._pooled.get(key)
         if pooled is None or not pooled.alive or self._closed:
-            return [0]
+            return [(0, 0)]
         if pooled.lanes is None:
             pooled.lanes = LanePolicy(self._settings.max_lanes)
-        protocol = pooled.connection.protocol
-        window, rtt_s = self._settings.lib.path_state(protocol._quic)
-        if window is not None and protocol.peer_window is not None:
-            # the answer comes in the peer's window: a multi-expert answer is several times its request
-            window = min(window, protocol.peer_window)
+        window, rtt_s = self._window(pooled)
         now = time.monotonic()
         wanted = pooled.lanes.wanted(nbytes, window=window, rtt_s=rtt_s, now=now)
-        ready = [0]
+        ready = [(0, window or 0)]
         for lane in range(1, wanted):
             other = (*key[:3], lane)
             kept = self._pooled.get(other)
             if kept is not None and kept.alive:
                 if kept.proven:
-                    ready.append(lane)
+                    ready.append((lane, self._window(kept)[0] or 0))
                 continue
             if kept is not None:  # it died (closed by the peer, or by its door's connection limit)
                 self._drop(other, kept, why=kept.connection.protocol.terminated or "terminated")
@@ -204,6 +201,17 @@ class QuicPool:
             if other not in self._opening and now >= self._lane_retry_at.get(other, 0.0):
                 self._warm(other)
         return ready
+
+    def _window(self, pooled: _Pooled) -> tuple[int | None, float | None]:
+        """(the window a request and its answer go out in, bytes; the smoothed RTT) of one connection:
+        the smaller of its own congestion window and the one the peer stated on its last large answer
+        (a multi-expert answer is several times its request, and comes in the peer's window). None
+        where there is none yet."""
+        protocol = pooled.connection.protocol
+        window, rtt_s = self._settings.lib.path_state(protocol._quic)
+        if window is not None and protocol.peer_window is not None:
+            window = min(window, protocol.peer_window)
+        return window, rtt_s
 
     def smoothed_rtt_s(self, *, host: str, port: int, pin_sha256: str) -> float | None:
         """The smoothed RTT of this peer's first connection, the path's own round trip (None: no

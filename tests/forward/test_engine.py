@@ -257,7 +257,9 @@ class LaningHolders(GatheringHolders):
         self.pairs: list[tuple[int, int, int]] = []  # (lane, expert, token) of every pair sent
 
     def lanes(self, holder, rows):
-        return self.offered if rows >= self.from_rows and holder.provider_id == provider_id(0) else [0]
+        if rows >= self.from_rows and holder.provider_id == provider_id(0):
+            return [(lane, 30_000) for lane in self.offered]
+        return [(0, 0)]
 
     async def many(self, holder, layer, calls, lane=0):
         self.sent.append((holder.provider_id, lane, [e for e, _, _ in calls],

@@ -33,7 +33,9 @@ async def _lossy_path(pool: QuicPool, server_port: int):
 
 
 def _lanes(pool: QuicPool, port: int, pin: str, nbytes: int) -> list[int]:
-    return pool.lanes_for(host="127.0.0.1", port=port, pin_sha256=pin, nbytes=nbytes)
+    offered = pool.lanes_for(host="127.0.0.1", port=port, pin_sha256=pin, nbytes=nbytes)
+    assert all(window >= 0 for _, window in offered)
+    return [lane for lane, _ in offered]
 
 
 async def _echo(pool: QuicPool, port: int, pin: str, body: bytes, lane: int = 0) -> None:
