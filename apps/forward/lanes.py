@@ -5,15 +5,15 @@ may take (HolderCaller.lanes over QuicPool.lanes_for; the rule is core/transport
 engine cuts the request here and sends each part on its own lane. Each part is a whole multi-expert
 request of its own, with its own receipt, failover and hedging.
 
-The parts are runs of the request's (expert, token) pairs in batch order, so a part holds whole
-batches and at most two pieces of batches cut at its ends: the holder reads each expert's weights
-once, plus once more per cut. Cut by token instead, every part named every expert, and a holder of
-16 experts whose answer went over 12 lanes read each expert's weights 12 times: its summed compute
-rose from 13–38 ms to 300–560 ms a forward, more than the round trips the lanes saved
-(docs/performance.md, "Loss and reordering on the wire"). The price is the carrier: a token routed to
-two of the holder's experts may travel in two parts, so the parts' requests together are up to the
-answer's size (each part's request is at most its own answer), where by token they were the
-request's.
+The parts are runs of the request's (expert, token) pairs in batch order, sized in proportion to
+their lanes' windows, so a part holds whole batches and at most two pieces of batches cut at its
+ends: the holder reads each expert's weights once, plus once more per cut. Cut by token instead,
+every part named every expert, and a holder of 16 experts whose answer went over 12 lanes read each
+expert's weights 12 times: its summed compute rose from 13–38 ms to 300–560 ms a forward, more than
+the round trips the lanes saved (docs/performance.md, "Loss and reordering on the wire"). The price
+is the carrier: a token routed to two of the holder's experts may travel in two parts, so the parts'
+requests together are up to the answer's size (each part's request is at most its own answer), where
+by token they were the request's.
 """
 
 from __future__ import annotations

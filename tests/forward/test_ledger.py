@@ -50,4 +50,3 @@ def test_a_quic_holders_latency_is_its_paths_round_trip_not_the_time_its_rows_to
     work = ForwardWork()
     work.add(ForwardReport(holders={"a": loaded, "b": http}), self_id="me", prices={}, blob_of={})
     assert work.latency_medians() == {"a": 32.0, "b": 9.0}
-
