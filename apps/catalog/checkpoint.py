@@ -240,9 +240,9 @@ class CheckpointReader:
         for name, entry in header.items():
             try:
                 dtype = entry["dtype"]
-                shape = tuple(int(s) for s in entry["shape"])
-                a, b = (int(o) for o in entry["data_offsets"])
-                if not isinstance(dtype, str) or any(s < 0 for s in shape) or len(entry["data_offsets"]) != 2:
+                shape = _json_ints(entry["shape"])
+                a, b = _json_ints(entry["data_offsets"])  # ValueError unless two
+                if not isinstance(dtype, str) or any(s < 0 for s in shape):
                     raise ValueError
             except (KeyError, TypeError, ValueError):
                 raise CheckpointError("header_corrupt", f"{where}: malformed entry for {name!r}: {entry!r}") from None
@@ -347,3 +347,11 @@ class CheckpointReader:
 
 __all__ = ["CONFIG", "FP8_E4M3_LUT", "HEADER_PROBE", "INDEX", "SINGLE", "CheckpointError", "CheckpointReader",
            "TensorInfo", "decode_dense"]
+
+
+def _json_ints(value: Any) -> tuple[int, ...]:
+    """A header's list of integers; ValueError for anything else. Not int() of each: a float such as
+    1e999 (infinity once parsed) raised OverflowError past the reader's errors, and 2.5 became 2."""
+    if not isinstance(value, list) or not all(type(v) is int for v in value):
+        raise ValueError
+    return tuple(value)

@@ -103,6 +103,9 @@ def _header_bytes(header: dict, body: bytes = b"") -> bytes:
     (struct.pack("<Q", 6) + b"{nope}", "header_corrupt"),
     (_header_bytes([1, 2]), "header_corrupt"),
     (_header_bytes({"w": {"dtype": "F32", "shape": [2]}}), "header_corrupt"),
+    (_header_bytes({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, float("inf")]}}), "header_corrupt"),
+    (_header_bytes({"w": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}}, b"\0" * 8), "header_corrupt"),
+    (_header_bytes({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, True]}}, b"\0" * 8), "header_corrupt"),
     (_header_bytes({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8), "offsets_invalid"),
     (_header_bytes({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}}, b"\0" * 16), "offsets_invalid"),
 ])
