@@ -98,4 +98,4 @@ class ForwardReport:
         holder."""
         return self.failed_providers | frozenset(
             f.provider for f in self.failures
-            if f.reason == "stalled" and not (f.provider in self.holders and self.holders[f.provider].batches))
+            if f.reason == "stalled" and not getattr(self.holders.get(f.provider), "batches", 0))

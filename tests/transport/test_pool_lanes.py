@@ -22,14 +22,22 @@ LOSSY = Impairment(delay_ms=5, loss=0.05)
 
 
 @contextlib.asynccontextmanager
-async def _lossy_path(pool: QuicPool, server_port: int):
-    """A relay with LOSSY in front of `server_port`: yields the relay's port; closes the pool and the relay."""
-    relay = UdpRelay(listen=("127.0.0.1", 0), target=("127.0.0.1", server_port), impairment=LOSSY, seed=3).start()
+async def _relayed(pool: QuicPool, server_port: int, impairment: Impairment, seed: int):
+    """A relay with `impairment` in front of `server_port`: yields the relay; closes the pool and the relay."""
+    relay = UdpRelay(listen=("127.0.0.1", 0), target=("127.0.0.1", server_port), impairment=impairment,
+                     seed=seed).start()
     try:
-        yield relay.listen[1]
+        yield relay
     finally:
         await pool.close()
         relay.close()
+
+
+@contextlib.asynccontextmanager
+async def _lossy_path(pool: QuicPool, server_port: int):
+    """A relay with LOSSY in front of `server_port`: yields the relay's port."""
+    async with _relayed(pool, server_port, LOSSY, seed=3) as relay:
+        yield relay.listen[1]
 
 
 def _lanes(pool: QuicPool, port: int, pin: str, nbytes: int) -> list[int]:
@@ -107,31 +115,31 @@ def test_the_window_a_large_answer_comes_in_is_the_servers_and_bounds_the_split(
         pin, size = identity.cert_sha256, 256 * 1024
         pool = QuicPool(QuicSettings(max_body=1 << 24, library=library, max_datagram_size=DATAGRAM,
                                      congestion_control=CONTROLLERS[library], max_lanes=4))
-        relay = UdpRelay(listen=("127.0.0.1", 0), target=("127.0.0.1", server.port),
-                         impairment=Impairment(delay_ms=5), seed=5).start()
-        port = relay.listen[1]
         try:
-            await _echo(pool, port, pin, b"small")
-            protocol = pool._pooled[("127.0.0.1", port, pin.lower(), 0)].connection.protocol
-            small_states = protocol.peer_window
-            for _ in range(4):  # the clean path: both windows grow past the answer
-                await _echo(pool, port, pin, os.urandom(size))
-            clean = _lanes(pool, port, pin, size), protocol.peer_window
-            relay.down.impairment = Impairment(delay_ms=5, loss=0.05)  # the answers' way only
-            for _ in range(6):
-                await pool.call(host="127.0.0.1", port=port, pin_sha256=pin, method="big", params={"n": size},
-                                timeout_s=30)
-            own_window, _ = pool._settings.lib.path_state(protocol._quic)
-            _lanes(pool, port, pin, size)  # wanted: they start opening
-            for _ in range(200):
-                if pool.stats()["open_lanes"]:
-                    break
-                await asyncio.sleep(0.05)
-            return small_states, clean, own_window, protocol.peer_window, _lanes(pool, port, pin, size)
+            async with _relayed(pool, server.port, Impairment(delay_ms=5), seed=5) as relay:
+                return await answers(pool, relay, pin, size)
         finally:
-            await pool.close()
-            relay.close()
             server.stop()
+
+    async def answers(pool, relay, pin, size):
+        port = relay.listen[1]
+        await _echo(pool, port, pin, b"small")
+        protocol = pool._pooled[("127.0.0.1", port, pin.lower(), 0)].connection.protocol
+        small_states = protocol.peer_window
+        for _ in range(4):  # the clean path: both windows grow past the answer
+            await _echo(pool, port, pin, os.urandom(size))
+        clean = _lanes(pool, port, pin, size), protocol.peer_window
+        relay.down.impairment = Impairment(delay_ms=5, loss=0.05)  # the answers' way only
+        for _ in range(6):
+            await pool.call(host="127.0.0.1", port=port, pin_sha256=pin, method="big", params={"n": size},
+                            timeout_s=30)
+        own_window, _ = pool._settings.lib.path_state(protocol._quic)
+        _lanes(pool, port, pin, size)  # wanted: they start opening
+        for _ in range(200):
+            if pool.stats()["open_lanes"]:
+                break
+            await asyncio.sleep(0.05)
+        return small_states, clean, own_window, protocol.peer_window, _lanes(pool, port, pin, size)
 
     small_states, (clean_lanes, clean_window), own_window, lossy_window, lanes = asyncio.run(scenario())
     assert small_states is None  # an answer under 32 KiB states no window
