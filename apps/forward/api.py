@@ -69,12 +69,17 @@ class HolderForwardStats(Out):
     failures: int
     latency_ms_median: float | None
     latency_ms_max: float | None
-    overhead_ms_median: float | None = Field(description="Latency minus the holder's reported compute.")
+    overhead_ms_median: float | None = Field(description="A request's latency minus the compute the holder "
+                                                         "reported for it (median).")
     compute_ms: float | None = Field(None, description="The compute_ms its accepted batches' answers reported, "
                                                        "summed (null when none reported it).")
     rtt_ms: float | None = Field(None, description="The QUIC path's smoothed round trip as its answers found it "
                                                     "(median; null over HTTP or locally): what the planner ranks "
                                                     "it by.")
+    wire_ns_per_byte: float | None = Field(None, description="Its slowest request's time beyond rtt_ms and its "
+                                                             "compute, per byte sent and received (null under "
+                                                             "64 KiB or without a QUIC round trip): what the "
+                                                             "planner weighs its rows by.")
     receipts: int = Field(description="Its batches accepted with a verified receipt (0 for this node's own).")
     lanes: int = Field(1, description="The QUIC connections its requests were split over (more than 1 where a "
                                       "request was larger than the congestion window of a lossy path).")

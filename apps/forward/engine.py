@@ -219,8 +219,11 @@ async def _serve_request(items: list[tuple[Batch, np.ndarray]], combine: Streami
         stats = report.holder(holder.provider_id)
         stats.lanes.add(lane)
         for (_, pairs), answer in zip(items, answers, strict=True):
-            _credit(stats, answer, len(pairs), elapsed)
+            _credit(stats, answer, len(pairs), elapsed, overhead=False)
             combine.add(pairs, answer.rows)
+        computes = [answer.compute_s for answer in answers]
+        if None not in computes:  # one request, one wire's share: its time less the compute of all its batches
+            stats.overheads_s.append(max(0.0, elapsed - sum(computes)))  # type: ignore[arg-type]
         return
 
 
@@ -286,8 +289,9 @@ async def _backed_off(reason: str, times: int, limits: ForwardLimits) -> bool:
     return True
 
 
-def _credit(stats: HolderStats, answer: Answer, n: int, elapsed: float) -> None:
-    """A batch of n rows `stats`' holder won in `elapsed` seconds."""
+def _credit(stats: HolderStats, answer: Answer, n: int, elapsed: float, *, overhead: bool = True) -> None:
+    """A batch of n rows `stats`' holder won in `elapsed` seconds (`overhead`: the batch was a request of
+    its own, so its time less its compute is the wire's share)."""
     stats.transport = answer.transport
     stats.batches += 1
     stats.rows += n
@@ -297,7 +301,8 @@ def _credit(stats: HolderStats, answer: Answer, n: int, elapsed: float) -> None:
     if answer.receipt is not None:
         stats.receipts.append(answer.receipt)
     if answer.compute_s is not None:
-        stats.overheads_s.append(max(0.0, elapsed - answer.compute_s))
+        if overhead:
+            stats.overheads_s.append(max(0.0, elapsed - answer.compute_s))
         stats.computes_s.append(answer.compute_s)
     if answer.rtt_s is not None:
         stats.rtts_s.append(answer.rtt_s)

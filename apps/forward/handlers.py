@@ -39,7 +39,7 @@ from apps.worker.doors import CallContext, WorkerParts
 from apps.worker.params import flag_param, fraction_param, hidden_param, str_param
 from core import metrics
 from core.errors import InvalidInput
-from core.formats.wire import WIRE_CODECS, rows_to_bytes
+from core.formats.wire import WIRE_CODECS, encoded_row_bytes, rows_to_bytes
 from core.shardmap.gossip_view import HoldingView, ProviderView
 from core.shardmap.index import ShardIndex
 from core.shardmap.planner import plan_pairs
@@ -136,14 +136,15 @@ class DistributedForward:
         return cached[2] if cached is not None and cached[0] is view and cached[1] == key else None
 
     def _build_shard(self, model_id: str, view: View, cooling: frozenset[str]) -> ShardIndex:
-        """The gossiped holders of other providers, and this node's live holdings (latency 0: no wire).
+        """The gossiped holders of other providers, and this node's live holdings (latency and wire time 0).
 
         This node's own experts count as Warm even when they sit in its disk tier: readahead has
         just promoted the ones the routing selected, and a local execute reads the disk tier itself
         (allow_cold is about asking a remote holder to do that)."""
         providers, holdings, policy, _ = view
         capacity, demand = self.runtime.capacity_tps(), self.runtime.demand_tps()
-        me = ProviderView(self.self_id, tuple(settings.TENZRO_ROLES), None, None, None, False, 0.0)
+        me = ProviderView(self.self_id, tuple(settings.TENZRO_ROLES), None, None, None, False, 0.0,
+                          wire_ns_per_byte=0.0)
         mine = [HoldingView(self.self_id, model_id, layer, expert, "Warm", demand.get((model_id, layer, expert), 0),
                             blob, capacity)
                 for layer, expert, _, blob in self.runtime.held(model_id)]
@@ -197,8 +198,12 @@ class DistributedForward:
         experts = routing.experts.ravel()
         planned_at = time.monotonic()
 
+        # A row there and back in the first codec offered: what the planner weighs each holder's measured
+        # wire time per byte by (a holder that takes only another codec is weighed as if it took this one).
+        row_bytes = 2 * encoded_row_bytes(codecs[0] if codecs else "f32", gate.d_model)
+
         def plan(tokens: np.ndarray, layers: np.ndarray, exps: np.ndarray, exclude: frozenset[str]) -> Any:
-            return plan_pairs(tokens, layers, exps, shard, allow_cold=allow_cold, exclude=exclude)
+            return plan_pairs(tokens, layers, exps, shard, allow_cold=allow_cold, exclude=exclude, row_bytes=row_bytes)
 
         async def run_local(layer_: int, expert: int, rows: np.ndarray) -> np.ndarray:
             return await ctx.run_blocking(self.executor, self.runtime.execute, model_id=model_id, layer=layer_,
@@ -284,7 +289,8 @@ class DistributedForward:
 
         def write() -> None:
             services.forward_outcome_record(model_id=model_id, failures=work.failures,
-                                            latencies_ms=work.latency_medians(), self_id=self.self_id)
+                                            latencies_ms=work.latency_medians(), self_id=self.self_id,
+                                            wire_ns_per_byte=work.wire_medians())
             services.forward_work_record(forward_id=forward_id, router_id=self.self_id, model_id=model_id,
                                          kept=work.kept, holders=work.holder_rows())
 

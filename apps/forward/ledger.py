@@ -21,11 +21,13 @@ from apps.forward.report import Failure, ForwardReport
 
 @dataclass
 class ForwardWork:
-    """Failures, per-holder latencies (ms, one median per forward), kept batches and each remote
-    holder's work {tokens, price_per_input_token, commitments}, over one or many forwards."""
+    """Failures, per-holder latencies (ms, one median per forward) and wire times per byte (ns, one per
+    forward that moved enough bytes), kept batches and each remote holder's work {tokens,
+    price_per_input_token, commitments}, over one or many forwards."""
 
     failures: list[Failure] = field(default_factory=list)
     latencies_ms: dict[str, list[float]] = field(default_factory=dict)
+    wire_ns_per_byte: dict[str, list[float]] = field(default_factory=dict)
     kept: list[dict[str, Any]] = field(default_factory=list)
     holders: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -46,6 +48,8 @@ class ForwardWork:
                 # reordering on the wire").
                 wire = stats.rtts_s or stats.overheads_s or stats.latencies_s
                 self.latencies_ms.setdefault(pid, []).append(statistics.median(wire) * 1000.0)
+            if pid != self_id and (per_byte := stats.wire_ns_per_byte()) is not None:
+                self.wire_ns_per_byte.setdefault(pid, []).append(per_byte)
             if pid == self_id or not stats.receipts:
                 continue
             held = self.holders.setdefault(pid, {"provider_id": pid, "tokens": 0, "commitments": [],
@@ -61,8 +65,9 @@ class ForwardWork:
         """Take `other`'s forwards as this ledger's own (a batched step's work, settled with one of its
         generations)."""
         self.failures.extend(other.failures)
-        for pid, values in other.latencies_ms.items():
-            self.latencies_ms.setdefault(pid, []).extend(values)
+        for mine, theirs in ((self.latencies_ms, other.latencies_ms), (self.wire_ns_per_byte, other.wire_ns_per_byte)):
+            for pid, values in theirs.items():
+                mine.setdefault(pid, []).extend(values)
         self.kept.extend(other.kept)
         for pid, theirs in other.holders.items():
             held = self.holders.setdefault(pid, {**theirs, "tokens": 0, "commitments": []})
@@ -72,6 +77,10 @@ class ForwardWork:
     def latency_medians(self) -> dict[str, float]:
         """Each holder's median over the forwards it served (ms)."""
         return {pid: statistics.median(values) for pid, values in self.latencies_ms.items()}
+
+    def wire_medians(self) -> dict[str, float]:
+        """Each holder's median wire time per byte over the forwards that measured it (ns)."""
+        return {pid: statistics.median(values) for pid, values in self.wire_ns_per_byte.items()}
 
     def holder_rows(self) -> list[dict[str, Any]]:
         """The settlement's holders, by provider id."""

@@ -12,6 +12,11 @@ from typing import Any
 
 import numpy as np
 
+# Below this many bytes of requests and answers, a holder's time beyond its round trip and compute is
+# mostly fixed costs (framing, the receipt, a wake-up), not time per byte: a decode step's 16 KiB would
+# read as a path several times narrower than it is.
+WIRE_SAMPLE_MIN_BYTES = 64 * 1024
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -49,12 +54,22 @@ class HolderStats:
     bytes_sent: int = 0
     bytes_received: int = 0
     latencies_s: list[float] = field(default_factory=list)
-    overheads_s: list[float] = field(default_factory=list)  # latency minus the holder's compute: the wire's share
+    overheads_s: list[float] = field(default_factory=list)  # per request: its latency less its compute (the wire's)
     computes_s: list[float] = field(default_factory=list)  # the compute each answer reported (compute_ms)
     rtts_s: list[float] = field(default_factory=list)  # the path's round trip as each QUIC answer found it
     failures: int = 0
     receipts: list[Any] = field(default_factory=list)  # the verified receipts of the batches it won
     lanes: set[int] = field(default_factory=set)  # the connection lanes its requests' answers came over
+
+    def wire_ns_per_byte(self) -> float | None:
+        """The time its slowest request took beyond its path's round trip and its compute, per byte of its
+        requests and answers (ns): the path's throughput, inverted, that the planner weighs its rows by.
+        None where this forward says little of it: under WIRE_SAMPLE_MIN_BYTES, or no QUIC round trip
+        or no compute to take away."""
+        moved = self.bytes_sent + self.bytes_received
+        if moved < WIRE_SAMPLE_MIN_BYTES or not self.rtts_s or not self.overheads_s:
+            return None
+        return max(0.0, max(self.overheads_s) - statistics.median(self.rtts_s)) * 1e9 / moved
 
     def to_dict(self) -> dict[str, object]:
         # statistics, not numpy: a decode step's holder has a sample or a few, where numpy's call
@@ -68,6 +83,7 @@ class HolderStats:
                 if self.overheads_s else None,
                 "compute_ms": round(sum(self.computes_s) * 1000.0, 3) if self.computes_s else None,
                 "rtt_ms": round(statistics.median(self.rtts_s) * 1000.0, 3) if self.rtts_s else None,
+                "wire_ns_per_byte": None if (wire := self.wire_ns_per_byte()) is None else round(wire, 3),
                 "receipts": len(self.receipts), "lanes": len(self.lanes) or (1 if self.batches else 0)}
 
 

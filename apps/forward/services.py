@@ -28,16 +28,18 @@ NOT_A_FAULT = frozenset({"stalled", SHUTTING_DOWN})
 
 
 def forward_outcome_record(*, model_id: str, failures: Iterable[Failure], latencies_ms: dict[str, float],
-                           self_id: str) -> None:
+                           self_id: str, wire_ns_per_byte: dict[str, float] | None = None) -> None:
     """One forward's failures become penalty rows, and each (but a stalled one) lowers its holder's
-    reputation by the active policy's holder_failure_penalty; each winner's median latency is folded
-    into its provider's measured latency (this node's own is not a network latency and is skipped)."""
+    reputation by the active policy's holder_failure_penalty; each winner's median latency, and its wire
+    time per byte where measured, are folded into its provider's (this node's own is not a network
+    latency and is skipped)."""
     failures = list(failures)
     if failures:
         _penalties_record(model_id=model_id, failures=failures)
     for provider_id, ms in latencies_ms.items():
         if provider_id != self_id:
-            provider_latency_record(provider_id=provider_id, latency_ms=ms)
+            provider_latency_record(provider_id=provider_id, latency_ms=ms,
+                                    wire_ns_per_byte=(wire_ns_per_byte or {}).get(provider_id))
 
 
 @transaction.atomic  # a penalty row and its reputation event stand or fall together

@@ -9,7 +9,7 @@ from apps.providers.models import GossipCount, Holding, Provider, Reachability
 @admin.register(Provider)
 class ProviderAdmin(ReadOnlyAdmin):
     list_display = ("name", "provider_id", "is_self", "seq", "roles", "http_endpoint", "quic_endpoint", "moe_gpu",
-                    "latency_ms", "changed_at")
+                    "latency_ms", "wire_ns_per_byte", "changed_at")
     list_filter = ("is_self", "moe_gpu")
     search_fields = ("provider_id", "name")
     exclude = ("record_text",)

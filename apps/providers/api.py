@@ -192,6 +192,10 @@ class ProviderOut(Out):
     liveness: Literal["alive", "suspect", "dead"] = Field(
         description="alive: heard from within two heartbeat intervals; dead: silent for TENZRO_GOSSIP_TTL_S.")
     latency_ms: float | None
+    wire_ns_per_byte: float | None = Field(
+        description="Its large answers' time beyond the round trip and its compute, per byte, as this node "
+                    "measured it (ns), halved every TENZRO_FORWARD_WIRE_HALF_LIFE_S since; the planner "
+                    "weighs a holder's rows by it.")
     holdings_count: int
     reputation: float
 

@@ -28,6 +28,12 @@ class Provider(models.Model):
     execute_batches = models.BooleanField(default=False, help_text="Its moe/execute takes a multi-expert frame.")
     price_per_input_token = models.CharField(max_length=40)
     latency_ms = models.FloatField(null=True, blank=True, help_text="Recent round trip measured by this node.")
+    wire_ns_per_byte = models.FloatField(
+        null=True, blank=True,
+        help_text="Recent time per byte its large answers took beyond the round trip and its compute, measured "
+                  "by this node (ns), as of wire_measured_ms.")
+    wire_measured_ms = models.BigIntegerField(null=True, blank=True,
+                                              help_text="When wire_ns_per_byte was last measured (Unix ms).")
     changed_at = models.DateTimeField(auto_now=True)
 
     class Meta:

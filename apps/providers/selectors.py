@@ -6,6 +6,7 @@ a model is three (providers, their reputation scores, that model's holdings) plu
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.conf import settings
@@ -31,15 +32,28 @@ def replication_policy() -> ReplicationPolicy:
                              reputation_floor=float(policy.reputation_floor))
 
 
+def wire_as_of(wire_ns_per_byte: float | None, measured_ms: int | None, now_ms: int) -> float | None:
+    """A measured wire time per byte as the planner counts it at `now_ms`: halved for every
+    TENZRO_FORWARD_WIRE_HALF_LIFE_S since it was measured. A holder measured narrow is given few rows
+    or none, and so is not measured again; decayed, it is tried again once its figure no longer
+    outweighs the others', and that forward measures its path anew."""
+    if wire_ns_per_byte is None or measured_ms is None:
+        return wire_ns_per_byte
+    age_s = max(0.0, (now_ms - measured_ms) / 1000.0)
+    return wire_ns_per_byte * 0.5 ** (age_s / settings.TENZRO_FORWARD_WIRE_HALF_LIFE_S)
+
+
 def provider_views() -> list[ProviderView]:
     """Every provider of the gossip view with its reputation (two queries: providers, scores)."""
     rows = Provider.objects.values_list("provider_id", "roles", "http_endpoint", "quic_endpoint",
                                         "quic_cert_sha256", "moe_gpu", "latency_ms", "activation_codecs",
-                                        "price_per_input_token", "execute_batches")
+                                        "price_per_input_token", "execute_batches", "wire_ns_per_byte",
+                                        "wire_measured_ms")
     scores = reputation_scores()  # all of them: fewer rows than the provider table, and no IN list to build
+    now_ms = time.time_ns() // 1_000_000
     return [ProviderView(pid, tuple(roles), http, quic, pin, gpu, latency, tuple(codecs or ("f32",)),
-                         scores.get(pid, 0.0), price, batches)
-            for pid, roles, http, quic, pin, gpu, latency, codecs, price, batches in rows]
+                         scores.get(pid, 0.0), price, batches, wire_as_of(wire, measured, now_ms))
+            for pid, roles, http, quic, pin, gpu, latency, codecs, price, batches, wire, measured in rows]
 
 
 def holding_views(model_id: str, *, layer: int | None = None, expert: int | None = None) -> list[HoldingView]:
@@ -199,13 +213,15 @@ def provider_rows(provider_ids: list[str] | None = None, *, now_ms: int) -> list
     if provider_ids is not None:
         rows = rows.filter(provider_id__in=provider_ids)
     values = list(rows.values("provider_id", "name", "is_self", "seq", "roles", "http_endpoint", "quic_endpoint",
-                              "moe_gpu", "alive_ms", "latency_ms", "holdings_count"))
+                              "moe_gpu", "alive_ms", "latency_ms", "wire_ns_per_byte", "wire_measured_ms",
+                              "holdings_count"))
     scores = reputation_scores([v["provider_id"] for v in values]) if provider_ids is not None else reputation_scores()
     heartbeat_s, ttl_s = settings.TENZRO_GOSSIP_HEARTBEAT_S, settings.TENZRO_GOSSIP_TTL_S
     for v in values:
         v["reputation"] = scores.get(v["provider_id"], 0.0)
         v["age_s"] = max(0.0, (now_ms - v["alive_ms"]) / 1000)
         v["liveness"] = liveness(v["age_s"], heartbeat_s=heartbeat_s, ttl_s=ttl_s)
+        v["wire_ns_per_byte"] = wire_as_of(v["wire_ns_per_byte"], v.pop("wire_measured_ms"), now_ms)
     return values
 
 

@@ -21,7 +21,7 @@ from apps.node.selectors import node_identity
 from apps.providers.gossip import Gossip, Limits, parse_digest
 from apps.providers.models import GossipCount, Provider, Reachability
 from apps.providers.records import ProviderRecord, SignedRecord, sign_heartbeat, sign_record
-from apps.providers.selectors import announcement
+from apps.providers.selectors import announcement, wire_as_of
 from apps.providers.signals import holdings_changed, providers_changed
 from core import metrics
 
@@ -179,8 +179,21 @@ def reachability_record(*, http_ok: bool, quic_ok: bool, checked_by: str, detail
     return before is None or (before.http_ok, before.quic_ok) != (http_ok, quic_ok)
 
 
-def provider_latency_record(*, provider_id: str, latency_ms: float) -> None:
-    """Fold a measured round trip into the provider's latency (EWMA, alpha 0.3): the planner ranks by it."""
-    row = Provider.objects.filter(provider_id=provider_id).values_list("latency_ms", flat=True).first()
-    value = latency_ms if row is None else 0.7 * row + 0.3 * latency_ms
-    Provider.objects.filter(provider_id=provider_id).update(latency_ms=value)
+def provider_latency_record(*, provider_id: str, latency_ms: float, wire_ns_per_byte: float | None = None) -> None:
+    """Fold a measured round trip, and where measured the wire's time per byte, into the provider's
+    (EWMA, alpha 0.3 each; the wire time as the planner saw it, decayed since it was last measured):
+    the planner ranks by them."""
+    row = (Provider.objects.filter(provider_id=provider_id)
+           .values_list("latency_ms", "wire_ns_per_byte", "wire_measured_ms").first())
+    if row is None:
+        return
+    update: dict[str, float | int] = {"latency_ms": _folded(row[0], latency_ms)}
+    if wire_ns_per_byte is not None:
+        now_ms = time.time_ns() // 1_000_000
+        update["wire_ns_per_byte"] = _folded(wire_as_of(row[1], row[2], now_ms), wire_ns_per_byte)
+        update["wire_measured_ms"] = now_ms
+    Provider.objects.filter(provider_id=provider_id).update(**update)
+
+
+def _folded(before: float | None, measured: float) -> float:
+    return measured if before is None else 0.7 * before + 0.3 * measured

@@ -37,7 +37,9 @@ class ProviderView:
     ``quic_endpoint`` is "host:port"; ``quic_cert_sha256`` the pinned TLS certificate
     fingerprint from its signed record (None when it advertises no QUIC door, and then the
     forward uses ``http_endpoint``). ``latency_ms`` is the recent measured round trip to it,
-    None when this node has not measured one. ``reputation`` is its score as this node sees it
+    None when this node has not measured one. ``wire_ns_per_byte`` is the time its large answers
+    took beyond that round trip and its compute, per byte of request and answer (its path's
+    throughput, inverted; None when not measured). ``reputation`` is its score as this node sees it
     (apps.reputation: penalties down, settlement credits up; 0 for one never seen), and
     ``price_per_input_token`` the decimal string of its signed record.
     """
@@ -53,6 +55,7 @@ class ProviderView:
     reputation: float = 0.0
     price_per_input_token: str = "0"
     execute_batches: bool = False  # its moe/execute takes a multi-expert frame
+    wire_ns_per_byte: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.provider_id, str) or not self.provider_id:
@@ -66,6 +69,9 @@ class ProviderView:
             type(latency) not in (int, float) or not math.isfinite(latency) or latency < 0
         ):
             raise ValueError(f"provider {self.provider_id}: latency_ms must be finite and >= 0, got {latency!r}")
+        wire = self.wire_ns_per_byte
+        if wire is not None and (type(wire) not in (int, float) or not math.isfinite(wire) or wire < 0):
+            raise ValueError(f"provider {self.provider_id}: wire_ns_per_byte must be finite and >= 0, got {wire!r}")
         if type(self.reputation) not in (int, float) or not math.isfinite(self.reputation):
             raise ValueError(
                 f"provider {self.provider_id}: reputation must be a finite number, got {self.reputation!r}")

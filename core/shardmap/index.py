@@ -21,7 +21,9 @@ Layout (CSR, every array read-only)::
 Within an expert, holders are ordered Warm first, then capacity_tps descending, then
 provider id: the order the shard map prints and the order the planner's backups start from.
 
-Per provider, derived: ``provider_barred`` (reputation below the policy's reputation_floor:
+Per provider, derived: ``provider_latency_s`` and ``provider_wire_s_per_byte`` (measured
+round trip, and time per byte beyond it; an unmeasured provider counts as the slowest measured
+one, 0 when none is measured), ``provider_barred`` (reputation below the policy's reputation_floor:
 the planner never picks it, the shard map still lists it) and ``provider_rank``, its place
 in (reputation descending, provider id) order, which the planner's exact ties go by.
 
@@ -51,6 +53,14 @@ def expert_keys(layers: np.ndarray, experts: np.ndarray) -> np.ndarray:
     return (layers.astype(np.int64) << KEY_SHIFT) | experts.astype(np.int64)
 
 
+def _filled(measured: list[float | None], per_second: float) -> np.ndarray:
+    """Per provider, its measure in seconds (float64; `per_second` units make one): None becomes the
+    largest measured, 0 when none is."""
+    known = [m for m in measured if m is not None]
+    fill = max(known) / per_second if known else 0.0
+    return np.array([fill if m is None else m / per_second for m in measured], dtype=np.float64)
+
+
 def _frozen(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
@@ -78,9 +88,10 @@ class ShardIndex:
     replication: np.ndarray = field(init=False)
     summed_tps: np.ndarray = field(init=False)
     hot: np.ndarray = field(init=False)
-    # Derived per provider: GPU flag, and latency in seconds with unknown ones filled (see build).
+    # Derived per provider: GPU flag, latency and wire time per byte in seconds, unknown ones filled (_filled).
     provider_gpu: np.ndarray = field(init=False)
     provider_latency_s: np.ndarray = field(init=False)
+    provider_wire_s_per_byte: np.ndarray = field(init=False)
     # Derived per provider: reputation below the floor, and the tie rank (higher reputation, then id).
     provider_barred: np.ndarray = field(init=False)
     provider_rank: np.ndarray = field(init=False)
@@ -92,18 +103,18 @@ class ShardIndex:
     def __post_init__(self) -> None:
         counts = np.diff(self.offsets)
         summed = np.add.reduceat(self.holder_tps, self.offsets[:-1]) if len(self.keys) else np.zeros(0, np.int64)
-        known = [p.latency_ms for p in self.providers if p.latency_ms is not None]
         # An unmeasured provider is assumed as slow as the slowest measured one: the planner then
         # prefers holders it has numbers for without shutting the others out. No measurement at
         # all: every latency is 0 and the ranking falls to committed_tps alone.
-        fill = max(known) / 1000.0 if known else 0.0
-        latency = [fill if p.latency_ms is None else p.latency_ms / 1000.0 for p in self.providers]
+        latency = _filled([p.latency_ms for p in self.providers], 1e3)
+        wire = _filled([p.wire_ns_per_byte for p in self.providers], 1e9)
         derived = {
             "replication": counts,
             "summed_tps": summed,
             "hot": summed >= self.policy.hot_threshold_tps,  # at the threshold counts as hot (seed: "≥ 1000")
             "provider_gpu": np.array([p.moe_gpu for p in self.providers], dtype=bool),
-            "provider_latency_s": np.array(latency, dtype=np.float64),
+            "provider_latency_s": latency,
+            "provider_wire_s_per_byte": wire,
             **_reputation_columns(self.providers, self.policy.reputation_floor),
         }
         width = int(self.experts.max()) + 1 if len(self.keys) else 0

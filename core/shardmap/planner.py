@@ -42,6 +42,12 @@ latency: docs/protocol.md, "stats"; an unmeasured one counts as the slowest meas
 core.shardmap.index). Latency is paid once per holder: its batches travel
 together. Equal scores go to the higher reputation, then the smaller provider id.
 
+When the caller gives ``row_bytes`` (what one row costs on the wire, request and answer), the
+rows also pay the holder's path: rate becomes 1 / (1/capacity + row_bytes * wire_s_per_byte),
+its measured time per byte beyond the round trip (docs/protocol.md, "stats"). Without it, a
+holder's rows cost compute only, and on a lossy or narrow path, where a row's bytes take longer
+than its compute, a few milliseconds of round trip decided where every row of a forward went.
+
 Reputation breaks exact ties only; it does not enter the finish time. It is an amount
 (settlement credits less penalties), not a time, and no policy number converts one into
 the other; a provider whose record is bad enough is kept out by the floor instead. Ties
@@ -154,6 +160,7 @@ def plan_dispatch(
     allow_cold: bool = False,
     exclude: Iterable[str] = (),
     min_batch_rows: int = MIN_BATCH_ROWS,
+    row_bytes: int = 0,
 ) -> dict[str, Any]:
     """Plan the routings of docs/specification.md against ``shard``; the JSON shape of the module docstring.
 
@@ -161,7 +168,7 @@ def plan_dispatch(
     """
     tokens, layers, experts, listed = parse_routings(routings)
     return plan_pairs(tokens, layers, experts, shard, allow_cold=allow_cold, exclude=exclude,
-                      min_batch_rows=min_batch_rows, listed=listed).to_dict()
+                      min_batch_rows=min_batch_rows, listed=listed, row_bytes=row_bytes).to_dict()
 
 
 def plan_pairs(
@@ -174,13 +181,15 @@ def plan_pairs(
     exclude: Iterable[str] = (),
     min_batch_rows: int = MIN_BATCH_ROWS,
     listed: np.ndarray | None = None,
+    row_bytes: int = 0,
 ) -> DispatchPlan:
     """Plan flat (token, layer, expert) pairs, each (n_pairs,) of integers in [0, 2**31).
 
     ``exclude``: provider ids never to plan on (unknown ids are ignored). ``listed``: the
     tokens to report in token_assignments, default those of the pairs; when given it must
     be ascending, distinct and include every token of the pairs (not checked: it costs a
-    sort, and plan_dispatch builds it so).
+    sort, and plan_dispatch builds it so). ``row_bytes``: a row's bytes on the wire, request and
+    answer, to weigh each holder's measured wire time per byte (0: compute only).
     Raises PlanInputError when the arrays disagree in length, hold other than integers in
     range, or a token routes to one (layer, expert) twice.
     """
@@ -190,6 +199,8 @@ def plan_pairs(
         raise PlanInputError(f"pair arrays differ in length: {len(tokens)}, {len(layers)}, {len(experts)}")
     if type(min_batch_rows) is not int or min_batch_rows < 1:
         raise PlanInputError(f"min_batch_rows must be an integer >= 1, got {min_batch_rows!r}")
+    if type(row_bytes) is not int or row_bytes < 0:
+        raise PlanInputError(f"row_bytes must be an integer >= 0, got {row_bytes!r}")
     if listed is None:
         listed = np.unique(tokens)
 
@@ -207,7 +218,8 @@ def plan_pairs(
     gone = set(exclude)
     excluded = {i for i, pid in enumerate(shard.provider_ids()) if pid in gone} if gone else set()
     pieces, refused = place(shard, g_sorted[starts].tolist(), np.diff(bounds).tolist(),
-                            allow_cold=allow_cold, excluded=excluded, min_batch_rows=min_batch_rows)
+                            allow_cold=allow_cold, excluded=excluded, min_batch_rows=min_batch_rows,
+                            row_bytes=row_bytes)
 
     batches: list[Batch] = []
     sorted_batch = np.full(len(order), -1, dtype=np.int64)

@@ -6,7 +6,9 @@ the loop visits one expert at a time with a handful of candidates each, where nu
 per-call overhead (about a microsecond) would cost more than the arithmetic.
 
 Units: rows are (token, expert) pairs; rate is capacity_tps in rows per second; latency
-and finish times are seconds.
+and finish times are seconds. With the wire's time per row known (``row_bytes`` times a
+provider's measured seconds per byte, w), a holder's rate is its compute and its path in
+series: 1 / (1/rate + w) = rate / (1 + rate * w), which is rate itself, bit for bit, where w is 0.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class Columns:
     rate: list[float]  # (n_holders): capacity_tps, an unmeasured one's filled in (holder_rates)
     gpu: list[bool]  # (n_providers)
     latency: list[float]  # (n_providers): seconds
+    wire: list[float]  # (n_providers): seconds per byte of request and answer beyond the round trip
     rank: list[int]  # (n_providers): exact ties go to the smaller rank (higher reputation, then provider id)
     barred: frozenset[int]  # providers whose reputation is below the policy's floor
     n_experts: int
@@ -58,6 +61,7 @@ class Columns:
     n_warm_array: np.ndarray
     rate_array: np.ndarray
     rank_array: np.ndarray
+    wire_measured: bool  # some provider's wire time is above 0
 
 
 _CACHE: weakref.WeakKeyDictionary[ShardIndex, Columns] = weakref.WeakKeyDictionary()
@@ -76,7 +80,8 @@ def columns_of(shard: ShardIndex) -> Columns:
         cols = Columns(
             offsets=shard.offsets.tolist(), n_warm=n_warm.tolist(), hot=shard.hot.tolist(),
             provider=shard.holder_provider.tolist(), rate=rate.tolist(), gpu=shard.provider_gpu.tolist(),
-            latency=shard.provider_latency_s.tolist(), rank=shard.provider_rank.tolist(),
+            latency=shard.provider_latency_s.tolist(), wire=shard.provider_wire_s_per_byte.tolist(),
+            rank=shard.provider_rank.tolist(), wire_measured=bool(shard.provider_wire_s_per_byte.any()),
             barred=frozenset(np.flatnonzero(shard.provider_barred).tolist()), n_experts=shard.n_experts,
             offsets_array=shard.offsets, n_warm_array=n_warm, rate_array=rate, rank_array=shard.provider_rank)
         _CACHE[shard] = cols
@@ -102,15 +107,18 @@ def place(
     allow_cold: bool,
     excluded: set[int],
     min_batch_rows: int,
+    row_bytes: int = 0,
 ) -> tuple[list[Piece], list[tuple[int, str]]]:
     """Place every segment (one routed expert's rows); return its pieces and the refused segments.
 
     ``segment_expert[s]`` is an expert index of the index, or >= n_experts for an expert
     nobody holds. Pieces come sorted by (segment, provider); segments must be in expert order
-    for that to be (layer, expert, provider id) order, as the planner gives them.
+    for that to be (layer, expert, provider id) order, as the planner gives them. ``row_bytes``:
+    the bytes one row costs on the wire, request and answer (0: the wire's time is not modelled).
     """
     cols = columns_of(shard)
-    prov, rate, lat, rank = cols.provider, cols.rate, cols.latency, cols.rank
+    prov, lat, rank = cols.provider, cols.latency, cols.rank
+    rate = _rates(cols, segment_expert, row_bytes)
     # Below the reputation floor is treated as excluded, except in the reason an expert reports.
     barred = excluded | cols.barred if cols.barred else excluded
     refused: list[tuple[int, str]] = []
@@ -155,7 +163,7 @@ def place(
     for s in sorted(chosen_tier, key=lambda s: (-segment_rows[s], s)):
         n, tier, g = segment_rows[s], chosen_tier[s], preferred[s]
         pieces = min(len(tier), -(-n // fair), n // min_batch_rows)
-        alloc = _water_fill(n, tier, g, pieces, cols, load, min_batch_rows) if pieces > 1 else None
+        alloc = _water_fill(n, tier, g, pieces, cols, rate, load, min_batch_rows) if pieces > 1 else None
         if alloc is None:
             # Whole, on the best preferred candidate; exact float ties go to the higher reputation,
             # then the smaller provider id (the rank).
@@ -171,11 +179,22 @@ def place(
         for j, r in sorted(placed[s], key=lambda item: prov[item[0]]):
             out.append((s, e, j, first, r))
             first += r
-    backups = _backups(shard, cols, out, load, allow_cold=allow_cold, excluded=barred)
+    backups = _backups(shard, cols, rate, row_bytes, out, load, allow_cold=allow_cold, excluded=barred)
     return [Piece(s, e, prov[j], first, r, b) for (s, e, j, first, r), b in zip(out, backups, strict=True)], refused
 
 
-def _backups(shard: ShardIndex, cols: Columns, pieces: list[tuple[int, int, int, int, int]], load: list[int], *,
+def _rates(cols: Columns, segment_expert: list[int], row_bytes: int) -> list[float] | dict[int, float]:
+    """Each holder row's rate in rows/s: capacity_tps, with the wire's time per row in series where it
+    is measured; for the holders of the routed experts only (a decode step's few against a whole model's)."""
+    if row_bytes <= 0 or not cols.wire_measured:
+        return cols.rate
+    rate, prov, wire, offsets = cols.rate, cols.provider, cols.wire, cols.offsets
+    return {j: rate[j] / (1.0 + rate[j] * row_bytes * wire[prov[j]])
+            for e in set(segment_expert) if e < cols.n_experts for j in range(offsets[e], offsets[e + 1])}
+
+
+def _backups(shard: ShardIndex, cols: Columns, rate: list[float] | dict[int, float], row_bytes: int,
+             pieces: list[tuple[int, int, int, int, int]], load: list[int], *,
              allow_cold: bool, excluded: set[int] | frozenset[int]) -> list[tuple[int, ...]]:
     """Each piece's backup providers, best first, ranked for all pieces in one sort.
 
@@ -187,7 +206,7 @@ def _backups(shard: ShardIndex, cols: Columns, pieces: list[tuple[int, int, int,
     if not pieces:
         return []
     if len(pieces) <= FEW_PIECES:
-        return _backups_few(cols, pieces, load, allow_cold=allow_cold, excluded=excluded)
+        return _backups_few(cols, rate, pieces, load, allow_cold=allow_cold, excluded=excluded)
     expert = np.array([p[1] for p in pieces], dtype=np.int64)  # (n_pieces,)
     own = np.array([p[2] for p in pieces], dtype=np.int64)
     rows = np.array([p[4] for p in pieces], dtype=np.float64)
@@ -208,7 +227,10 @@ def _backups(shard: ShardIndex, cols: Columns, pieces: list[tuple[int, int, int,
     held = np.array([load[p] for p in who.tolist()], np.float64) if len(who) < len(load) \
         else np.asarray(load, dtype=np.float64)[who]
     busy = held + rows[piece]
-    finish = shard.provider_latency_s[who] + busy / cols.rate_array[row]
+    holder_rate = cols.rate_array[row]
+    if rate is not cols.rate:  # the wire in series (_rates), as arrays
+        holder_rate = holder_rate / (1.0 + holder_rate * row_bytes * shard.provider_wire_s_per_byte[who])
+    finish = shard.provider_latency_s[who] + busy / holder_rate
     cpu_of_hot = shard.hot[expert[piece]] & ~shard.provider_gpu[who]
     order = np.lexsort((cols.rank_array[who], finish, cpu_of_hot, row >= warm_end[piece], piece))  # last key first
     ranked = who[order].tolist()
@@ -216,11 +238,11 @@ def _backups(shard: ShardIndex, cols: Columns, pieces: list[tuple[int, int, int,
     return [tuple(ranked[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
-def _backups_few(cols: Columns, pieces: list[tuple[int, int, int, int, int]], load: list[int], *,
-                 allow_cold: bool, excluded: set[int] | frozenset[int]) -> list[tuple[int, ...]]:
+def _backups_few(cols: Columns, rate: list[float] | dict[int, float], pieces: list[tuple[int, int, int, int, int]],
+                 load: list[int], *, allow_cold: bool, excluded: set[int] | frozenset[int]) -> list[tuple[int, ...]]:
     """_backups for a decode step's few pieces, over lists: the same keys and the same order (a
     stable sort, as lexsort's), without numpy's per-call cost on arrays of a few candidates."""
-    prov, rate, lat, rank, gpu = cols.provider, cols.rate, cols.latency, cols.rank, cols.gpu
+    prov, lat, rank, gpu = cols.provider, cols.latency, cols.rank, cols.gpu
     out = []
     for _, e, own, _, rows in pieces:
         start = cols.offsets[e]
@@ -234,8 +256,9 @@ def _backups_few(cols: Columns, pieces: list[tuple[int, int, int, int, int]], lo
     return out
 
 
-def _water_fill(n: int, tier: list[int], preferred: int, pieces: int, cols: Columns, load: list[int],
-                min_batch_rows: int) -> list[tuple[int, int]] | None:
+def _water_fill(n: int, tier: list[int], preferred: int, pieces: int, cols: Columns,
+                rate: list[float] | dict[int, float], load: list[int], min_batch_rows: int
+                ) -> list[tuple[int, int]] | None:
     """Split n rows over at most ``pieces`` holders of ``tier`` so that they finish together.
 
     Picks ``pieces`` holders: the ``preferred`` leading candidates (GPU holders of a hot
@@ -246,7 +269,7 @@ def _water_fill(n: int, tier: list[int], preferred: int, pieces: int, cols: Colu
     min_batch_rows, or None when only one holder is left: the caller then places the
     expert whole, as it places one that is not split.
     """
-    prov, rate, lat, rank = cols.provider, cols.rate, cols.latency, cols.rank
+    prov, lat, rank = cols.provider, cols.latency, cols.rank
     share = n / pieces
 
     def by_finish(group: list[int]) -> list[int]:

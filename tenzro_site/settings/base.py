@@ -79,6 +79,10 @@ TENZRO_FORWARD_HEDGE_DEFAULT_S = env_float("TENZRO_FORWARD_HEDGE_DEFAULT_S", 0.0
 TENZRO_FORWARD_HEDGE_FLOOR_S = env_float("TENZRO_FORWARD_HEDGE_FLOOR_S", 0.005)
 # A holder that failed or stalled in a forward is planned last for this long.
 TENZRO_FORWARD_FAILURE_COOLDOWN_S = env_float("TENZRO_FORWARD_FAILURE_COOLDOWN_S", 30.0)
+# A holder's measured wire time per byte halves every this many seconds it is not measured again: one
+# the planner sent no rows (its path was measured narrow) is tried again, and measured, once it is
+# no longer so much worse than the others.
+TENZRO_FORWARD_WIRE_HALF_LIFE_S = env_float("TENZRO_FORWARD_WIRE_HALF_LIFE_S", 60.0)
 # The dashboard's Forwards page: this many of the most recent forwards' stats are kept.
 TENZRO_FORWARD_RECORDS_KEPT = env_int("TENZRO_FORWARD_RECORDS_KEPT", 500)
 # Whole-model generation (docs/operations.md, "Generation"): the longest prompt and the most new

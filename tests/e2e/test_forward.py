@@ -169,6 +169,10 @@ def test_the_distributed_forward_equals_the_local_one(network, layers) -> None:
             transports.setdefault(h["provider"], set()).add(h["transport"])
             # the path's own round trip, which the planner ranks QUIC holders by: measured on QUIC only
             assert (h["rtt_ms"] is not None and 0 < h["rtt_ms"] < 1000) == (h["transport"] == "quic"), h
+            # and its wire time per byte, which the planner weighs its rows by: QUIC, and enough bytes to say
+            moved = h["bytes_sent"] + h["bytes_received"]
+            assert (h["wire_ns_per_byte"] is not None) == (h["transport"] == "quic" and moved >= 64 * 1024), h
+            assert h["wire_ns_per_byte"] is None or h["wire_ns_per_byte"] >= 0, h
             if h["provider"] != pid_a:
                 wire[codec][0] += h["bytes_sent"] + h["bytes_received"]
                 wire[codec][1] += h["rows"]

@@ -246,6 +246,20 @@ def test_a_gathered_request_is_one_latency_sample_sized_by_its_rows() -> None:
     assert len(samples[(provider_id(0), 7)]) == 1
 
 
+def test_a_gathered_request_is_one_wire_share_its_time_less_the_compute_of_all_its_batches() -> None:
+    """Each batch's own time less its own compute would count its siblings' compute as the wire's."""
+    class Computing(GatheringHolders):
+        async def __call__(self, holder, layer, expert, rows, tokens):
+            answer = await super().__call__(holder, layer, expert, rows, tokens)
+            return Answer(answer.rows, transport="quic", request=answer.request, compute_s=0.010)
+
+    shard = _shard({e: [0] for e in range(N_EXPERTS)})
+    _, report, _, _ = _forward(shard, Computing(delay_s=0.05), tokens=40, k=2)
+    stats = report.holders[provider_id(0)]
+    assert stats.batches == N_EXPERTS and len(stats.overheads_s) == 1
+    assert stats.overheads_s[0] == pytest.approx(stats.latencies_s[0] - N_EXPERTS * 0.010)
+
+
 class LaningHolders(GatheringHolders):
     """Each holder offers `offered` connection lanes for a request of at least `from_rows` rows (as
     HolderCaller does over a lossy path); `failing_lane` fails every request sent on it."""

@@ -50,3 +50,32 @@ def test_a_quic_holders_latency_is_its_paths_round_trip_not_the_time_its_rows_to
     work = ForwardWork()
     work.add(ForwardReport(holders={"a": loaded, "b": http}), self_id="me", prices={}, blob_of={})
     assert work.latency_medians() == {"a": 32.0, "b": 9.0}
+
+
+def test_a_holders_wire_time_per_byte_is_its_slowest_request_beyond_round_trip_and_compute() -> None:
+    """What the planner weighs a holder's rows by, measured only where bytes, not fixed costs, dominate."""
+    lossy = HolderStats("a", batches=16, rows=128, bytes_sent=500_000, bytes_received=500_000,
+                        latencies_s=[0.20, 0.25], overheads_s=[0.19, 0.23], rtts_s=[0.031, 0.029, 0.030])
+    decode = HolderStats("b", batches=1, rows=8, bytes_sent=8_000, bytes_received=8_000, latencies_s=[0.002],
+                         overheads_s=[0.001], rtts_s=[0.0002])  # a decode step: 16 KB, mostly fixed costs
+    http = HolderStats("c", batches=1, rows=128, bytes_sent=500_000, bytes_received=500_000, latencies_s=[0.2],
+                       overheads_s=[0.1])  # no QUIC round trip to take away
+    quick = HolderStats("d", batches=1, rows=128, bytes_sent=500_000, bytes_received=500_000, latencies_s=[0.03],
+                        overheads_s=[0.02], rtts_s=[0.03])  # beyond its round trip: nothing
+    mine = HolderStats("me", batches=1, rows=128, bytes_sent=500_000, bytes_received=500_000, latencies_s=[0.2],
+                       overheads_s=[0.19], rtts_s=[0.03])
+    assert abs(lossy.wire_ns_per_byte() - 200.0) < 1e-9  # (0.23 - 0.030) s over 1 MB
+    assert decode.wire_ns_per_byte() is None and http.wire_ns_per_byte() is None
+    assert quick.wire_ns_per_byte() == 0.0
+    assert lossy.to_dict()["wire_ns_per_byte"] == 200.0 and decode.to_dict()["wire_ns_per_byte"] is None
+    work = ForwardWork()
+    for _ in range(2):
+        work.add(ForwardReport(holders={"a": lossy, "b": decode, "c": http, "d": quick, "me": mine}), self_id="me",
+                 prices={}, blob_of={})
+    other = ForwardWork()
+    other.add(ForwardReport(holders={"a": HolderStats("a", batches=1, rows=128, bytes_sent=1_000_000, rtts_s=[0.03],
+                                                      latencies_s=[0.5], overheads_s=[0.53])}),
+              self_id="me", prices={}, blob_of={})
+    work.absorb(other)
+    assert {pid: round(v, 6) for pid, v in work.wire_medians().items()} == {"a": 200.0, "d": 0.0}
+    assert work.wire_ns_per_byte["a"][-1] == 500.0  # absorbed
