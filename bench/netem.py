@@ -17,7 +17,8 @@ controller remembers a path's base RTT), the run measures:
   the same impairment, i.e. the RTT the condition adds to one exchange;
 * `tenzro_moeForward` on the router (JSON-RPC, client wall clock) for 64 tokens with Q8_0 and
   with f32 on the wire: p50 and p99, beside the same forward with the relays passing through
-  unimpaired ("clean"), and the relative error against `forward_local` in this process.
+  unimpaired ("clean"), and the relative error against `forward_local` in this process. Timed
+  forwards follow at least WARMUP untimed ones of each wire and WARMUP_S of them.
 
 The whole run is repeated for each QUIC transport (`--transports`; default qh3, the node's default,
 then aioquic with its default controller, "tolerant": core/transport/quic_tolerant.py), each with
@@ -29,7 +30,10 @@ their initial size, and hedges add more). Connections are pooled, so no handshak
 "lanes": the median over the forwards of the most connections one holder's request was split over
 (core/transport/lanes.py: more than one where the request is larger than the congestion window).
 "busiest": the median over the forwards of the share of the rows the busiest holder served (50 % is
-an even split between the two holders; 100 %, every row on one).
+an even split between the two holders; 100 %, every row on one). In the condition where one holder is
+nearer but its path alone loses 2 % of its datagrams, the planner should give that path fewer rows
+(docs/protocol.md, "stats": each holder's measured wire time per byte), so there "busiest" is the
+farther, clean path's share.
 """
 
 from __future__ import annotations
@@ -70,11 +74,24 @@ CONDITIONS = {
     "30 ms RTT ±5, 2% loss": Impairment(delay_ms=15, jitter_ms=2.5, loss=0.02),
     "100 ms RTT ±10, 0.5% loss": Impairment(delay_ms=50, jitter_ms=5, loss=0.005),
     "30 ms RTT ±5, 1% reorder": Impairment(delay_ms=15, jitter_ms=2.5, reorder=0.01),
+    "30 ms RTT ±5, one holder nearer (10 ms) at 2% loss": Impairment(delay_ms=15, jitter_ms=2.5),
 }
+# Conditions where one node's path differs from the rest (node 2 is the second holder). Here it is 20 ms
+# nearer and loses 2 % of its datagrams: ranked by round trip alone, it would be given every row; the
+# planner should give it fewer than the other (docs/protocol.md, "stats": each holder's wire time per
+# byte), which "busiest" shows (the other holder's share, above 50 %).
+ONE_PATH = {"30 ms RTT ±5, one holder nearer (10 ms) at 2% loss": (2, Impairment(delay_ms=5, jitter_ms=2.5,
+                                                                                 loss=0.02))}
+# What the results keep of each forward's holders: what the planner was fed, and what each holder got.
+HOLDER_FIELDS = ("provider", "rows", "rtt_ms", "wire_ns_per_byte", "latency_ms_max", "compute_ms", "bytes_sent",
+                 "bytes_received", "lanes")
 # The loss-recovery target: at 1 % loss and at 1 % reorder, forward p50 within 2x the clean p50 plus 2 RTTs.
 TARGETED = ("30 ms RTT ±5, 1% loss", "30 ms RTT ±5, 1% loss, 1% reorder", "30 ms RTT ±5, 1% reorder")
 PATH_SETTLE_S = CongestionSignal.base_window_s
 WARMUP = 3
+# and for at least this long: the router plans on a view of the network it reads again every
+# TENZRO_WORKER_CONTROL_TTL_S (5 s), so the latencies and wire times of the condition reach its plans
+WARMUP_S = 6.0
 NODE_ENV = {
     "TENZRO_GOSSIP_INTERVAL_S": "1", "TENZRO_GOSSIP_HEARTBEAT_S": "2", "TENZRO_GOSSIP_TTL_S": "120",
     "TENZRO_REACHABILITY_CHECK_S": "120",
@@ -109,16 +126,21 @@ def wait_converged(router: NodeProcess, timeout_s: float = 120.0) -> float:
 
 
 def measure(forward: Forwarder, bodies: dict[str, bytes], want: np.ndarray, repeats: int) -> dict[str, Any]:
-    """Forwards of each wire, interleaved, after WARMUP untimed ones each (the hedging book learns the new
-    latencies: with the clean path's, hedges fire on every forward of the first lossy condition)."""
+    """Forwards of each wire, interleaved, after WARMUP untimed ones each and WARMUP_S (the hedging book
+    learns the new latencies: with the clean path's, hedges fire on every forward of the first lossy
+    condition; the planner, the paths' round trips and wire times)."""
     samples: dict[str, list[float]] = {w: [] for w in bodies}
     errors: dict[str, float] = dict.fromkeys(bodies, 0.0)
     lanes: dict[str, list[int]] = {w: [] for w in bodies}  # per forward: the most lanes a holder's request took
     busiest: dict[str, list[float]] = {w: [] for w in bodies}  # per forward: the busiest holder's share of the rows
+    # per forward, per holder: what the planner was fed and what it got (HOLDER_FIELDS)
+    holders: dict[str, list[list[dict[str, Any]]]] = {w: [] for w in bodies}
     failures, hedges, retries = 0, 0, 0
-    for _ in range(WARMUP):
+    started, warmups = time.monotonic(), 0
+    while warmups < WARMUP or time.monotonic() - started < WARMUP_S:
         for body in bodies.values():
             forward(LAYER, body)
+        warmups += 1
     for _ in range(repeats):
         for wire, body in bodies.items():
             try:
@@ -132,10 +154,11 @@ def measure(forward: Forwarder, bodies: dict[str, bytes], want: np.ndarray, repe
             lanes[wire].append(max((h.get("lanes", 1) for h in stats["holders"]), default=1))
             rows = [h["rows"] for h in stats["holders"]]
             busiest[wire].append(max(rows) / sum(rows) if sum(rows) else 0.0)
+            holders[wire].append([{k: h.get(k) for k in HOLDER_FIELDS} for h in stats["holders"]])
             hedges += stats["hedges_fired"]
             retries += stats["retries"]
     return {"samples_ms": samples, "rel_error": errors, "failures": failures, "hedges_fired": hedges,
-            "retries": retries, "lanes": lanes, "busiest_share": busiest}
+            "retries": retries, "lanes": lanes, "busiest_share": busiest, "holders": holders}
 
 
 def run(args: argparse.Namespace, work: Path, transport: tuple[str, str]) -> dict[str, Any]:
@@ -159,6 +182,9 @@ def run(args: argparse.Namespace, work: Path, transport: tuple[str, str]) -> dic
             delay_ms = 0.0
             for name, impairment in args.conditions.items():
                 network.set(impairment)
+                if name in ONE_PATH:
+                    node, other = ONE_PATH[name]
+                    network.set(other, node=node)
                 if impairment.delay_ms != delay_ms:
                     # The path's delay jumped (the relays switch live; real paths do not): give the
                     # senders' controllers the time they take to forget the old path's RTT (the
@@ -170,7 +196,10 @@ def run(args: argparse.Namespace, work: Path, transport: tuple[str, str]) -> dic
                 measured = measure(forward, bodies, want, args.repeats)
                 after = network.relays.counters()
                 results["conditions"][name] = {
-                    "impairment": impairment.describe(), "ping": ping.summary(), **measured,
+                    "impairment": impairment.describe() + (
+                        f"; node {ONE_PATH[name][0]}'s path: {ONE_PATH[name][1].describe()}" if name in ONE_PATH
+                        else ""),
+                    "ping": ping.summary(), **measured,
                     "relay_datagrams": after.received - before.received, "relay_lost": after.lost - before.lost}
                 print(f"{name}: ping p50 {ping.percentile(50):.2f} ms, forwards done")
     return results

@@ -33,9 +33,10 @@ class ImpairedNetwork:
     topology: str  # what the nodes run in, in words
     relay_host: str
 
-    def set(self, impairment: Impairment) -> None:
-        """Apply `impairment` to every relay (in both directions), from the next datagram on."""
-        self.relays.set_impairment(impairment)
+    def set(self, impairment: Impairment, *, node: int | None = None) -> None:
+        """Apply `impairment` to every node's relay, or to node `node`'s only (in both directions), from the
+        next datagram on."""
+        self.relays.set_impairment(impairment, relay=node)  # relay i is node i's: they were added in order
 
     def ping(self, impairment: Impairment, *, count: int = 200, interval_s: float = 0.005) -> PingResult:
         """The reference: a plain UDP ping through a relay of its own with `impairment` (the RTT it adds)."""

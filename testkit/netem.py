@@ -290,10 +290,11 @@ class RelayThread:
 
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=10)
 
-    def set_impairment(self, impairment: Impairment) -> None:
+    def set_impairment(self, impairment: Impairment, *, relay: int | None = None) -> None:
+        """Every relay's impairment, or relay `relay`'s (by the order they were added)."""
         def apply() -> None:
-            for relay in self.relays:
-                relay.impairment = impairment
+            for relay_ in self.relays if relay is None else [self.relays[relay]]:
+                relay_.impairment = impairment
 
         self.call(apply)
 
