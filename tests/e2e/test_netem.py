@@ -122,3 +122,35 @@ def test_a_large_forward_over_a_lossy_path_is_split_over_lanes_and_stays_exact(s
         lanes.append(max(h["lanes"] for h in result["stats"]["holders"]))
     print(f"\nlanes per forward (the most of one holder): {lanes}")
     assert max(lanes[1:]) > 1
+
+
+def test_a_nearer_holder_on_a_lossy_path_is_given_fewer_rows_than_a_farther_clean_one(setup) -> None:
+    """b is 20 ms nearer than c but loses 5 % of its datagrams. Ranked by round trip and compute alone, the
+    rows split about evenly (here 1,000-odd each); weighed by the wire time per byte each holder's answers
+    show (docs/protocol.md, "stats"), the farther clean path gets twice as many or more once the router's
+    view has the measurements (it reads the control plane again every TENZRO_WORKER_CONTROL_TTL_S)."""
+    network, local = setup
+    a, b, c = network.nodes
+    network.set(WAN)
+    network.set(Impairment(delay_ms=5, jitter_ms=2.5, loss=0.05), node=1)
+    near, far = (n.result("tenzro_nodeInfo")["provider_id"] for n in (b, c))
+    rng = np.random.default_rng(5)
+    seen = []
+    for _ in range(40):
+        # 1,024 tokens: even a holder given a tenth of the rows moves the 64 KiB a measurement needs
+        hidden = rng.standard_normal((1024, D_MODEL)).astype(np.float32)
+        answer = a.rpc("tenzro_moeForward", {"model_id": MODEL, "d_model": D_MODEL, "hidden": b64(hidden.tobytes()),
+                                             "wire": "f32"}, timeout=120)
+        assert "result" in answer, answer
+        out = np.frombuffer(base64.b64decode(answer["result"]["output"]), dtype="<f4").reshape(1024, D_MODEL)
+        want = local.forward_local(model_id=MODEL, layer=0, hidden=hidden)
+        assert float(np.linalg.norm(out - want) / np.linalg.norm(want)) < 1e-5
+        rows = {h["provider"]: h["rows"] for h in answer["result"]["stats"]["holders"]}
+        seen.append((rows.get(near, 0), rows.get(far, 0)))
+        if len(seen) >= 3 and all(2 * n <= f for n, f in seen[-3:]):
+            break
+    network.set(WAN)
+    wire = {p["provider_id"]: p["wire_ns_per_byte"] for p in a.result("tenzro_networkProviders")["providers"]}
+    print(f"\nrows (near lossy, far clean) per forward: {seen}; wire ns/byte near {wire[near]}, far {wire[far]}")
+    assert all(2 * n <= f for n, f in seen[-3:]), seen
+    assert wire[near] > wire[far] >= 0, wire
