@@ -133,6 +133,15 @@ class HolderCaller:
         """Batches for `holder` started in one turn travel as one multi-expert request."""
         return self._gather_batches and holder.execute_batches and holder.provider_id != self.self_id
 
+    def heard_since(self, holder: ProviderView, since: float) -> bool | None:
+        """Whether the holder's QUIC connections received anything at or after `since` (time.monotonic());
+        None where it is not reached over QUIC (this node, HTTP)."""
+        address = _quic_address(holder)
+        if address is None or holder.provider_id == self.self_id or holder.quic_cert_sha256 is None:
+            return None
+        return self._pool.heard_since(host=address[0], port=address[1], pin_sha256=holder.quic_cert_sha256,
+                                      since=since)
+
     def lanes(self, holder: ProviderView, rows: int) -> list[tuple[int, int]]:
         """The QUIC connection lanes a request of `rows` rows each way to `holder` may be split over now,
         each with its window (QuicPool.lanes_for); [(0, 0)] over HTTP."""

@@ -25,7 +25,9 @@ logic runs in unit tests with holders that fail, hang or answer late on purpose.
   are replanned against the view without every provider that failed so far (results already
   combined stay), at most `limits.max_replans` times.
 * Each failure (and each raced-out stall) is reported for a penalty; each winner's latency
-  feeds the LatencyBook (hedge delays) and the report (the planner's ranking).
+  feeds the LatencyBook (hedge delays) and the report (the planner's ranking). A raced-out primary
+  whose connection still answered was slow, not hung: its time so far goes into its book too (once
+  per forward), and it is not cooled down (ForwardReport.cooling_providers).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import numpy as np
 from apps.forward.combine import StreamingCombine
 from apps.forward.hedging import LatencyBook
 from apps.forward.lanes import split_in_expert_order
-from apps.forward.report import Answer, Failure, ForwardReport, HolderStats
+from apps.forward.report import Answer, Failure, ForwardReport
 from core.errors import TenzroError
 from core.shardmap.gossip_view import ProviderView
 from core.shardmap.planner import Batch, DispatchPlan
@@ -70,6 +72,11 @@ class BatchExecutor(Protocol):
         """Optional. The lanes a request of `rows` rows to `holder` may be split over now (the
         transport's connections to it, core/transport/lanes.py), each with its window in bytes (0:
         unknown); [(0, 0)]: keep it whole."""
+        ...
+
+    def heard_since(self, holder: ProviderView, since: float) -> bool | None:
+        """Optional. Whether anything came back from `holder` at or after `since` (time.monotonic());
+        None: the transport cannot tell."""
         ...
 
 
@@ -219,7 +226,7 @@ async def _serve_request(items: list[tuple[Batch, np.ndarray]], combine: Streami
         stats = report.holder(holder.provider_id)
         stats.lanes.add(lane)
         for (_, pairs), answer in zip(items, answers, strict=True):
-            _credit(stats, answer, len(pairs), elapsed, overhead=False)
+            stats.credit(answer, len(pairs), elapsed, overhead=False)
             combine.add(pairs, answer.rows)
         computes = [answer.compute_s for answer in answers]
         if None not in computes:  # one request, one wire's share: its time less the compute of all its batches
@@ -275,6 +282,26 @@ async def _race_stalled(items: list[tuple[Batch, np.ndarray]], calls: list[tuple
         shared.cancel()
 
 
+def _raced_out(stalled: ProviderView, since: float, winner: ProviderView, batch: Batch, n: int, size: int,
+               execute: BatchExecutor, book: LatencyBook, report: ForwardReport) -> None:
+    """`stalled`'s attempt (running since `since`, a request of `size` rows) lost the race to `winner`'s.
+
+    Still answering (datagrams came back since its request went out), it is slow, not hung: its book
+    gets one sample (per forward) of the time it has taken so far, a lower bound of its latency. Its
+    book holds winners only, so after its path's round trip jumped it would otherwise keep the old
+    quantile and stall on every request."""
+    heard = getattr(execute, "heard_since", None)
+    answering = bool(heard(stalled, since)) if heard is not None else False
+    now = time.monotonic()
+    why = "still answering" if answering else "nothing back since its request"
+    report.failures.append(Failure(stalled.provider_id, "stalled",
+                                   f"raced out after {now - since:.3f} s by {winner.provider_id} ({why})",
+                                   batch.layer, batch.expert, n, answering=answering))
+    if answering and stalled.provider_id not in report.censored:
+        report.censored.add(stalled.provider_id)
+        book.record(stalled.provider_id, size, now - since)
+
+
 def _reason(exc: BaseException) -> str:
     """A failed attempt's reason: the error's own, `timeout`, or `connection_failed` for a socket error."""
     return "timeout" if isinstance(exc, TimeoutError) else getattr(exc, "reason", "connection_failed")
@@ -287,25 +314,6 @@ async def _backed_off(reason: str, times: int, limits: ForwardLimits) -> bool:
         return False
     await asyncio.sleep(limits.backpressure_wait_s * times)
     return True
-
-
-def _credit(stats: HolderStats, answer: Answer, n: int, elapsed: float, *, overhead: bool = True) -> None:
-    """A batch of n rows `stats`' holder won in `elapsed` seconds (`overhead`: the batch was a request of
-    its own, so its time less its compute is the wire's share)."""
-    stats.transport = answer.transport
-    stats.batches += 1
-    stats.rows += n
-    stats.bytes_sent += answer.bytes_sent
-    stats.bytes_received += answer.bytes_received
-    stats.latencies_s.append(elapsed)
-    if answer.receipt is not None:
-        stats.receipts.append(answer.receipt)
-    if answer.compute_s is not None:
-        if overhead:
-            stats.overheads_s.append(max(0.0, elapsed - answer.compute_s))
-        stats.computes_s.append(answer.compute_s)
-    if answer.rtt_s is not None:
-        stats.rtts_s.append(answer.rtt_s)
 
 
 async def _serve_batch(batch: Batch, pairs: np.ndarray, combine: StreamingCombine, hidden: np.ndarray,
@@ -339,6 +347,7 @@ async def _race(batch: Batch, rows: np.ndarray, tokens: np.ndarray, execute: Bat
     n = len(rows)
     hedges = pushed_back = 0
     stalled: ProviderView | None = None
+    stalled_since = 0.0
 
     async def attempt(holder: ProviderView) -> Answer:
         async with asyncio.timeout(limits.attempt_timeout_s):
@@ -363,7 +372,7 @@ async def _race(batch: Batch, rows: np.ndarray, tokens: np.ndarray, execute: Bat
             if not done:  # the newest attempt stalled past its p95: race the next holder
                 hedges += 1
                 report.hedges_fired += 1
-                stalled = newest_holder
+                stalled, stalled_since = newest_holder, newest_start
                 start(waiting.pop(0))
                 continue
             # In the order they started: when the loop woke late and several attempts are done at
@@ -391,13 +400,12 @@ async def _race(batch: Batch, rows: np.ndarray, tokens: np.ndarray, execute: Bat
                     book.record(holder.provider_id, primary_size if holder is batch.provider else n, elapsed)
                     if answer.request is not None:
                         report.timed_requests.add(answer.request)
-                _credit(stats, answer, n, elapsed)
+                stats.credit(answer, n, elapsed)
                 if stalled is not None and holder is not stalled:
                     report.hedges_won += 1
                     if any(h is stalled for h, _ in running.values()):
-                        report.failures.append(Failure(stalled.provider_id, "stalled",
-                                                       f"raced out after {elapsed:.3f} s by {holder.provider_id}",
-                                                       batch.layer, batch.expert, n))
+                        _raced_out(stalled, stalled_since, holder, batch, n,
+                                   primary_size if stalled is batch.provider else n, execute, book, report)
                 return answer
         return None
     finally:

@@ -59,8 +59,9 @@ class LatencyBook:
         self._samples: dict[tuple[str, int], deque[float]] = {}
 
     def record(self, holder: str, rows: int, seconds: float) -> None:
-        """A batch of `rows` answered by `holder` after `seconds` (winners only: a raced-out
-        attempt's time says nothing of the holder's speed)."""
+        """A batch of `rows` answered by `holder` after `seconds`: winners, and once per forward a
+        raced-out attempt whose connection was still answering, with its time so far (a lower bound;
+        apps/forward/engine.py). Not a hung one's: its time says nothing of the holder's speed."""
         bucket = size_bucket(rows)
         window = self.policy.window
         self._samples.setdefault((holder, bucket), deque(maxlen=window)).append(seconds)

@@ -35,7 +35,8 @@ class Answer:
 @dataclass(frozen=True)
 class Failure:
     """A holder that failed one batch: `reason` is the error's (timeout, connection_failed,
-    expert_not_loaded, …) or `stalled` for a primary raced out by its backup."""
+    expert_not_loaded, …) or `stalled` for a primary raced out by its backup; `answering`: a stalled
+    one's connection had received datagrams since the request went out (slow, not hung)."""
 
     provider: str
     reason: str
@@ -43,6 +44,7 @@ class Failure:
     layer: int
     expert: int
     rows: int
+    answering: bool = False
 
 
 @dataclass
@@ -60,6 +62,24 @@ class HolderStats:
     failures: int = 0
     receipts: list[Any] = field(default_factory=list)  # the verified receipts of the batches it won
     lanes: set[int] = field(default_factory=set)  # the connection lanes its requests' answers came over
+
+    def credit(self, answer: Answer, n: int, elapsed: float, *, overhead: bool = True) -> None:
+        """A batch of n rows this holder won in `elapsed` seconds (`overhead`: the batch was a request of
+        its own, so its time less its compute is the wire's share)."""
+        self.transport = answer.transport
+        self.batches += 1
+        self.rows += n
+        self.bytes_sent += answer.bytes_sent
+        self.bytes_received += answer.bytes_received
+        self.latencies_s.append(elapsed)
+        if answer.receipt is not None:
+            self.receipts.append(answer.receipt)
+        if answer.compute_s is not None:
+            if overhead:
+                self.overheads_s.append(max(0.0, elapsed - answer.compute_s))
+            self.computes_s.append(answer.compute_s)
+        if answer.rtt_s is not None:
+            self.rtts_s.append(answer.rtt_s)
 
     def wire_ns_per_byte(self) -> float | None:
         """The time its slowest request took beyond its path's round trip and its compute, per byte of its
@@ -98,6 +118,7 @@ class ForwardReport:
     batches: int = 0
     unroutable: list[tuple[int, int, int, str]] = field(default_factory=list)
     timed_requests: set[int] = field(default_factory=set)  # gathered requests whose latency the book has
+    censored: set[str] = field(default_factory=set)  # holders raced out while answering, whose book has a sample
 
     def holder(self, provider: str) -> HolderStats:
         return self.holders.setdefault(provider, HolderStats(provider))
@@ -108,10 +129,14 @@ class ForwardReport:
 
     def cooling_providers(self) -> frozenset[str]:
         """The holders to plan last for a while (the forward failure cooldown): each that failed, and
-        each that stalled without answering any of the forward's batches, as a hung holder does. One
-        that answered some and stalled on others is on a lossy path, where a request's last datagram
-        lost waits out a probe timeout: cooled, it gave every row of the next forwards to the other
-        holder."""
+        each that stalled silent (not a datagram back since its request went out) without answering any
+        of the forward's batches, as a hung holder does. Not one that answered some and stalled on
+        others: on a lossy path a request's lost last datagram waits out a probe timeout. Nor one that
+        stalled while its connection still answered: when a path's round trip jumps, every request to
+        it runs past the quantile its book learnt on the old path. Cooled, either gave every row of the
+        next forwards to the other holder."""
+        answering = {f.provider for f in self.failures if f.reason == "stalled" and f.answering}
         return self.failed_providers | frozenset(
             f.provider for f in self.failures
-            if f.reason == "stalled" and not getattr(self.holders.get(f.provider), "batches", 0))
+            if f.reason == "stalled" and f.provider not in answering
+            and not getattr(self.holders.get(f.provider), "batches", 0))

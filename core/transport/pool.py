@@ -221,6 +221,14 @@ class QuicPool:
             return None
         return self._settings.lib.path_state(pooled.connection.protocol._quic)[1]
 
+    def heard_since(self, *, host: str, port: int, pin_sha256: str, since: float) -> bool:
+        """Whether any connection to this peer received a datagram (an answer, an ACK) at or after `since`
+        (time.monotonic()): a peer that is slow but alive acknowledges what it is sent, a hung one
+        (stopped, crashed, unreachable) is silent."""
+        peer = (host, port, pin_sha256.lower())
+        return any(key[:3] == peer and pooled.connection.protocol.last_received >= since
+                   for key, pooled in list(self._pooled.items()))
+
     def _warm(self, key: Key) -> None:
         task = asyncio.ensure_future(self._open_lane(key))
         self._warming.add(task)

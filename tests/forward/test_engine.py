@@ -132,6 +132,22 @@ def test_a_hanging_primary_is_raced_out_by_its_backup_and_cancelled(kind):
     assert report.failed_providers == frozenset()  # slow is not dead: not excluded
 
 
+@pytest.mark.parametrize("answering", [True, False])
+def test_a_raced_out_primary_still_answering_gives_its_book_a_sample_and_is_not_cooled(kind, answering):
+    """Slow, not hung (its connection still answers): one sample of the time it had taken per forward, so
+    its quantile follows its path; silent, it is cooled down and its book left alone."""
+    holders = kind()({1: "hang"})
+    holders.heard_since = lambda holder, since: answering
+    book = LatencyBook(HedgePolicy(default_s=0.05, floor_s=0.001))
+    _, report, _, _ = _forward(_shard({e: [1, 2] for e in range(N_EXPERTS)}), holders, book=book)
+    assert report.hedges_fired >= 1 and {f.reason for f in report.failures} == {"stalled"}
+    assert {f.answering for f in report.failures} == {answering}
+    samples = [s for (pid, _), q in book._samples.items() if pid == provider_id(1) for s in q]
+    assert (len(samples), report.cooling_providers()) == ((1, frozenset()) if answering else
+                                                          (0, frozenset({provider_id(1)})))
+    assert not answering or samples[0] >= 0.05  # at least the hedge delay it ran past
+
+
 def test_a_fast_primary_is_not_hedged_once_its_p95_is_known():
     holders = Holders(delay_s=0.05)
     book = LatencyBook(HedgePolicy(default_s=0.001, floor_s=0.0001, min_samples=2))

@@ -167,6 +167,35 @@ def test_a_peer_restarted_under_calls_raced_out_unanswered_is_reconnected_to(ide
     assert stats["reconnects"] == 1 and stats["cancelled_streams"] >= 1, stats
 
 
+def test_a_slow_peer_is_heard_from_and_a_hung_one_is_not(identity, library) -> None:
+    """What tells a holder raced out while still working (its ACKs come back) from a hung one."""
+    async def scenario():
+        server = await Server(identity, library).start()
+        relay = UdpRelay(listen=("127.0.0.1", 0), target=("127.0.0.1", server.port), impairment=Impairment()).start()
+        pool = _pool(library)
+        peer = {"host": "127.0.0.1", "port": relay.listen[1], "pin_sha256": server.identity.cert_sha256}
+        heard = {}
+        try:
+            await pool.call(**peer, method="echo", params={"n": 1}, timeout_s=10)
+            for case in ("slow", "hung"):
+                if case == "hung":
+                    relay.impairment = Impairment(loss=1.0)  # nothing gets through any more, either way
+                    await asyncio.sleep(0.05)
+                since = time.monotonic()
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.3):  # raced out while the handler still sleeps
+                        await pool.call(**peer, method="slow", params={"s": 1.0}, timeout_s=10)
+                heard[case] = pool.heard_since(**peer, since=since)
+            heard["unknown peer"] = pool.heard_since(host="127.0.0.1", port=1, pin_sha256="ab", since=0.0)
+        finally:
+            await pool.close()
+            relay.close()
+            server.stop()
+        return heard
+
+    assert asyncio.run(scenario()) == {"slow": True, "hung": False, "unknown peer": False}
+
+
 def test_a_wrong_pin_is_refused_before_any_request(identity, library, tmp_path) -> None:
     other = load_or_create_identity(tmp_path / "other")
 
