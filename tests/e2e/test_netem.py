@@ -100,6 +100,20 @@ def test_the_forward_stays_correct_under_delay_jitter_and_loss(setup, impairment
     assert ping.percentile(50) >= 2 * impairment.delay_ms * 0.8  # the relay adds what it says
 
 
+def exact_f32_forward(router, local: ExpertRuntime, hidden: np.ndarray) -> dict:
+    """A forward of hidden f32 [tokens, D_MODEL] on the f32 wire through `router`: its result, checked
+    complete and equal to the local forward up to summation order."""
+    answer = router.rpc("tenzro_moeForward", {"model_id": MODEL, "d_model": D_MODEL, "hidden": b64(hidden.tobytes()),
+                                              "wire": "f32"}, timeout=120)
+    assert "result" in answer, answer
+    result = answer["result"]
+    out = np.frombuffer(base64.b64decode(result["output"]), dtype="<f4").reshape(hidden.shape)
+    want = local.forward_local(model_id=MODEL, layer=0, hidden=hidden)
+    assert float(np.linalg.norm(out - want) / np.linalg.norm(want)) < 1e-5
+    assert result["missing"] == []
+    return result
+
+
 def test_a_large_forward_over_a_lossy_path_is_split_over_lanes_and_stays_exact(setup) -> None:
     """512 tokens' f32 rows to a holder are many congestion windows on a lossy 30 ms path: the router
     splits them by token over more QUIC connections to that holder (docs/protocol.md, "Lanes"),
@@ -110,15 +124,7 @@ def test_a_large_forward_over_a_lossy_path_is_split_over_lanes_and_stays_exact(s
     rng = np.random.default_rng(512)
     lanes = []
     for _ in range(4):
-        hidden = rng.standard_normal((512, D_MODEL)).astype(np.float32)
-        answer = a.rpc("tenzro_moeForward", {"model_id": MODEL, "d_model": D_MODEL, "hidden": b64(hidden.tobytes()),
-                                             "wire": "f32"}, timeout=120)
-        assert "result" in answer, answer
-        result = answer["result"]
-        out = np.frombuffer(base64.b64decode(result["output"]), dtype="<f4").reshape(512, D_MODEL)
-        want = local.forward_local(model_id=MODEL, layer=0, hidden=hidden)
-        assert float(np.linalg.norm(out - want) / np.linalg.norm(want)) < 1e-5
-        assert result["missing"] == []
+        result = exact_f32_forward(a, local, rng.standard_normal((512, D_MODEL)).astype(np.float32))
         lanes.append(max(h["lanes"] for h in result["stats"]["holders"]))
     print(f"\nlanes per forward (the most of one holder): {lanes}")
     assert max(lanes[1:]) > 1
@@ -138,14 +144,8 @@ def test_a_nearer_holder_on_a_lossy_path_is_given_fewer_rows_than_a_farther_clea
     seen = []
     for _ in range(40):
         # 1,024 tokens: even a holder given a tenth of the rows moves the 64 KiB a measurement needs
-        hidden = rng.standard_normal((1024, D_MODEL)).astype(np.float32)
-        answer = a.rpc("tenzro_moeForward", {"model_id": MODEL, "d_model": D_MODEL, "hidden": b64(hidden.tobytes()),
-                                             "wire": "f32"}, timeout=120)
-        assert "result" in answer, answer
-        out = np.frombuffer(base64.b64decode(answer["result"]["output"]), dtype="<f4").reshape(1024, D_MODEL)
-        want = local.forward_local(model_id=MODEL, layer=0, hidden=hidden)
-        assert float(np.linalg.norm(out - want) / np.linalg.norm(want)) < 1e-5
-        rows = {h["provider"]: h["rows"] for h in answer["result"]["stats"]["holders"]}
+        result = exact_f32_forward(a, local, rng.standard_normal((1024, D_MODEL)).astype(np.float32))
+        rows = {h["provider"]: h["rows"] for h in result["stats"]["holders"]}
         seen.append((rows.get(near, 0), rows.get(far, 0)))
         if len(seen) >= 3 and all(2 * n <= f for n, f in seen[-3:]):
             break
