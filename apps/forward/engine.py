@@ -287,9 +287,9 @@ def _raced_out(stalled: ProviderView, since: float, winner: ProviderView, batch:
     """`stalled`'s attempt (running since `since`, a request of `size` rows) lost the race to `winner`'s.
 
     Still answering (datagrams came back since its request went out), it is slow, not hung: its book
-    gets one sample (per forward) of the time it has taken so far, a lower bound of its latency. Its
-    book holds winners only, so after its path's round trip jumped it would otherwise keep the old
-    quantile and stall on every request."""
+    gets one sample (per forward) of the time it has taken so far, a lower bound of its latency.
+    Without it, its book would hold its wins only and, after its path's round trip jumped, keep the old
+    path's quantile and race out every request."""
     heard = getattr(execute, "heard_since", None)
     answering = bool(heard(stalled, since)) if heard is not None else False
     now = time.monotonic()
