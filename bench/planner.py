@@ -20,6 +20,10 @@ largest fraction of the layer's pairs one provider was given.
 Decode table: the same plan_pairs for one token (and sixteen, a batch of sequences) x top-k,
 against the same whole-model index: what every MoE layer of every decode step plans, as a share
 of the 2 ms a layer's network and dispatch may take (bench/generate.py's target), target <= 10%.
+Beside it, the same plan with every provider's wire time per byte measured (log-normal around
+30 ns, 10% unmeasured) and a Q8_0 row of d_model 2048 there and back (row_bytes 4,352): what the
+distributed forward plans once its holders have moved large answers (core/shardmap/planner.py),
+as a ratio to the plan without, in the same run.
 
 Decode dispatch table: a decode step's whole router-side machinery around the wire for one layer,
 1 token x top-8 of Qwen3-30B-A3B: plan_pairs, apps/forward/engine.run_forward (failover and hedging
@@ -48,7 +52,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -80,6 +84,7 @@ from .report import Timing, headline, print_table, timed, write_results
 PLAN_TARGET_S = 0.020
 DECODE_LAYER_BUDGET_S = 0.002  # network + dispatch of one MoE layer of a decode step (bench/generate.py's target)
 DECODE_PLAN_SHARE = 0.10
+ROW_BYTES = 2 * 2176  # a Q8_0 row of d_model 2048 (64 blocks of 34 bytes), request and answer
 SHARD_MAP_TARGET_S = 1.0
 N_PROVIDERS = 1000
 N_TOKENS = 4096
@@ -156,24 +161,39 @@ def decode_planning() -> list[dict[str, Any]]:
     for model in (QWEN3_30B, KIMI_K3):
         view = view_of(model, seed=1)
         index = ShardIndex.build(MODEL, view.providers, view.holdings, POLICY)
+        wired = ShardIndex.build(MODEL, _with_wire(view.providers, np.random.default_rng(5)), view.holdings, POLICY)
         for n_tokens in (1, 16):
             experts = skewed_routings(np.random.default_rng(4), n_tokens=n_tokens, n_routed=model.routed,
                                       top_k=model.top_k, n_shared=model.shared, skew=1.0)
             tokens, layers, expert_ids = routings_pairs(experts)
             plan_pairs(tokens, layers, expert_ids, index)  # the index's columns, converted once
+            plan_pairs(tokens, layers, expert_ids, wired, row_bytes=ROW_BYTES)
             took, plan = timed(lambda t=tokens, la=layers, e=expert_ids, i=index: plan_pairs(t, la, e, i), 200)
+            with_wire, _ = timed(lambda t=tokens, la=layers, e=expert_ids, i=wired:
+                                 plan_pairs(t, la, e, i, row_bytes=ROW_BYTES), 200)
             share = took.median_s / DECODE_LAYER_BUDGET_S
             rows.append({"model": model.name, "tokens": n_tokens, "pairs": int(tokens.size), **took.to_dict(),
-                         "batches": len(plan.batches), "budget_ms": DECODE_LAYER_BUDGET_S * 1e3, "share": share})
+                         "batches": len(plan.batches), "budget_ms": DECODE_LAYER_BUDGET_S * 1e3, "share": share,
+                         "with_wire": with_wire.to_dict(), "with_wire_ratio": with_wire.median_s / took.median_s})
             table.append([model.name, f"{n_tokens}x{model.top_k}+{model.shared}", len(view.holdings),
                           f"{took.median_s * 1e6:.0f} [{took.best_s * 1e6:.0f}] cpu {took.cpu_s * 1e6:.0f}",
-                          len(plan.batches), f"{share:.1%}", share <= DECODE_PLAN_SHARE])
+                          len(plan.batches), f"{share:.1%}", share <= DECODE_PLAN_SHARE,
+                          f"{with_wire.median_s * 1e6:.0f} [{with_wire.best_s * 1e6:.0f}]",
+                          f"{with_wire.median_s / took.median_s:.2f}x"])
     print_table(f"A decode step's plan, one layer, {N_PROVIDERS} providers, index of the whole model (µs); "
                 f"share of the {DECODE_LAYER_BUDGET_S * 1e3:.0f} ms a layer's network and dispatch may take, "
-                f"target ≤ {DECODE_PLAN_SHARE:.0%}",
-                ["model", "tokens x k", "holdings", "arrays µs [best] cpu", "batches", "share of budget", "met"],
-                table)
+                f"target ≤ {DECODE_PLAN_SHARE:.0%}; and with the wire weighed (row_bytes {ROW_BYTES})",
+                ["model", "tokens x k", "holdings", "arrays µs [best] cpu", "batches", "share of budget", "met",
+                 "with wire µs [best]", "× without"], table)
     return rows
+
+
+def _with_wire(providers: list[Any], rng: np.random.Generator) -> list[Any]:
+    """The providers with a measured wire time per byte: log-normal around 30 ns, 10% unmeasured."""
+    wire = np.exp(rng.normal(np.log(30.0), 0.5, len(providers)))
+    unmeasured = rng.random(len(providers)) < 0.1
+    return [replace(p, wire_ns_per_byte=None if u else float(w))
+            for p, w, u in zip(providers, wire.tolist(), unmeasured.tolist(), strict=True)]
 
 
 class InstantHolders:

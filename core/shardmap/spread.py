@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -61,7 +61,11 @@ class Columns:
     n_warm_array: np.ndarray
     rate_array: np.ndarray
     rank_array: np.ndarray
+    wire_array: np.ndarray  # (n_providers,)
+    provider_array: np.ndarray  # (n_holders,)
     wire_measured: bool  # some provider's wire time is above 0
+    # row_bytes -> (rates with the wire in series, as a list and as an array): _rates
+    with_wire: dict[int, tuple[list[float], np.ndarray]] = field(default_factory=dict)
 
 
 _CACHE: weakref.WeakKeyDictionary[ShardIndex, Columns] = weakref.WeakKeyDictionary()
@@ -81,7 +85,8 @@ def columns_of(shard: ShardIndex) -> Columns:
             offsets=shard.offsets.tolist(), n_warm=n_warm.tolist(), hot=shard.hot.tolist(),
             provider=shard.holder_provider.tolist(), rate=rate.tolist(), gpu=shard.provider_gpu.tolist(),
             latency=shard.provider_latency_s.tolist(), wire=shard.provider_wire_s_per_byte.tolist(),
-            rank=shard.provider_rank.tolist(), wire_measured=bool(shard.provider_wire_s_per_byte.any()),
+            rank=shard.provider_rank.tolist(), wire_array=shard.provider_wire_s_per_byte,
+            provider_array=shard.holder_provider, wire_measured=bool(shard.provider_wire_s_per_byte.any()),
             barred=frozenset(np.flatnonzero(shard.provider_barred).tolist()), n_experts=shard.n_experts,
             offsets_array=shard.offsets, n_warm_array=n_warm, rate_array=rate, rank_array=shard.provider_rank)
         _CACHE[shard] = cols
@@ -118,7 +123,7 @@ def place(
     """
     cols = columns_of(shard)
     prov, lat, rank = cols.provider, cols.latency, cols.rank
-    rate = _rates(cols, segment_expert, row_bytes)
+    rate, rate_array = _rates(cols, row_bytes)
     # Below the reputation floor is treated as excluded, except in the reason an expert reports.
     barred = excluded | cols.barred if cols.barred else excluded
     refused: list[tuple[int, str]] = []
@@ -179,21 +184,30 @@ def place(
         for j, r in sorted(placed[s], key=lambda item: prov[item[0]]):
             out.append((s, e, j, first, r))
             first += r
-    backups = _backups(shard, cols, rate, row_bytes, out, load, allow_cold=allow_cold, excluded=barred)
+    backups = _backups(shard, cols, rate, rate_array, out, load, allow_cold=allow_cold, excluded=barred)
     return [Piece(s, e, prov[j], first, r, b) for (s, e, j, first, r), b in zip(out, backups, strict=True)], refused
 
 
-def _rates(cols: Columns, segment_expert: list[int], row_bytes: int) -> list[float] | dict[int, float]:
-    """Each holder row's rate in rows/s: capacity_tps, with the wire's time per row in series where it
-    is measured; for the holders of the routed experts only (a decode step's few against a whole model's)."""
+MAX_ROW_SIZES = 8  # the row sizes an index keeps rates for (a codec and width each; a node sees a few)
+
+
+def _rates(cols: Columns, row_bytes: int) -> tuple[list[float], np.ndarray]:
+    """Each holder row's rate in rows/s, as a list and as an array: capacity_tps, with the wire's time per
+    row in series where it is measured. Computed once per index and row size, for every holder at once
+    (a few milliseconds for a whole model's, once per view), so that a decode step's plan pays nothing."""
     if row_bytes <= 0 or not cols.wire_measured:
-        return cols.rate
-    rate, prov, wire, offsets = cols.rate, cols.provider, cols.wire, cols.offsets
-    return {j: rate[j] / (1.0 + rate[j] * row_bytes * wire[prov[j]])
-            for e in set(segment_expert) if e < cols.n_experts for j in range(offsets[e], offsets[e + 1])}
+        return cols.rate, cols.rate_array
+    cached = cols.with_wire.get(row_bytes)
+    if cached is None:
+        if len(cols.with_wire) >= MAX_ROW_SIZES:
+            cols.with_wire.clear()
+        rate = cols.rate_array
+        array = rate / (1.0 + rate * row_bytes * cols.wire_array[cols.provider_array])
+        cached = cols.with_wire[row_bytes] = (array.tolist(), array)
+    return cached
 
 
-def _backups(shard: ShardIndex, cols: Columns, rate: list[float] | dict[int, float], row_bytes: int,
+def _backups(shard: ShardIndex, cols: Columns, rate: list[float], rate_array: np.ndarray,
              pieces: list[tuple[int, int, int, int, int]], load: list[int], *,
              allow_cold: bool, excluded: set[int] | frozenset[int]) -> list[tuple[int, ...]]:
     """Each piece's backup providers, best first, ranked for all pieces in one sort.
@@ -227,10 +241,7 @@ def _backups(shard: ShardIndex, cols: Columns, rate: list[float] | dict[int, flo
     held = np.array([load[p] for p in who.tolist()], np.float64) if len(who) < len(load) \
         else np.asarray(load, dtype=np.float64)[who]
     busy = held + rows[piece]
-    holder_rate = cols.rate_array[row]
-    if rate is not cols.rate:  # the wire in series (_rates), as arrays
-        holder_rate = holder_rate / (1.0 + holder_rate * row_bytes * shard.provider_wire_s_per_byte[who])
-    finish = shard.provider_latency_s[who] + busy / holder_rate
+    finish = shard.provider_latency_s[who] + busy / rate_array[row]
     cpu_of_hot = shard.hot[expert[piece]] & ~shard.provider_gpu[who]
     order = np.lexsort((cols.rank_array[who], finish, cpu_of_hot, row >= warm_end[piece], piece))  # last key first
     ranked = who[order].tolist()
@@ -238,7 +249,7 @@ def _backups(shard: ShardIndex, cols: Columns, rate: list[float] | dict[int, flo
     return [tuple(ranked[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
-def _backups_few(cols: Columns, rate: list[float] | dict[int, float], pieces: list[tuple[int, int, int, int, int]],
+def _backups_few(cols: Columns, rate: list[float], pieces: list[tuple[int, int, int, int, int]],
                  load: list[int], *, allow_cold: bool, excluded: set[int] | frozenset[int]) -> list[tuple[int, ...]]:
     """_backups for a decode step's few pieces, over lists: the same keys and the same order (a
     stable sort, as lexsort's), without numpy's per-call cost on arrays of a few candidates."""
@@ -257,7 +268,7 @@ def _backups_few(cols: Columns, rate: list[float] | dict[int, float], pieces: li
 
 
 def _water_fill(n: int, tier: list[int], preferred: int, pieces: int, cols: Columns,
-                rate: list[float] | dict[int, float], load: list[int], min_batch_rows: int
+                rate: list[float], load: list[int], min_batch_rows: int
                 ) -> list[tuple[int, int]] | None:
     """Split n rows over at most ``pieces`` holders of ``tier`` so that they finish together.
 

@@ -11,6 +11,7 @@ import pytest
 from core.shardmap.gossip_view import ProviderView, ReplicationPolicy
 from core.shardmap.index import ShardIndex
 from core.shardmap.planner import PlanInputError, plan_pairs
+from core.shardmap.spread import MAX_ROW_SIZES, columns_of
 from testkit.shard_views import MODEL, holding, provider, provider_id, routings_pairs
 
 NEVER_HOT = ReplicationPolicy(min_replication=2, max_replication=8, hot_threshold_tps=10**9)
@@ -93,3 +94,16 @@ def test_row_bytes_and_wire_are_checked():
     for bad in (-1.0, float("nan"), float("inf"), True):
         with pytest.raises(ValueError, match="wire_ns_per_byte"):
             ProviderView(provider_id(1), (), None, None, None, False, wire_ns_per_byte=bad)
+
+
+def test_the_rates_with_the_wire_are_computed_once_per_index_and_row_size():
+    tokens, layers, experts = pairs()
+    shard = view((30.0, 20.0), (30.0, 80.0))
+    first = plan_pairs(tokens, layers, experts, shard, row_bytes=F32_ROW)
+    cached = columns_of(shard).with_wire[F32_ROW]
+    again = plan_pairs(tokens, layers, experts, shard, row_bytes=F32_ROW)
+    assert columns_of(shard).with_wire[F32_ROW] is cached  # not computed again
+    assert [b.token_indices.tolist() for b in first.batches] == [b.token_indices.tolist() for b in again.batches]
+    for size in range(1, 3 * MAX_ROW_SIZES):
+        plan_pairs(tokens, layers, experts, shard, row_bytes=size)
+    assert len(columns_of(shard).with_wire) <= MAX_ROW_SIZES
