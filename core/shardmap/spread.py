@@ -52,7 +52,6 @@ class Columns:
     rate: list[float]  # (n_holders): capacity_tps, an unmeasured one's filled in (holder_rates)
     gpu: list[bool]  # (n_providers)
     latency: list[float]  # (n_providers): seconds
-    wire: list[float]  # (n_providers): seconds per byte of request and answer beyond the round trip
     rank: list[int]  # (n_providers): exact ties go to the smaller rank (higher reputation, then provider id)
     barred: frozenset[int]  # providers whose reputation is below the policy's floor
     n_experts: int
@@ -61,7 +60,7 @@ class Columns:
     n_warm_array: np.ndarray
     rate_array: np.ndarray
     rank_array: np.ndarray
-    wire_array: np.ndarray  # (n_providers,)
+    wire_array: np.ndarray  # (n_providers,): seconds per byte of request and answer beyond the round trip
     provider_array: np.ndarray  # (n_holders,)
     wire_measured: bool  # some provider's wire time is above 0
     # row_bytes -> (rates with the wire in series, as a list and as an array): _rates
@@ -84,8 +83,8 @@ def columns_of(shard: ShardIndex) -> Columns:
         cols = Columns(
             offsets=shard.offsets.tolist(), n_warm=n_warm.tolist(), hot=shard.hot.tolist(),
             provider=shard.holder_provider.tolist(), rate=rate.tolist(), gpu=shard.provider_gpu.tolist(),
-            latency=shard.provider_latency_s.tolist(), wire=shard.provider_wire_s_per_byte.tolist(),
-            rank=shard.provider_rank.tolist(), wire_array=shard.provider_wire_s_per_byte,
+            latency=shard.provider_latency_s.tolist(), rank=shard.provider_rank.tolist(),
+            wire_array=shard.provider_wire_s_per_byte,
             provider_array=shard.holder_provider, wire_measured=bool(shard.provider_wire_s_per_byte.any()),
             barred=frozenset(np.flatnonzero(shard.provider_barred).tolist()), n_experts=shard.n_experts,
             offsets_array=shard.offsets, n_warm_array=n_warm, rate_array=rate, rank_array=shard.provider_rank)
