@@ -77,7 +77,7 @@ CONDITIONS = {
     "30 ms RTT ±5, one holder nearer (10 ms) at 2% loss": Impairment(delay_ms=15, jitter_ms=2.5),
 }
 # Conditions where one node's path differs from the rest (node 2 is the second holder). Here it is 20 ms
-# nearer and loses 2 % of its datagrams: ranked by round trip alone, it would be given every row; the
+# nearer and loses 2 % of its datagrams: ranked by round trip alone, it was given most rows (73 %); the
 # planner should give it fewer than the other (docs/protocol.md, "stats": each holder's wire time per
 # byte), which "busiest" shows (the other holder's share, above 50 %).
 ONE_PATH = {"30 ms RTT ±5, one holder nearer (10 ms) at 2% loss": (2, Impairment(delay_ms=5, jitter_ms=2.5,
