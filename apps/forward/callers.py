@@ -137,7 +137,7 @@ class HolderCaller:
         """Whether the holder's QUIC connections received anything at or after `since` (time.monotonic());
         None where it is not reached over QUIC (this node, HTTP)."""
         address = _quic_address(holder)
-        if address is None or holder.provider_id == self.self_id or holder.quic_cert_sha256 is None:
+        if address is None or holder.provider_id == self.self_id:  # _quic_address: a pinned QUIC door
             return None
         return self._pool.heard_since(host=address[0], port=address[1], pin_sha256=holder.quic_cert_sha256,
                                       since=since)

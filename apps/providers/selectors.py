@@ -50,7 +50,7 @@ def provider_views() -> list[ProviderView]:
                                         "price_per_input_token", "execute_batches", "wire_ns_per_byte",
                                         "wire_measured_ms")
     scores = reputation_scores()  # all of them: fewer rows than the provider table, and no IN list to build
-    now_ms = time.time_ns() // 1_000_000
+    now_ms = int(time.time() * 1000)  # as services.now_ms (which imports this module)
     return [ProviderView(pid, tuple(roles), http, quic, pin, gpu, latency, tuple(codecs or ("f32",)),
                          scores.get(pid, 0.0), price, batches, wire_as_of(wire, measured, now_ms))
             for pid, roles, http, quic, pin, gpu, latency, codecs, price, batches, wire, measured in rows]

@@ -189,9 +189,9 @@ def provider_latency_record(*, provider_id: str, latency_ms: float, wire_ns_per_
         return
     update: dict[str, float | int] = {"latency_ms": _folded(row[0], latency_ms)}
     if wire_ns_per_byte is not None:
-        now_ms = time.time_ns() // 1_000_000
-        update["wire_ns_per_byte"] = _folded(wire_as_of(row[1], row[2], now_ms), wire_ns_per_byte)
-        update["wire_measured_ms"] = now_ms
+        now = now_ms()
+        update["wire_ns_per_byte"] = _folded(wire_as_of(row[1], row[2], now), wire_ns_per_byte)
+        update["wire_measured_ms"] = now
     Provider.objects.filter(provider_id=provider_id).update(**update)
 
 
