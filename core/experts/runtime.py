@@ -7,7 +7,7 @@ has its own lock for tier state; matmuls run with no runtime lock held.
 On-disk layout under ``data_dir/moe``::
 
     experts/<model>/layer<L>/expert<E>.safetensors (+ .json sidecar: header, blob_uri)
-    gates/<model>/layer<L>.safetensors             (+ .json sidecar: blob_uri)
+    gates/<model>/layer<L>.safetensors             (+ .json sidecar: core/experts/gate_store.py)
 
 Both are written at load and re-registered at start, so holdings survive a restart (experts
 come back Cold and are promoted on first use or by readahead).
@@ -15,19 +15,15 @@ come back Cold and are promoted on first use or by readahead).
 
 from __future__ import annotations
 
-import json
 import logging
 import pathlib
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from blake3 import blake3
 
-from core.durable_files import link_or_write_atomic, write_atomic
 from core.experts.backends import ComputeBackend
 from core.experts.errors import (
     ExpertNotLoaded,
@@ -45,25 +41,18 @@ from core.experts.ffn import (
     parse_payload,
     read_header,
 )
+from core.experts.gate_store import GateStore, check_pair, read_gate
 from core.experts.gating import Routing, route
 from core.experts.gpu.backend import GpuBackend
 from core.experts.metering import WINDOW_S, DemandMeter, ThroughputMeter
 from core.experts.selection import cpu_backend
-from core.experts.tiered_cache import Key, TieredCache, default_memory_budget, model_dir_name
+from core.experts.tiered_cache import Key, TieredCache, default_memory_budget
 from core.experts.validation import check_hidden
-from core.formats import errors as format_errors
-from core.formats.gate_payload import GateSpec, read_gate_payload
+from core.formats.gate_payload import GateSpec
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ExpertRuntime", "Routing"]
-
-
-@dataclass(frozen=True)
-class _Gate:
-    spec: GateSpec
-    blob_uri: str | None
-    path: pathlib.Path
 
 
 class ExpertRuntime:
@@ -100,12 +89,12 @@ class ExpertRuntime:
         self.holdings_version = 0
         self._cache = TieredCache(root=self._root / "experts", budget_bytes=budget, decode=self._decode,
                                   on_change=on_change, on_corrupt=on_corrupt)
-        self._gates: dict[tuple[str, int], _Gate] = {}
+        self._gates = GateStore(self._root / "gates")
         self._lock = threading.RLock()
         self._meter = ThroughputMeter(window_s=meter_window_s)  # capacity: rows per second of compute, node-wide
         self._demand = DemandMeter(window_s=meter_window_s)  # demand: rows served per wall second, per expert
         self._cache.scan(lambda data: read_header(parse_payload(data))[0])
-        self._scan_gates()
+        self._gates.scan()
 
     # -- experts -----------------------------------------------------------------------------
 
@@ -140,9 +129,9 @@ class ExpertRuntime:
         self._cache.remove((model_id, int(layer), int(expert)))
 
     def _check_expert_fits(self, header: ExpertHeader) -> None:
-        gate = self._gates.get((header.model_id, header.layer))
+        gate = self._gates.get(header.model_id, header.layer)
         if gate is not None:
-            _check_pair(gate.spec, header)
+            check_pair(gate.spec, header)
         for key, record, _ in self._cache.records():
             if key[:2] == (header.model_id, header.layer) and key[2] != header.expert:
                 if record.header.d_model != header.d_model:
@@ -165,31 +154,22 @@ class ExpertRuntime:
         if not isinstance(payload, bytes | bytearray):
             raise InvalidPayload("gate payload must be bytes")
         expect = expect or {}
-        spec = _read_gate(payload, model_id=expect.get("model_id"), layer=expect.get("layer"))
+        spec = read_gate(payload, model_id=expect.get("model_id"), layer=expect.get("layer"))
         _check_expected("gate payload", {"model_id": spec.model_id, "layer": spec.layer}, expect)
-        path = self._root / "gates" / model_dir_name(spec.model_id) / f"layer{spec.layer}.safetensors"
         with self._lock:
             for key, record, _ in self._cache.records():
                 if key[:2] == (spec.model_id, spec.layer):
-                    _check_pair(spec, record.header)
-            link_or_write_atomic(path, payload, existing=stored_at)
-            # The sidecar keeps the ids too (the payload itself may not carry them), and the payload's
-            # BLAKE3, checked when the file is read back at the next start.
-            sidecar = {"blob_uri": blob_uri, "model_id": spec.model_id, "layer": spec.layer,
-                       "blake3": blake3(payload).hexdigest()}
-            write_atomic(path.with_suffix(".json"), json.dumps(sidecar).encode())
-            self._gates[(spec.model_id, spec.layer)] = _Gate(spec, blob_uri, path)
-            row = self._gate_row(self._gates[(spec.model_id, spec.layer)])
+                    check_pair(spec, record.header)
+            row = self._gates.put(spec, payload, blob_uri=blob_uri, stored_at=stored_at).row()
         self._changed()
         return row
 
     def gate_unload(self, *, model_id: str, layer: int) -> None:
         with self._lock:
-            gate = self._gates.pop((model_id, int(layer)), None)
+            gate = self._gates.pop(model_id, layer)
         if gate is None:
             raise GateNotLoaded(f"no gate loaded for model_id={model_id!r} layer={layer}")
-        for p in (gate.path, gate.path.with_suffix(".json")):
-            p.unlink(missing_ok=True)
+        GateStore.delete_files(gate)
         self._changed()
 
     def _changed(self) -> None:
@@ -206,31 +186,10 @@ class ExpertRuntime:
 
     def _gate(self, model_id: str, layer: int) -> GateSpec:
         with self._lock:
-            gate = self._gates.get((model_id, int(layer)))
+            gate = self._gates.get(model_id, layer)
         if gate is None:
             raise GateNotLoaded(f"no gate loaded for model_id={model_id!r} layer={layer}")
         return gate.spec
-
-    def _scan_gates(self) -> None:
-        """Register the gates on disk; one whose bytes no longer match the hash its sidecar recorded
-        (disk corruption, tampering) is forgotten, files and all, rather than routed with."""
-        for path in sorted((self._root / "gates").glob("*/layer*.safetensors")):
-            try:
-                sidecar = path.with_suffix(".json")
-                meta = json.loads(sidecar.read_text()) if sidecar.exists() else {}
-                data = path.read_bytes()
-                blob_uri = meta.get("blob_uri")
-                if meta.get("blake3") and blake3(data).hexdigest() != meta["blake3"]:
-                    log.warning("gate payload %s does not match its hash; forgotten (load it again%s)", path,
-                                f": tenzro moe load-gate --blob {blob_uri}" if blob_uri else "")
-                    for stale in (path, sidecar):
-                        stale.unlink(missing_ok=True)
-                    continue
-                spec = _read_gate(data, model_id=meta.get("model_id"), layer=meta.get("layer"))
-            except (OSError, ValueError, InvalidPayload) as exc:
-                log.warning("skipping unreadable gate payload %s: %s", path, exc)
-                continue
-            self._gates[(spec.model_id, spec.layer)] = _Gate(spec, blob_uri, path)
 
     # -- compute -----------------------------------------------------------------------------
 
@@ -382,7 +341,7 @@ class ExpertRuntime:
         demand = self.demand_tps()
         experts = [{**self._row(k, r, warm), "committed_tps": demand.get(k, 0)} for k, r, warm in rows]
         with self._lock:
-            gates = [self._gate_row(g) for _, g in sorted(self._gates.items())]
+            gates = [g.row() for g in self._gates.all()]
         warm = sum(1 for *_, w in rows if w)
         return {
             "experts": experts,
@@ -445,47 +404,6 @@ class ExpertRuntime:
             "formats": dict(record.header.formats),
             "blob_uri": record.blob_uri,
         }
-
-    @staticmethod
-    def _gate_row(gate: _Gate) -> dict[str, Any]:
-        s = gate.spec
-        return {
-            "model_id": s.model_id, "layer": s.layer, "router": s.router, "n_routed": s.n_routed,
-            "n_shared_experts": s.n_shared_experts, "top_k": s.top_k, "d_model": s.d_model,
-            "memory_bytes": s.nbytes, "blob_uri": gate.blob_uri,
-        }
-
-
-def _read_gate(data: bytes | bytearray, *, model_id: str | None, layer: int | None) -> GateSpec:
-    """read_gate_payload, its format error raised as the runtime's InvalidPayload (same message)."""
-    try:
-        return read_gate_payload(data, model_id=model_id, layer=layer)
-    except format_errors.InvalidPayload as exc:
-        raise InvalidPayload(exc.message, reason=exc.reason, **exc.details) from exc
-
-
-def _check_pair(gate: GateSpec, header: ExpertHeader) -> None:
-    """A gate and an expert of the same (model_id, layer) must agree on width and id range (and,
-    for a dense gate, on the slice's d_ff width)."""
-    if gate.d_model != header.d_model:
-        raise ModelMismatch(
-            f"{header.model_id!r} layer {header.layer}: gate has d_model {gate.d_model}, "
-            f"expert {header.expert} has d_model {header.d_model}"
-        )
-    n_total = gate.n_routed + gate.n_shared_experts
-    if header.expert >= n_total:
-        raise ModelMismatch(
-            f"{header.model_id!r} layer {header.layer}: expert {header.expert} is out of range for a gate "
-            f"with {gate.n_routed} routed + {gate.n_shared_experts} shared experts (ids 0..{n_total - 1})"
-        )
-    if gate.is_dense:  # a slice cut for another slice count or alignment would sum to the wrong layer
-        start, end = gate.slice_bounds(header.expert)
-        if header.d_ff != end - start:
-            raise ModelMismatch(
-                f"{header.model_id!r} layer {header.layer}: slice {header.expert} has d_ff {header.d_ff}, but the "
-                f"dense gate ({gate.n_shared_experts} slices of d_ff {gate.dense_d_ff}, slice_align "
-                f"{gate.slice_align}) gives it rows [{start}, {end}) ({end - start} wide)"
-            )
 
 
 def _check_expected(what: str, found: dict[str, Any], expect: dict[str, Any] | None) -> None:
