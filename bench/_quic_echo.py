@@ -51,7 +51,10 @@ def run_loop(main: Coroutine[Any, Any, Any], *, uvloop: bool) -> Any:
 
 
 async def _echo(request: PeerRequest) -> Reply:
-    return Reply.ok({}, request.body)
+    """The request's body back, or `answer_bytes` zero bytes when the request names that many (bench/netem.py's
+    exchanges of a forward's sizes: a holder's answer is not the size of its request)."""
+    size = request.params.get("answer_bytes")
+    return Reply.ok({}, request.body if size is None else bytes(int(size)))
 
 
 async def start_quic_echo(spec: dict[str, Any], cert: str, key: str, port: int) -> Any:

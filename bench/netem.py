@@ -19,6 +19,12 @@ controller remembers a path's base RTT), the run measures:
   with f32 on the wire: p50 and p99, beside the same forward with the relays passing through
   unimpaired ("clean"), and the relative error against `forward_local` in this process. Timed
   forwards follow at least WARMUP untimed ones of each wire and WARMUP_S of them.
+* the transport's own share ("QUIC alone p50"): the bytes each holder's requests and answers carried
+  in those forwards (medians), moved by QUIC alone between processes of their own through two relays
+  with the same impairment, cut over lanes as the forward's are (bench/_netem_quic.py): no gate, plan,
+  compute or receipt. What the forward takes beyond it is ours; a target below it is the library's
+  loss recovery and congestion control to meet, not the forward's. Not measured where one path is
+  impaired apart from the other.
 
 The whole run is repeated for each QUIC transport (`--transports`; default qh3, the node's default,
 then aioquic with its default controller, "tolerant": core/transport/quic_tolerant.py), each with
@@ -54,6 +60,8 @@ from typing import Any
 import httpx
 import numpy as np
 
+from apps.node.identity import load_or_create_identity
+from bench import _netem_quic
 from bench.forward import Forwarder, Layer, local_runtime, rel_error, write_layer
 from core.transport import quic_lib
 from core.transport.loss_signals import CongestionSignal
@@ -180,6 +188,16 @@ def run(args: argparse.Namespace, work: Path, transport: tuple[str, str]) -> dic
             forward = Forwarder(network.nodes[0], client)
             bodies = {wire: forward.body(LAYER, hidden, wire) for wire in ("q8_0", "f32")}
             delay_ms = 0.0
+            identity = load_or_create_identity(work / "quic-alone")
+            datagram_size = _netem_quic.nodes_datagram_size(network, transport[0])
+
+            def quic_alone(wire: str) -> dict[str, Any]:
+                exchanges = _netem_quic.holder_bytes(measured["holders"][wire])
+                return {"exchanges": exchanges, "samples_ms": _netem_quic.measure(
+                    network, impairment, exchanges, library=transport[0], congestion=transport[1],
+                    datagram_size=datagram_size, cert=str(identity.cert_path), key=str(identity.cert_key_path),
+                    pin=identity.cert_sha256, repeats=args.repeats)}
+
             for name, impairment in args.conditions.items():
                 network.set(impairment)
                 if name in ONE_PATH:
@@ -195,11 +213,13 @@ def run(args: argparse.Namespace, work: Path, transport: tuple[str, str]) -> dic
                 before = network.relays.counters()
                 measured = measure(forward, bodies, want, args.repeats)
                 after = network.relays.counters()
+                # one path impaired apart from the others: the reference's two relays would not say which
+                alone = {wire: quic_alone(wire) for wire in bodies} if name not in ONE_PATH else {}
                 results["conditions"][name] = {
                     "impairment": impairment.describe() + (
                         f"; node {ONE_PATH[name][0]}'s path: {ONE_PATH[name][1].describe()}" if name in ONE_PATH
                         else ""),
-                    "ping": ping.summary(), **measured,
+                    "ping": ping.summary(), **measured, "quic_alone": alone,
                     "relay_datagrams": after.received - before.received, "relay_lost": after.lost - before.lost}
                 print(f"{name}: ping p50 {ping.percentile(50):.2f} ms, forwards done")
     return results
@@ -240,14 +260,17 @@ def table(results: dict[str, Any]) -> list[dict[str, Any]]:
         ping = c["ping"]
         for wire, samples in c["samples_ms"].items():
             if not samples:
-                rows.append([name, wire, *["-"] * 8, c["failures"], *["-"] * 4])
+                rows.append([name, wire, *["-"] * 9, c["failures"], *["-"] * 4])
                 continue
+            alone = c.get("quic_alone", {}).get(wire)
+            alone_p50 = percentile(alone["samples_ms"], 50) if alone else None
             p50, p99 = percentile(samples, 50), percentile(samples, 99)
             added = (p50 - clean[wire]) / ping["p50_ms"] if ping["p50_ms"] and ping["p50_ms"] > 1 else None
             bound = 2 * clean[wire] + 2 * ping["p50_ms"]
             met = ("yes" if p50 <= bound else "NO") if name in TARGETED else "-"
             rows.append([name, wire, ping["p50_ms"], ping["p99_ms"], f"{ping['lost']}/{ping['sent']}", p50, p99,
-                         f"{p50 / clean[wire]:.2f}x", "-" if added is None else f"{added:.1f}",
+                         "-" if alone_p50 is None else alone_p50, f"{p50 / clean[wire]:.2f}x",
+                         "-" if added is None else f"{added:.1f}",
                          f"{bound:.0f} {met}" if name in TARGETED else "-", c["failures"],
                          f"{c['rel_error'][wire]:.1e}", f"{c['hedges_fired']}/{c['retries']}",
                          f"{statistics.median(c['lanes'][wire]):g}",
@@ -259,6 +282,10 @@ def table(results: dict[str, Any]) -> list[dict[str, Any]]:
                                       reference_value=clean[wire],
                                       target=f"<= 2x clean p50 + 2 RTT = {bound:.0f} ms" if name in TARGETED
                                       else "—"))
+                if alone_p50 is not None:
+                    heads.append(headline(f"the same bytes over QUIC alone, {wire} wire, {name}, "
+                                          f"{results['transport']}", alone_p50, "ms", reference="forward p50",
+                                          reference_value=p50))
                 heads.append(headline(f"latency added by {name} ({wire} wire, {results['transport']}; "
                                       "ratio = RTTs added)",
                                       p50 - clean[wire], "ms", reference="relay ping RTT p50",
@@ -269,7 +296,8 @@ def table(results: dict[str, Any]) -> list[dict[str, Any]]:
         f"hold all {LAYER.n_routed} experts, top-{LAYER.top_k}, d_model {LAYER.d_model}, d_ff {LAYER.d_ff}; "
         f"{TOKENS} tokens, "
         f"{results['repeats']} forwards per wire per condition); ms; RTTs added = (p50 - clean p50) / ping p50",
-        ["condition", "wire", "ping p50", "ping p99", "ping lost", "forward p50", "forward p99", "/clean",
+        ["condition", "wire", "ping p50", "ping p99", "ping lost", "forward p50", "forward p99", "QUIC alone p50",
+         "/clean",
          "RTTs added", "target (ms) met", "failed", "rel error (max)", "hedges/retries", "lanes", "busiest"], rows)
     heads.append(headline(f"forwards failed, all conditions, {results['transport']}",
                           sum(c["failures"] for c in conditions.values()), "forwards", target="0"))

@@ -50,7 +50,7 @@ class ImpairedNetwork:
             echo.close()
 
 
-def _free_udp_port(host: str) -> int:
+def free_udp_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
@@ -75,7 +75,7 @@ def impaired_network(n: int, work: Path, env: dict[str, str], *, impairment: Imp
                              launcher=subnet.launcher(i) if subnet else (), peers=[nodes[0].url] if nodes else [])
             if subnet:  # a fresh namespace: every port is free there
                 node.http_port, node.quic_port = 8000, 4433
-            relay = relays.add(listen=(relay_host, _free_udp_port(relay_host)), target=(host, node.quic_port),
+            relay = relays.add(listen=(relay_host, free_udp_port(relay_host)), target=(host, node.quic_port),
                                impairment=impairment, seed=i)
             nodes.append(node)
             envs.append({**env, "TENZRO_PUBLIC_QUIC": f"{relay_host}:{relay.listen[1]}",
