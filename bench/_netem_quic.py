@@ -28,7 +28,6 @@ from core.transport.udp import datagram_size_for, route_mtu
 from testkit.impaired import ImpairedNetwork, free_udp_port
 from testkit.netem import Impairment
 
-WARMUP = 5  # untimed exchanges first: handshakes, lanes opening, the windows after the condition's switch
 ETHERNET_MTU = 1500  # the namespaces' veth links (testkit/netns.py)
 
 
@@ -53,8 +52,11 @@ def holder_bytes(holders: list[list[dict[str, Any]]]) -> list[tuple[int, int]]:
 
 
 def measure(network: ImpairedNetwork, impairment: Impairment, exchanges: list[tuple[int, int]], *, library: str,
-            congestion: str, datagram_size: int, cert: str, key: str, pin: str, repeats: int) -> list[float]:
-    """ms per round: every (bytes up, bytes down) of `exchanges` at once, one echo server each. The relays
+            congestion: str, datagram_size: int, cert: str, key: str, pin: str, repeats: int, warmup: int,
+            warmup_s: float) -> list[float]:
+    """ms per round: every (bytes up, bytes down) of `exchanges` at once, one echo server each, after at least
+    `warmup` untimed rounds and `warmup_s` of them, as the forwards are timed: a connection's congestion
+    window under loss is what its history left it (a fresh one is still in slow start). The relays
     stay on the network's relay thread in this process; the client and the servers run in a child process
     of their own (and it in children of its own), so that they take no GIL from the relays, as the nodes
     do not."""
@@ -62,7 +64,8 @@ def measure(network: ImpairedNetwork, impairment: Impairment, exchanges: list[tu
     relays = [network.relays.add(listen=(network.relay_host, 0), target=("127.0.0.1", port), impairment=impairment,
                                  seed=100 + i, upstream_host="127.0.0.1") for i, port in enumerate(ports)]
     job = {"spec": {"library": library, "congestion_control": congestion, "max_datagram_size": datagram_size},
-           "cert": cert, "key": key, "pin": pin, "repeats": repeats, "host": network.relay_host,
+           "cert": cert, "key": key, "pin": pin, "repeats": repeats, "warmup": warmup, "warmup_s": warmup_s,
+           "host": network.relay_host,
            "servers": ports, "paths": [[relay.listen[1], up, down] for relay, (up, down) in zip(relays, exchanges,
                                                                                                  strict=True)]}
     try:
@@ -98,8 +101,10 @@ async def _rounds(job: dict[str, Any]) -> list[float]:
             await asyncio.gather(*(exchange(port, up, down) for port, up, down in job["paths"]))
             return (time.perf_counter() - started) * 1e3
 
-        for _ in range(WARMUP):
+        started, warmups = time.monotonic(), 0
+        while warmups < job["warmup"] or time.monotonic() - started < job["warmup_s"]:
             await one_round()
+            warmups += 1
         return [await one_round() for _ in range(job["repeats"])]
 
 

@@ -21,10 +21,10 @@ controller remembers a path's base RTT), the run measures:
   forwards follow at least WARMUP untimed ones of each wire and WARMUP_S of them.
 * the transport's own share ("QUIC alone p50"): the bytes each holder's requests and answers carried
   in those forwards (medians), moved by QUIC alone between processes of their own through two relays
-  with the same impairment, cut over lanes as the forward's are (bench/_netem_quic.py): no gate, plan,
-  compute or receipt. What the forward takes beyond it is ours; a target below it is the library's
-  loss recovery and congestion control to meet, not the forward's. Not measured where one path is
-  impaired apart from the other.
+  with the same impairment, cut over lanes as the forward's are, after the same warm-up as the
+  forwards (bench/_netem_quic.py): no gate, plan, compute or receipt. What the forward takes beyond it
+  is ours; a target below it is the library's loss recovery and congestion control to meet, not the
+  forward's. Not measured where one path is impaired apart from the other.
 
 The whole run is repeated for each QUIC transport (`--transports`; default qh3, the node's default,
 then aioquic with its default controller, "tolerant": core/transport/quic_tolerant.py), each with
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace, work: Path, transport: tuple[str, str]) -> dic
                 return {"exchanges": exchanges, "samples_ms": _netem_quic.measure(
                     network, impairment, exchanges, library=transport[0], congestion=transport[1],
                     datagram_size=datagram_size, cert=str(identity.cert_path), key=str(identity.cert_key_path),
-                    pin=identity.cert_sha256, repeats=args.repeats)}
+                    pin=identity.cert_sha256, repeats=args.repeats, warmup=WARMUP, warmup_s=WARMUP_S)}
 
             for name, impairment in args.conditions.items():
                 network.set(impairment)
