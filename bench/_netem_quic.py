@@ -57,9 +57,8 @@ def measure(network: ImpairedNetwork, impairment: Impairment, exchanges: list[tu
     """ms per round: every (bytes up, bytes down) of `exchanges` at once, one echo server each, after at least
     `warmup` untimed rounds and `warmup_s` of them, as the forwards are timed: a connection's congestion
     window under loss is what its history left it (a fresh one is still in slow start). The relays
-    stay on the network's relay thread in this process; the client and the servers run in a child process
-    of their own (and it in children of its own), so that they take no GIL from the relays, as the nodes
-    do not."""
+    stay on the network's relay thread in this process; the client runs in a child process and the
+    servers in its children, so that none of them takes the GIL from the relays (the nodes do not)."""
     ports = [free_udp_port("127.0.0.1") for _ in exchanges]
     relays = [network.relays.add(listen=(network.relay_host, 0), target=("127.0.0.1", port), impairment=impairment,
                                  seed=100 + i, upstream_host="127.0.0.1") for i, port in enumerate(ports)]
@@ -90,11 +89,15 @@ async def _rounds(job: dict[str, Any]) -> list[float]:
         stack.push_async_callback(pool.close)
 
         async def exchange(port: int, up: int, down: int) -> None:
-            lanes = [lane for lane, _ in pool.lanes_for(host=host, port=port, pin_sha256=pin, nbytes=up)]
+            # as the forward: lanes asked for by the answer's size (its rows are the request's pairs), the
+            # bytes cut in proportion to the lanes' windows (apps/forward/lanes.py)
+            lanes = pool.lanes_for(host=host, port=port, pin_sha256=pin, nbytes=down)
+            weights = [window for _, window in lanes] if all(window > 0 for _, window in lanes) else [1] * len(lanes)
+            shares = [w / sum(weights) for w in weights]
             await asyncio.gather(*(pool.call(host=host, port=port, pin_sha256=pin, method="echo",
-                                             params={"answer_bytes": down // len(lanes)},
-                                             body=bytes(up // len(lanes)), timeout_s=60, lane=lane)
-                                   for lane in lanes))
+                                             params={"answer_bytes": round(down * share)},
+                                             body=bytes(round(up * share)), timeout_s=60, lane=lane)
+                                   for (lane, _), share in zip(lanes, shares, strict=True)))
 
         async def one_round() -> float:
             started = time.perf_counter()

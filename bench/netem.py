@@ -191,7 +191,7 @@ def run(args: argparse.Namespace, work: Path, transport: tuple[str, str]) -> dic
             identity = load_or_create_identity(work / "quic-alone")
             datagram_size = _netem_quic.nodes_datagram_size(network, transport[0])
 
-            def quic_alone(wire: str) -> dict[str, Any]:
+            def quic_alone(wire: str, measured: dict[str, Any], impairment: Impairment) -> dict[str, Any]:
                 exchanges = _netem_quic.holder_bytes(measured["holders"][wire])
                 return {"exchanges": exchanges, "samples_ms": _netem_quic.measure(
                     network, impairment, exchanges, library=transport[0], congestion=transport[1],
@@ -214,7 +214,8 @@ def run(args: argparse.Namespace, work: Path, transport: tuple[str, str]) -> dic
                 measured = measure(forward, bodies, want, args.repeats)
                 after = network.relays.counters()
                 # one path impaired apart from the others: the reference's two relays would not say which
-                alone = {wire: quic_alone(wire) for wire in bodies} if name not in ONE_PATH else {}
+                alone = {} if name in ONE_PATH else {wire: quic_alone(wire, measured, impairment)
+                                                     for wire in bodies}
                 results["conditions"][name] = {
                     "impairment": impairment.describe() + (
                         f"; node {ONE_PATH[name][0]}'s path: {ONE_PATH[name][1].describe()}" if name in ONE_PATH
