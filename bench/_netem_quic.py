@@ -21,7 +21,9 @@ import sys
 import time
 from typing import Any
 
+from apps.forward.lanes import lane_weights
 from bench._quic_echo import ROOT, echo_child
+from core.transport import quic_lib
 from core.transport.pool import QuicPool
 from core.transport.quic import QuicSettings
 from core.transport.udp import datagram_size_for, route_mtu
@@ -35,8 +37,7 @@ def nodes_datagram_size(network: ImpairedNetwork, library: str) -> int:
     """The datagram size the nodes use toward the relays: an Ethernet path's between namespaces, loopback's
     without them (this process reaches the relays' address, the bridge's, over its own loopback)."""
     mtu = route_mtu("127.0.0.1", 9) if network.relay_host == "127.0.0.1" else ETHERNET_MTU
-    ceiling = QuicSettings(max_body=1, library=library).lib.max_datagram_size
-    return datagram_size_for(mtu, network.relay_host, ceiling=ceiling)
+    return datagram_size_for(mtu, network.relay_host, ceiling=quic_lib.load(library).max_datagram_size)
 
 
 def holder_bytes(holders: list[list[dict[str, Any]]]) -> list[tuple[int, int]]:
@@ -92,7 +93,7 @@ async def _rounds(job: dict[str, Any]) -> list[float]:
             # as the forward: lanes asked for by the answer's size (its rows are the request's pairs), the
             # bytes cut in proportion to the lanes' windows (apps/forward/lanes.py)
             lanes = pool.lanes_for(host=host, port=port, pin_sha256=pin, nbytes=down)
-            weights = [window for _, window in lanes] if all(window > 0 for _, window in lanes) else [1] * len(lanes)
+            weights = lane_weights([window for _, window in lanes])
             shares = [w / sum(weights) for w in weights]
             await asyncio.gather(*(pool.call(host=host, port=port, pin_sha256=pin, method="echo",
                                              params={"answer_bytes": round(down * share)},

@@ -23,6 +23,14 @@ import numpy as np
 from core.shardmap.planner import Batch
 
 
+def lane_weights(windows: list[int]) -> list[float]:
+    """Each lane's share of a request, in proportion to its window (bytes it may have in flight); an
+    unknown window (0) counts as the known ones' mean, every one as 1 when none is known."""
+    known = [w for w in windows if w > 0]
+    fill = sum(known) / len(known) if known else 1.0
+    return [float(w) if w > 0 else fill for w in windows]
+
+
 def split_in_expert_order(items: list[tuple[Batch, np.ndarray]], windows: list[int]
                           ) -> list[list[tuple[Batch, np.ndarray]]]:
     """`items` [(batch, pairs int64 [n_i])] cut into min(len(windows), pairs) parts, each a run of the
@@ -35,9 +43,7 @@ def split_in_expert_order(items: list[tuple[Batch, np.ndarray]], windows: list[i
     lanes = min(len(windows), total)
     if lanes <= 1:
         return [items]
-    known = [w for w in windows[:lanes] if w > 0]
-    fill = sum(known) / len(known) if known else 1.0
-    weights = np.cumsum([w if w > 0 else fill for w in windows[:lanes]], dtype=np.float64)
+    weights = np.cumsum(lane_weights(windows[:lanes]), dtype=np.float64)
     bounds = [0, *np.rint(total * weights[:-1] / weights[-1]).astype(int).tolist(), total]
     for part in range(1, lanes):  # at least one pair each
         bounds[part] = min(max(bounds[part], bounds[part - 1] + 1), total - (lanes - part))
