@@ -25,7 +25,11 @@ minus its MoE time); holder compute = per MoE layer, the largest compute_ms one 
 critical path, if the holders ran side by side); network + dispatch = the rest of each MoE layer's ms
 (gate and plan on the router, codec, QUIC, the holders' queueing, receipts, combine), reported per
 MoE layer per step; hedges fired and won per remote batch. All processes share this machine's cores,
-so the holders' compute competes with the router and the transport as it would on one host.
+so the holders' compute competes with the router and the transport as it would on one host. "cores
+busy" says how much: the CPU seconds every node process used during a generation (router and holders,
+each with its web, Celery and expert workers), over the generation's wall time. Near the core count,
+a layer's network + dispatch is mostly requests and answers waiting for a core while other holders
+compute (docs/performance.md, "A decode layer on two shared cores, process by process").
 `--profile` samples the router's and one holder's expert worker with py-spy during one decode
 generation of the first shape and prints where their threads' CPU went (bench/_pyspy.py); where
 py-spy cannot attach, each worker cProfiles its own event loop (TENZRO_PROFILE_DIR, set for the nodes).
@@ -112,13 +116,20 @@ def wait_converged(router: NodeProcess, model_id: str, n_experts: int, timeout_s
     raise RuntimeError(f"the router saw {seen} of {n_experts} experts held within {timeout_s} s")
 
 
-def generate(router: NodeProcess, model_id: str, prompt: list[int], max_new: int, wire: str) -> dict[str, Any]:
+def generate(router: NodeProcess, model_id: str, prompt: list[int], max_new: int, wire: str, *,
+             machine: list[NodeProcess] | None = None) -> dict[str, Any]:
+    """The generation's record; with `machine`, also `cores_busy`: the CPU seconds every process of those
+    nodes used during the call, over its wall seconds."""
+    cpu_before, started = sum(n.cpu_seconds() for n in machine or []), time.monotonic()
     answer = router.rpc("tenzro_moeGenerate", {"model_id": model_id, "prompt_ids": prompt, "max_new_tokens": max_new,
                                                "stop_at_eos": False, "wire": wire, "wait": True},
                         token=TOKEN, timeout=600)
     assert "result" in answer, str(answer)[:500]
     record = answer["result"]
     assert record["state"] == "done", record.get("error")
+    if machine:
+        cpu = sum(n.cpu_seconds() for n in machine) - cpu_before
+        record["cores_busy"] = cpu / (time.monotonic() - started)
     return record
 
 
@@ -139,6 +150,7 @@ def split(records: list[dict[str, Any]], router_id: str) -> dict[str, float]:
         "batches_per_layer": batches / len(layers),
         "hedges_fired": sum(layer["hedges_fired"] for layer in layers) / batches,
         "hedges_won": sum(layer["hedges_won"] for layer in layers) / batches,
+        "cores_busy": statistics.median(r["cores_busy"] for r in records),
     }
 
 
@@ -164,7 +176,7 @@ def run_shape(shape: Shape, args: argparse.Namespace, work: Path, nodes: list[No
     for _ in range(rounds):
         runs["local"].append(local.generate(prompt, max_new))
         for wire in wires:
-            runs[wire].append(generate(router, shape.model_id, prompt, max_new, wire))
+            runs[wire].append(generate(router, shape.model_id, prompt, max_new, wire, machine=nodes))
     profile = None
     if args.profile:
         profile = profiled(nodes, shape, prompt, max_new)
@@ -208,7 +220,7 @@ def tables(shape: Shape, runs: dict[str, list[dict[str, Any]]], router_id: str, 
                                                                      strict=True))
     want = ref[0]["tokens"]
     rows = [["one process", "-", ref_ttft, "1.00x", ref_tps, "1.00x", statistics.fmean(ref_steps), ref_dense,
-             "1.00x", "-", "-", "-", f"{len(want)}/{len(want)}"]]
+             "1.00x", "-", "-", "-", "-", f"{len(want)}/{len(want)}"]]
     record: dict[str, Any] = {"local": {"ttft_ms": ref_ttft, "decode_tokens_per_s": ref_tps,
                                         "dense_ms_per_token": ref_dense, "runs": ref}}
     for wire, recs in runs.items():
@@ -222,7 +234,7 @@ def tables(shape: Shape, runs: dict[str, list[dict[str, Any]]], router_id: str, 
                      f"{ttft / ref_ttft:.2f}x", tps, f"{tps / ref_tps:.2f}x", where["step_ms"], where["dense_ms"],
                      f"{where['dense_ms'] / ref_dense:.2f}x", where["network_ms_per_layer"],
                      where["holder_ms_per_layer"], f"{where['hedges_fired']:.1%} / {where['hedges_won']:.1%}",
-                     f"{same}/{len(want)}"])
+                     f"{where['cores_busy']:.2f} of {os.cpu_count()}", f"{same}/{len(want)}"])
         record[wire] = {"ttft_ms": ttft, "decode_tokens_per_s": tps, "one_process_ttft_ms": ref_ttft,
                         "one_process_decode_tokens_per_s": ref_tps, "one_process_dense_ms_per_token": ref_dense,
                         "tokens_equal_local": same, "split": where, "records": recs}
@@ -231,9 +243,10 @@ def tables(shape: Shape, runs: dict[str, list[dict[str, Any]]], router_id: str, 
         f"{shape.experts} experts (top-{TOP_K}, d_model {D_MODEL}, d_ff {D_FF}, Q8_0), vocab {shape.vocab_size:,}; "
         f"{PROMPT_TOKENS}-token prompt, {len(want)} new tokens; medians over {len(ref)} round(s); per decode step: "
         "ms, router dense compute (dense_ms) and its ratio to one process; per MoE layer: network + dispatch ms "
-        "(layer ms - the slowest holder's compute) and that holder compute; hedges fired / won per remote batch",
+        "(layer ms - the slowest holder's compute) and that holder compute; hedges fired / won per remote batch; "
+        "cores busy: every node process's CPU over the generation's wall time",
         ["run", "wire", "TTFT ms", "TTFT ratio", "decode tok/s", "decode ratio", "step ms", "dense ms",
-         "dense ratio", "net ms/layer", "holder ms/layer", "hedged / won", "tokens = one process"], rows)
+         "dense ratio", "net ms/layer", "holder ms/layer", "hedged / won", "cores busy", "tokens = one process"], rows)
     return {"generation": record}
 
 

@@ -143,6 +143,16 @@ class NodeProcess:
         except psutil.NoSuchProcess:
             return []
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user + system) used so far by this node's processes alive now, the leader with them."""
+        assert self.process is not None
+        total = 0.0
+        for pid in (self.process.pid, *self.descendants()):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                times = psutil.Process(pid).cpu_times()
+                total += times.user + times.system
+        return total
+
     def kill(self, timeout_s: float = 15.0) -> None:
         """SIGKILL the node's whole process group and wait until none of its processes lives on: the
         leader exits first, and a start on the same ports before its children are gone finds the QUIC
