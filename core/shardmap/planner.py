@@ -73,14 +73,16 @@ Backups per batch: the expert's other holders, Warm before Cold (Cold only with
 expert; then by finish(h, rows) with the plan's final loads; then higher reputation; then
 provider id; never a provider below the reputation floor. The forward
 redispatches to them in this order when the primary stalls, and replans with ``exclude``
-when all fail.
+when all fail. A plan of at most 32 pieces (a decode step's) ranks a batch's backups when
+they are first read, with the plan's final loads (``BackupProviders``): most batches are
+answered by their primaries and never read them. Whether a batch has any is known without ranking.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import numpy as np
 
@@ -101,7 +103,40 @@ class Batch(NamedTuple):
     expert: int
     provider: ProviderView
     token_indices: np.ndarray
-    backups: tuple[ProviderView, ...]
+    backups: Sequence[ProviderView]  # best first: a BackupProviders
+
+
+class BackupProviders(Sequence[ProviderView]):
+    """A batch's backups: the plan's ranked provider indices (for a decode step's plan, ranked only when
+    first read: core.shardmap.spread.RankedLater), each read as its provider. Its truth (may the batch
+    hedge or fail over?) is read without ranking."""
+
+    __slots__ = ("_indices", "_providers")
+
+    def __init__(self, indices: Sequence[int], providers: Sequence[ProviderView]) -> None:
+        self._indices, self._providers = indices, providers
+
+    def __bool__(self) -> bool:
+        return bool(self._indices)
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    @overload
+    def __getitem__(self, i: int) -> ProviderView: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[ProviderView, ...]: ...
+    def __getitem__(self, i: int | slice) -> ProviderView | tuple[ProviderView, ...]:
+        if isinstance(i, slice):
+            return tuple(self._providers[p] for p in self._indices[i])
+        return self._providers[self._indices[i]]
+
+    def __iter__(self) -> Iterator[ProviderView]:
+        providers = self._providers
+        return (providers[p] for p in self._indices)
+
+    def __repr__(self) -> str:
+        return f"BackupProviders({self._indices!r})"
 
 
 @dataclass(frozen=True, eq=False)
@@ -232,7 +267,7 @@ def plan_pairs(
         hi = lo + piece.rows
         sorted_batch[lo:hi] = len(batches)
         batches.append(Batch(layer_of[i], expert_of[i], providers[piece.provider], t_sorted[lo:hi],
-                             tuple([providers[p] for p in piece.backups])))
+                             BackupProviders(piece.backups, providers)))
     pair_batch = np.empty(len(order), dtype=np.int64)
     pair_batch[order] = sorted_batch
 

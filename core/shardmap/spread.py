@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import numpy as np
 
@@ -100,7 +101,7 @@ class Piece(NamedTuple):
     provider: int
     first: int
     rows: int
-    backups: tuple[int, ...]  # provider indices, best first
+    backups: Sequence[int]  # provider indices, best first: a tuple, or a RankedLater for a plan of few pieces
 
 
 def place(
@@ -122,6 +123,7 @@ def place(
     """
     cols = columns_of(shard)
     prov, lat, rank = cols.provider, cols.latency, cols.rank
+    offsets, n_warm, hot, gpu, n_experts = cols.offsets, cols.n_warm, cols.hot, cols.gpu, cols.n_experts
     rate, rate_array = _rates(cols, row_bytes)
     # Below the reputation floor is treated as excluded, except in the reason an expert reports.
     barred = excluded | cols.barred if cols.barred else excluded
@@ -131,10 +133,11 @@ def place(
     usable: set[int] = set()
     routable = 0
     for s, (e, n) in enumerate(zip(segment_expert, segment_rows, strict=True)):
-        if e >= cols.n_experts:
+        if e >= n_experts:
             refused.append((s, NO_HOLDER))
             continue
-        a, w, b = cols.offsets[e], cols.offsets[e] + cols.n_warm[e], cols.offsets[e + 1]
+        a, b = offsets[e], offsets[e + 1]
+        w = a + n_warm[e]
         if barred:
             warm = [j for j in range(a, w) if prov[j] not in barred]
             cold = [j for j in range(w, b) if prov[j] not in barred]
@@ -150,11 +153,11 @@ def place(
             continue
         tier = warm or cold
         gpus = len(tier)
-        if cols.hot[e]:  # GPU holders first (stable: each group keeps its shard-map order)
-            first = [j for j in tier if cols.gpu[prov[j]]]
+        if hot[e]:  # GPU holders first (stable: each group keeps its shard-map order)
+            first = [j for j in tier if gpu[prov[j]]]
             gpus = len(first)
             if first:
-                tier = first + [j for j in tier if not cols.gpu[prov[j]]]
+                tier = first + [j for j in tier if not gpu[prov[j]]]
         chosen_tier[s] = tier
         preferred[s] = gpus or len(tier)  # no GPU holder: every candidate is preferred alike
         usable.update(map(prov.__getitem__, tier))
@@ -208,8 +211,9 @@ def _rates(cols: Columns, row_bytes: int) -> tuple[list[float], np.ndarray]:
 
 def _backups(shard: ShardIndex, cols: Columns, rate: list[float], rate_array: np.ndarray,
              pieces: list[tuple[int, int, int, int, int]], load: list[int], *,
-             allow_cold: bool, excluded: set[int] | frozenset[int]) -> list[tuple[int, ...]]:
-    """Each piece's backup providers, best first, ranked for all pieces in one sort.
+             allow_cold: bool, excluded: set[int] | frozenset[int]) -> list[Sequence[int]]:
+    """Each piece's backup providers, best first, ranked for all pieces in one sort; for a plan of at most
+    FEW_PIECES pieces (a decode step's), each piece's own, ranked when first read (RankedLater).
 
     Pool per piece: its expert's Warm holder rows (and Cold ones with ``allow_cold``) minus
     the excluded (and below-floor) providers and the piece's own holder. Key, in order: Cold
@@ -219,7 +223,7 @@ def _backups(shard: ShardIndex, cols: Columns, rate: list[float], rate_array: np
     if not pieces:
         return []
     if len(pieces) <= FEW_PIECES:
-        return _backups_few(cols, rate, pieces, load, allow_cold=allow_cold, excluded=excluded)
+        return [RankedLater(cols, rate, piece, load, allow_cold=allow_cold, excluded=excluded) for piece in pieces]
     expert = np.array([p[1] for p in pieces], dtype=np.int64)  # (n_pieces,)
     own = np.array([p[2] for p in pieces], dtype=np.int64)
     rows = np.array([p[4] for p in pieces], dtype=np.float64)
@@ -246,6 +250,55 @@ def _backups(shard: ShardIndex, cols: Columns, rate: list[float], rate_array: np
     ranked = who[order].tolist()
     ends = np.cumsum(np.bincount(piece, minlength=len(pieces))).tolist()
     return [tuple(ranked[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+class RankedLater(Sequence[int]):
+    """One piece's backups (provider indices, best first) in a plan of few pieces, ranked by _backups_few
+    when first read, with the plan's final loads. A decode step's batches are nearly always answered by
+    their primaries, and ranking every piece's backups up front was the larger part of its plan
+    (docs/performance.md, "The decode step's plan: backups ranked when asked for"). Its truth is read
+    without ranking: whether any candidate is left, which the forward asks of every request (may it
+    hedge?). Not thread-safe before it is read: a plan belongs to one forward."""
+
+    __slots__ = ("_allow_cold", "_cols", "_excluded", "_load", "_piece", "_ranked", "_rate")
+
+    def __init__(self, cols: Columns, rate: list[float], piece: tuple[int, int, int, int, int], load: list[int],
+                 *, allow_cold: bool, excluded: set[int] | frozenset[int]) -> None:
+        # `load` is the plan's own list, final once place() returns: read, never copied
+        self._cols, self._rate, self._piece, self._load = cols, rate, piece, load
+        self._allow_cold, self._excluded = allow_cold, excluded
+        self._ranked: tuple[int, ...] | None = None
+
+    def ranked(self) -> tuple[int, ...]:
+        if self._ranked is None:
+            self._ranked = _backups_few(self._cols, self._rate, [self._piece], self._load,
+                                        allow_cold=self._allow_cold, excluded=self._excluded)[0]
+        return self._ranked
+
+    def __bool__(self) -> bool:
+        if self._ranked is not None:
+            return bool(self._ranked)
+        cols, (_, e, own, _, _) = self._cols, self._piece
+        start = cols.offsets[e]
+        stop = cols.offsets[e + 1] if self._allow_cold else start + cols.n_warm[e]
+        prov, excluded = cols.provider, self._excluded
+        return any(j != own and prov[j] not in excluded for j in range(start, stop))
+
+    def __len__(self) -> int:
+        return len(self.ranked())
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[int, ...]: ...
+    def __getitem__(self, i: int | slice) -> int | tuple[int, ...]:
+        return self.ranked()[i]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ranked())
+
+    def __repr__(self) -> str:
+        return f"RankedLater({self._ranked!r})" if self._ranked is not None else "RankedLater(<not ranked yet>)"
 
 
 def _backups_few(cols: Columns, rate: list[float], pieces: list[tuple[int, int, int, int, int]],

@@ -215,3 +215,29 @@ def test_one_index_serves_many_plans():
     shard = index([provider(1), provider(2)], [holding(1, 0, e) for e in range(3)] + [holding(2, 0, 1)])
     first = plan_pairs(tokens, layers, experts, shard).to_dict()
     assert all(plan_pairs(tokens, layers, experts, shard).to_dict() == first for _ in range(3))
+
+
+def test_a_decode_steps_backups_are_ranked_only_when_read(monkeypatch):
+    """One token's plan leaves its backups unranked until the forward reads them (a hedge or a failover);
+    whether a batch has any is known without ranking."""
+    from core.shardmap import spread
+
+    ranked: list[int] = []
+    real = spread._backups_few
+
+    def counted(cols, rate, pieces, *args, **kwargs):
+        ranked.append(len(pieces))
+        return real(cols, rate, pieces, *args, **kwargs)
+
+    monkeypatch.setattr(spread, "_backups_few", counted)
+    providers = [provider(i) for i in range(1, 5)]
+    holdings = [holding(p, 0, e, tps=100 * p) for e in range(8) for p in (1 + e % 4, 1 + (e + 1) % 4)]
+    holdings.append(holding(1, 0, 8, tps=100))  # an expert with one holder: no backup
+    plan = plan_pairs([0] * 9, [0] * 9, list(range(9)), index(providers, holdings))
+    assert len(plan.batches) == 9 and ranked == []
+    assert [bool(b.backups) for b in plan.batches] == [True] * 8 + [False] and ranked == []
+    first = plan.batches[0]  # expert 0, on P(1) or P(2): the other one is its backup
+    other = ({P(1), P(2)} - {first.provider.provider_id}).pop()
+    assert [p.provider_id for p in first.backups] == [other]
+    assert ranked == [1]  # that batch's alone
+    assert [p.provider_id for p in first.backups] == [other] and len(first.backups) == 1 and ranked == [1]  # once

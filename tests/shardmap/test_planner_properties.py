@@ -204,3 +204,26 @@ def test_backups_ranked_over_lists_are_those_ranked_over_arrays(scenario):
     finally:
         spread.FEW_PIECES = saved
     assert plans[0] == plans[1]
+
+
+@SETTINGS
+@given(scenarios())
+def test_a_batchs_backups_are_true_before_ranking_exactly_when_ranked_ones_exist(scenario):
+    """A plan of few pieces ranks each batch's backups when first read (spread.RankedLater); its truth,
+    which the forward reads of every request, comes without ranking and agrees with the ranked list, and
+    reading them twice gives the same list."""
+    providers, holdings, policy, routings, options, _ = scenario
+    index = ShardIndex.build(MODEL, providers, holdings, policy)
+    truth = [bool(b.backups) for b in plan_pairs(*_pair_columns(routings), index, **options).batches]
+    plan = plan_pairs(*_pair_columns(routings), index, **options)
+    ranked = [list(b.backups) for b in plan.batches]
+    assert truth == [bool(r) for r in ranked]
+    assert ranked == [list(b.backups) for b in plan.batches]
+    assert [len(b.backups) for b in plan.batches] == [len(r) for r in ranked]
+    assert all(b.backups[:] == tuple(r) and (not r or b.backups[-1] == r[-1])
+               for b, r in zip(plan.batches, ranked, strict=True))
+
+
+def _pair_columns(routings):
+    pairs = [(r["token_index"], e["layer"], e["expert"]) for r in routings for e in r["experts"]]
+    return [[p[i] for p in pairs] for i in range(3)] if pairs else [[], [], []]
