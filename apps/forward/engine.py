@@ -182,10 +182,10 @@ async def _serve_request(items: list[tuple[Batch, np.ndarray]], combine: Streami
                          execute: BatchExecutor, book: LatencyBook, limits: ForwardLimits, report: ForwardReport,
                          in_flight: asyncio.Semaphore, *, size: int, lane: int = 0) -> None:
     """The batches `items` of one layer whose primary takes them as one request of `size` rows: one
-    attempt for all of them while it goes well (a decode step's common case: one task and one timer
-    per holder, not per batch). When the request fails, each batch fails over on its own; when it
-    stalls past the holder's hedge delay, each batch races its backup against it (_race), and the
-    request is cancelled once no batch waits for it."""
+    attempt for all of them while it goes well (a decode step's common case: one timer per holder, not per
+    batch, and a task of its own only where a hedge could race it). When the request fails, each batch
+    fails over on its own; when it stalls past the holder's hedge delay, each batch races its backup
+    against it (_race), and the request is cancelled once no batch waits for it."""
     holder, layer = items[0][0].provider, items[0][0].layer
     calls = []
     for batch, pairs in items:
@@ -195,18 +195,19 @@ async def _serve_request(items: list[tuple[Batch, np.ndarray]], combine: Streami
     pushed_back = 0
     while True:
         started = time.monotonic()
-        shared = asyncio.ensure_future(_attempt_many(execute, holder, layer, calls, limits.attempt_timeout_s, lane))
+        attempt = _attempt_many(execute, holder, layer, calls, limits.attempt_timeout_s, lane)
         after = book.hedge_after_s(holder.provider_id, size) if hedgeable else None
         try:
-            done, _ = await asyncio.wait((shared,), timeout=after)
-        except asyncio.CancelledError:
-            shared.cancel()
-            raise
-        if not done:  # stalled: every batch races its backup against the request still running
-            await _race_stalled(items, calls, shared, started, combine, execute, book, limits, report, size)
-            return
-        try:
-            answers = shared.result()
+            if after is None:  # nothing to race it against: awaited here, without a task and a wait of its own
+                answers = await attempt
+            else:
+                shared = asyncio.ensure_future(attempt)
+                try:
+                    done, _ = await asyncio.wait((shared,), timeout=after)
+                except asyncio.CancelledError:
+                    shared.cancel()
+                    raise
+                answers = shared.result() if done else None
         except (TenzroError, TimeoutError, OSError) as exc:
             reason = _reason(exc)
             if await _backed_off(reason, pushed_back + 1, limits):
@@ -220,6 +221,9 @@ async def _serve_request(items: list[tuple[Batch, np.ndarray]], combine: Streami
             await asyncio.gather(*(_serve_batch(batch, pairs, combine, hidden, execute, book, limits, report,
                                                 in_flight, gathered=True, size=size, failed_here=1)
                                    for batch, pairs in items))
+            return
+        if answers is None:  # stalled: every batch races its backup against the request still running
+            await _race_stalled(items, calls, shared, started, combine, execute, book, limits, report, size)
             return
         elapsed = time.monotonic() - started
         book.record(holder.provider_id, size, elapsed)
