@@ -86,7 +86,7 @@ class DistributedForward:
         self._writes: set[asyncio.Future] = set()
         self._cooling: dict[str, float] = {}  # provider -> monotonic time its failure cooldown ends
         self._shards: dict[str, tuple[View, tuple[Any, ...], ShardIndex]] = {}  # model_id -> (view, key, index)
-        self._prices_of: tuple[View | None, dict[str, str]] = (None, {})  # (view, its prices_of)
+        self._prices_seen: tuple[View | None, dict[str, str]] = (None, {})  # (a view, its prices_of)
 
     def _transports(self) -> tuple[QuicPool, httpx.AsyncClient]:
         if self._pool is None:  # created on the worker's loop, at the first forward
@@ -128,10 +128,10 @@ class DistributedForward:
         """{provider: its record's price per input token} in `view`, built once per view (a new object each
         TENZRO_WORKER_CONTROL_TTL_S): every layer's ledger reads it, and over a network of a thousand
         providers building it took ~47 µs a layer."""
-        seen, prices = self._prices_of
+        seen, prices = self._prices_seen
         if seen is not view:
             prices = {p.provider_id: p.price_per_input_token for p in view[0]}
-            self._prices_of = (view, prices)
+            self._prices_seen = (view, prices)
         return prices
 
     def _shard_key(self) -> tuple[int, frozenset[str]]:

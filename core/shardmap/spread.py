@@ -258,7 +258,7 @@ class RankedLater(Sequence[int]):
     their primaries, and ranking every piece's backups up front was the larger part of its plan
     (docs/performance.md, "The decode step's plan: backups ranked when asked for"). Its truth is read
     without ranking: whether any candidate is left, which the forward asks of every request (may it
-    hedge?). Not thread-safe before it is read: a plan belongs to one forward."""
+    hedge?). Two first readers at once both rank it, to the same tuple."""
 
     __slots__ = ("_allow_cold", "_cols", "_excluded", "_load", "_piece", "_ranked", "_rate")
 
