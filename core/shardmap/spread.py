@@ -31,7 +31,7 @@ BELOW_FLOOR = "below_reputation_floor"
 # (a holder that is never planned on never measures anything). With no measurement at all, every
 # holder counts 1 token/s, which keeps the finish-time arithmetic finite.
 MIN_RATE = 1.0
-FEW_PIECES = 32  # up to this many pieces (a decode step's top-k), backups are ranked over lists (_backups_few)
+FEW_PIECES = 32  # up to this many pieces (a decode step's top-k), backups are ranked over lists (RankedLater)
 
 
 def holder_rates(capacity: np.ndarray) -> np.ndarray:
@@ -253,8 +253,8 @@ def _backups(shard: ShardIndex, cols: Columns, rate: list[float], rate_array: np
 
 
 class RankedLater(Sequence[int]):
-    """One piece's backups (provider indices, best first) in a plan of few pieces, ranked by _backups_few
-    when first read, with the plan's final loads. A decode step's batches are nearly always answered by
+    """One piece's backups (provider indices, best first) in a plan of few pieces, ranked over lists when
+    first read, with the plan's final loads. A decode step's batches are nearly always answered by
     their primaries, and ranking every piece's backups up front was the larger part of its plan
     (docs/performance.md, "The decode step's plan: backups ranked when asked for"). Its truth is read
     without ranking: whether any candidate is left, which the forward asks of every request (may it
@@ -271,18 +271,32 @@ class RankedLater(Sequence[int]):
 
     def ranked(self) -> tuple[int, ...]:
         if self._ranked is None:
-            self._ranked = _backups_few(self._cols, self._rate, [self._piece], self._load,
-                                        allow_cold=self._allow_cold, excluded=self._excluded)[0]
+            self._ranked = self._rank()
         return self._ranked
 
-    def __bool__(self) -> bool:
-        if self._ranked is not None:
-            return bool(self._ranked)
+    def _candidates(self) -> Iterator[tuple[int, int]]:
+        """(holder row, provider) of each candidate: the expert's Warm holder rows (and Cold ones with
+        allow_cold), less the piece's own holder and the excluded providers."""
         cols, (_, e, own, _, _) = self._cols, self._piece
         start = cols.offsets[e]
         stop = cols.offsets[e + 1] if self._allow_cold else start + cols.n_warm[e]
         prov, excluded = cols.provider, self._excluded
-        return any(j != own and prov[j] not in excluded for j in range(start, stop))
+        return ((j, p) for j in range(start, stop) if j != own and (p := prov[j]) not in excluded)
+
+    def _rank(self) -> tuple[int, ...]:
+        """_backups' keys and order over lists (a stable sort, as lexsort's), without numpy's per-call cost
+        on arrays of a few candidates."""
+        cols, (_, e, _, _, rows), load, rate = self._cols, self._piece, self._load, self._rate
+        lat, rank, gpu = cols.latency, cols.rank, cols.gpu
+        warm_end, hot = cols.offsets[e] + cols.n_warm[e], cols.hot[e]
+        ranked = sorted(((j >= warm_end, hot and not gpu[p], lat[p] + (float(load[p]) + float(rows)) / rate[j],
+                          rank[p], p) for j, p in self._candidates()), key=lambda c: c[:4])
+        return tuple(c[4] for c in ranked)
+
+    def __bool__(self) -> bool:
+        if self._ranked is not None:
+            return bool(self._ranked)
+        return next(self._candidates(), None) is not None
 
     def __len__(self) -> int:
         return len(self.ranked())
@@ -299,24 +313,6 @@ class RankedLater(Sequence[int]):
 
     def __repr__(self) -> str:
         return f"RankedLater({self._ranked!r})" if self._ranked is not None else "RankedLater(<not ranked yet>)"
-
-
-def _backups_few(cols: Columns, rate: list[float], pieces: list[tuple[int, int, int, int, int]],
-                 load: list[int], *, allow_cold: bool, excluded: set[int] | frozenset[int]) -> list[tuple[int, ...]]:
-    """_backups for a decode step's few pieces, over lists: the same keys and the same order (a
-    stable sort, as lexsort's), without numpy's per-call cost on arrays of a few candidates."""
-    prov, lat, rank, gpu = cols.provider, cols.latency, cols.rank, cols.gpu
-    out = []
-    for _, e, own, _, rows in pieces:
-        start = cols.offsets[e]
-        warm_end = start + cols.n_warm[e]
-        hot = cols.hot[e]
-        ranked = sorted(((j >= warm_end, hot and not gpu[p], lat[p] + (float(load[p]) + float(rows)) / rate[j],
-                          rank[p], p)
-                         for j in range(start, cols.offsets[e + 1] if allow_cold else warm_end)
-                         if j != own and (p := prov[j]) not in excluded), key=lambda c: c[:4])
-        out.append(tuple(c[4] for c in ranked))
-    return out
 
 
 def _water_fill(n: int, tier: list[int], preferred: int, pieces: int, cols: Columns,

@@ -223,13 +223,13 @@ def test_a_decode_steps_backups_are_ranked_only_when_read(monkeypatch):
     from core.shardmap import spread
 
     ranked: list[int] = []
-    real = spread._backups_few
+    real = spread.RankedLater._rank
 
-    def counted(cols, rate, pieces, *args, **kwargs):
-        ranked.append(len(pieces))
-        return real(cols, rate, pieces, *args, **kwargs)
+    def counted(self):
+        ranked.append(1)  # one piece's
+        return real(self)
 
-    monkeypatch.setattr(spread, "_backups_few", counted)
+    monkeypatch.setattr(spread.RankedLater, "_rank", counted)
     providers = [provider(i) for i in range(1, 5)]
     holdings = [holding(p, 0, e, tps=100 * p) for e in range(8) for p in (1 + e % 4, 1 + (e + 1) % 4)]
     holdings.append(holding(1, 0, 8, tps=100))  # an expert with one holder: no backup

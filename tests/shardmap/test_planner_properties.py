@@ -192,7 +192,7 @@ def test_pair_arrays_plan_like_json(scenario):
 @SETTINGS
 @given(scenarios())
 def test_backups_ranked_over_lists_are_those_ranked_over_arrays(scenario):
-    """A plan of few pieces (a decode step's) ranks backups over lists (spread._backups_few); any plan
+    """A plan of few pieces (a decode step's) ranks backups over lists (spread.RankedLater); any plan
     ranks them the same whichever way it takes."""
     providers, holdings, policy, routings, options, _ = scenario
     index = ShardIndex.build(MODEL, providers, holdings, policy)
