@@ -154,12 +154,16 @@ async def run_forward(
                 requests.setdefault((pid, batch.layer), []).append((batch, pairs))
             else:
                 singles.append((batch, pairs))
-        await asyncio.gather(
+        serving = [
             *(_serve_request(part, combine, hidden, execute, book, limits, report, in_flight, size=size, lane=lane)
               for (pid, _), items in requests.items()
               for lane, part, size in _lanes(items, request_rows[pid], execute)),
             *(_serve_batch(batch, pairs, combine, hidden, execute, book, limits, report, in_flight,
-                           gathered=False, size=len(pairs)) for batch, pairs in singles))
+                           gathered=False, size=len(pairs)) for batch, pairs in singles)]
+        if len(serving) == 1:  # one request: awaited here, without gather's task and the loop turns it costs
+            await serving[0]
+        else:
+            await asyncio.gather(*serving)
         if len(report.failures) == failures_before:
             break  # nothing failed: what is left is unroutable, and replanning cannot change that
     return report

@@ -276,6 +276,35 @@ def test_a_gathered_request_is_one_wire_share_its_time_less_the_compute_of_all_i
     assert stats.overheads_s[0] == pytest.approx(stats.latencies_s[0] - N_EXPERTS * 0.010)
 
 
+def test_a_lone_request_runs_on_the_forwards_own_task() -> None:
+    """A layer whose batches all go to one holder is one request: awaited by the forward itself, without a
+    task of its own (and the loop turns it costs to start and to end); several requests still run side by side."""
+    class Tasks(GatheringHolders):
+        async def many(self, holder, layer, calls, lane=0):
+            self.tasks.append(asyncio.current_task())
+            return await super().many(holder, layer, calls, lane)
+
+    hidden = np.random.default_rng(0).standard_normal((2, D)).astype(np.float32)
+    experts = np.array([[0, 1], [2, 3]])  # token 0 to experts 0 and 1, token 1 to 2 and 3, weights 0.5
+
+    async def run(shard):
+        holders = Tasks()
+        holders.tasks = []
+        combine = StreamingCombine(n_tokens=2, d_model=D, layer=0, tokens=np.repeat(np.arange(2), 2),
+                                   experts=experts.ravel(), weights=np.full(4, 0.5, np.float32), n_routed=N_EXPERTS)
+        await run_forward(combine, hidden, np.zeros(4, np.int64),
+                          lambda t, ly, e, ex: plan_pairs(t, ly, e, shard, exclude=ex), holders, LatencyBook(),
+                          ForwardLimits(attempt_timeout_s=5))
+        return holders, asyncio.current_task(), combine.finish(allow_partial=False).out
+
+    holders, outer, out = asyncio.run(run(_shard({e: [1] for e in range(N_EXPERTS)})))
+    assert len(holders.requests) == 1 and holders.tasks == [outer]
+    np.testing.assert_allclose(out, hidden * np.array([[1.5], [3.5]], np.float32), rtol=1e-6)  # 0.5 (e + 1) each
+    holders, outer, out = asyncio.run(run(_shard({0: [1], 1: [1], 2: [2], 3: [2]})))
+    assert len(holders.requests) == 2 and outer not in holders.tasks
+    np.testing.assert_allclose(out, hidden * np.array([[1.5], [3.5]], np.float32), rtol=1e-6)
+
+
 class LaningHolders(GatheringHolders):
     """Each holder offers `offered` connection lanes for a request of at least `from_rows` rows (as
     HolderCaller does over a lossy path); `failing_lane` fails every request sent on it."""
