@@ -110,7 +110,7 @@ def _quic_address(holder: ProviderView) -> tuple[str, int] | None:
 
 class HolderCaller:
     def __init__(self, *, self_id: str, model_id: str, d_model: int, run_local: RunLocal, pool: QuicPool,
-                 http: httpx.AsyncClient, codecs: tuple[str, ...], codec_executor: Executor,
+                 http: Callable[[], httpx.AsyncClient], codecs: tuple[str, ...], codec_executor: Executor,
                  max_body: int, timeout_s: float, receipt_topk: int, keep_receipt: Callable[[str], bool],
                  gather_batches: bool = True) -> None:
         self.self_id = self_id
@@ -118,7 +118,7 @@ class HolderCaller:
         self.d_model = d_model
         self._run_local = run_local
         self._pool = pool
-        self._http = http
+        self._http = http  # the HTTP client, asked for at the first holder called over HTTP
         self._codecs = codecs
         self._codec_executor = codec_executor
         self._max_body = max_body
@@ -335,7 +335,7 @@ class HolderCaller:
     async def _http_call(self, base: str, params: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
         url = base.rstrip("/") + "/peer/moe/execute"
         try:
-            response = await self._http.post(url, content=request_frame("moe/execute", params, body),
+            response = await self._http().post(url, content=request_frame("moe/execute", params, body),
                                              headers={"content-type": FRAME_CONTENT_TYPE})
         except httpx.HTTPError as exc:
             raise Unavailable(f"{url}: {type(exc).__name__}: {exc}", reason="connection_failed") from exc

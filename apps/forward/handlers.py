@@ -88,12 +88,18 @@ class DistributedForward:
         self._shards: dict[str, tuple[View, tuple[Any, ...], ShardIndex]] = {}  # model_id -> (view, key, index)
         self._prices_seen: tuple[View | None, dict[str, str]] = (None, {})  # (a view, its prices_of)
 
-    def _transports(self) -> tuple[QuicPool, httpx.AsyncClient]:
+    def _quic_pool(self) -> QuicPool:
         if self._pool is None:  # created on the worker's loop, at the first forward
             self._pool = QuicPool(QuicSettings(max_body=settings.TENZRO_QUIC_MAX_BODY))
+        return self._pool
+
+    def _http_client(self) -> httpx.AsyncClient:
+        """The client for holders without a pinned QUIC door, made at the first such call: making one loads
+        the certificate authorities, 25-75 ms of the first forward's time on a 2-core VM (docs/performance.md,
+        "The layer's steps, one holder, 2026-12-05"), which a network of QUIC holders never needs."""
+        if self._http is None:
             self._http = httpx.AsyncClient(timeout=settings.TENZRO_FORWARD_ATTEMPT_TIMEOUT_S)
-        assert self._http is not None
-        return self._pool, self._http
+        return self._http
 
     async def _gossip_view(self, model_id: str) -> View:
         def read() -> View:
@@ -220,10 +226,9 @@ class DistributedForward:
             return await ctx.run_blocking(self.executor, self.runtime.execute, model_id=model_id, layer=layer_,
                                           expert=expert, hidden=rows)
 
-        pool, http = self._transports()
         caller = HolderCaller(self_id=self.self_id, model_id=model_id, d_model=gate.d_model, run_local=run_local,
-                              pool=pool, http=http, codecs=codecs, codec_executor=self._codec_executor,
-                              max_body=settings.TENZRO_PEER_MAX_BODY_BYTES,
+                              pool=self._quic_pool(), http=self._http_client, codecs=codecs,
+                              codec_executor=self._codec_executor, max_body=settings.TENZRO_PEER_MAX_BODY_BYTES,
                               timeout_s=self.limits.attempt_timeout_s, receipt_topk=settings.TENZRO_RECEIPT_TOPK,
                               keep_receipt=lambda h: keep_receipt(self._sampling_key, h, view[3]),
                               gather_batches=settings.TENZRO_EXECUTE_BATCHES)

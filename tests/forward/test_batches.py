@@ -131,10 +131,12 @@ def _forward(holders: list[Holder], latencies: list[float], *, codec: str, gathe
             return plan_pairs(t, ly, ex, shard, exclude=exclude)
 
         kept: list[str] = []
+        made: list[httpx.AsyncClient] = []  # every holder has a pinned QUIC door: no HTTP client is ever asked for
         async with httpx.AsyncClient() as http:
             pool = QuicPool(SETTINGS)
             caller = HolderCaller(self_id="router", model_id=MODEL, d_model=D_MODEL, run_local=None, pool=pool,
-                                  http=http, codecs=(codec,), codec_executor=ThreadPoolExecutor(2),
+                                  http=lambda: made.append(http) or http, codecs=(codec,),
+                                  codec_executor=ThreadPoolExecutor(2),
                                   max_body=1 << 24, timeout_s=10, receipt_topk=16,
                                   keep_receipt=lambda h: kept.append(h) or True, gather_batches=gather)
             combine = StreamingCombine(n_tokens=n_tokens, d_model=D_MODEL, layer=0, tokens=tokens, experts=experts,
@@ -144,6 +146,7 @@ def _forward(holders: list[Holder], latencies: list[float], *, codec: str, gathe
             await pool.close()
         for h in holders:
             h.server.close()
+        assert made == []
         return combine.finish(allow_partial=False).out, report, kept
 
     try:

@@ -23,3 +23,14 @@ def test_the_ledgers_prices_are_read_once_per_view(tmp_path) -> None:
     assert forward.prices_of(view) is prices  # the same view: not built again
     changed = [dataclasses.replace(providers[0], price_per_input_token="0.9"), *providers[1:]]
     assert forward.prices_of((changed, [], None, 1))[provider_id(1)] == "0.9"  # a new view: its own prices
+
+
+def test_the_http_client_is_made_at_the_first_holder_called_over_http(tmp_path) -> None:
+    """Making it loads the certificate authorities (tens of milliseconds): not on the first forward's way
+    when every holder has a pinned QUIC door."""
+    with ThreadPoolExecutor(1) as executor:
+        forward = DistributedForward(WorkerParts(ExpertRuntime(data_dir=tmp_path), executor, "ab" * 32,
+                                                 control_plane=None))
+    assert forward._quic_pool() is forward._quic_pool() and forward._http is None
+    client = forward._http_client()
+    assert forward._http_client() is client

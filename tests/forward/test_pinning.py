@@ -78,7 +78,7 @@ def test_a_holder_presenting_another_certificate_is_refused_and_penalized(tmp_pa
             with ThreadPoolExecutor(1) as codecs:
                 async with httpx.AsyncClient() as http:
                     caller = HolderCaller(self_id=ROUTER, model_id=MODEL, d_model=D, run_local=run_local, pool=pool,
-                                          http=http, codecs=("f32",), codec_executor=codecs, max_body=1 << 20,
+                                          http=lambda: http, codecs=("f32",), codec_executor=codecs, max_body=1 << 20,
                                           timeout_s=5, receipt_topk=4, keep_receipt=lambda _: False)
                     return await run_forward(combine, hidden, np.zeros(len(tokens), np.int64), plan, caller,
                                              LatencyBook(), ForwardLimits(attempt_timeout_s=5))

@@ -127,7 +127,7 @@ def test_a_lying_holder_is_refused_inline_and_the_backup_serves_the_forward(tmp_
             pool = QuicPool(SETTINGS)
             kept: list[str] = []
             caller = HolderCaller(self_id="router", model_id=MODEL, d_model=D_MODEL, run_local=None, pool=pool,
-                                  http=http, codecs=(codec,), codec_executor=ThreadPoolExecutor(2),
+                                  http=lambda: http, codecs=(codec,), codec_executor=ThreadPoolExecutor(2),
                                   max_body=1 << 24, timeout_s=30, receipt_topk=16,
                                   keep_receipt=lambda h: kept.append(h) or True)
             combine = StreamingCombine(n_tokens=n_tokens, d_model=D_MODEL, layer=0, tokens=tokens, experts=experts,
