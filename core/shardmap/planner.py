@@ -82,18 +82,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, NamedTuple, overload
 
 import numpy as np
 
 from core.shardmap.gossip_view import MAX_ID, ProviderView
-from core.shardmap.index import ShardIndex, expert_keys
+from core.shardmap.index import KEY_SHIFT, ShardIndex, expert_keys
 from core.shardmap.routings import PlanInputError, parse_routings
 from core.shardmap.spread import place
 
 __all__ = ["Batch", "DispatchPlan", "PlanInputError", "plan_dispatch", "plan_pairs"]
 
 MIN_BATCH_ROWS = 32
+FEW_PAIRS = 32  # up to this many pairs (a decode step's tokens x top-k), segments are found over lists
 
 
 class Batch(NamedTuple):
@@ -236,29 +238,23 @@ def plan_pairs(
         raise PlanInputError(f"min_batch_rows must be an integer >= 1, got {min_batch_rows!r}")
     if type(row_bytes) is not int or row_bytes < 0:
         raise PlanInputError(f"row_bytes must be an integer >= 0, got {row_bytes!r}")
-    if listed is None:
-        listed = np.unique(tokens)
-
-    order, group = _group_by_expert(tokens, layers, experts, shard)
-    g_sorted, t_sorted = group[order], tokens[order]
-    repeated = np.flatnonzero((g_sorted[1:] == g_sorted[:-1]) & (t_sorted[1:] == t_sorted[:-1]))
-    if repeated.size:
-        i = int(order[repeated[0]])
-        raise PlanInputError(f"token {int(tokens[i])} routes to layer {int(layers[i])} expert {int(experts[i])} twice")
-    starts = np.flatnonzero(np.r_[True, g_sorted[1:] != g_sorted[:-1]]) if len(order) else np.zeros(0, np.int64)
-    bounds = np.append(starts, len(order))
-
     if isinstance(exclude, str):
         raise PlanInputError("exclude must be a collection of provider ids, not one string")
+    few = len(tokens) <= FEW_PAIRS
+    if listed is None:
+        listed = np.array(sorted(set(tokens.tolist())), np.int64) if few else np.unique(tokens)
+
+    order, segment_group, bounds = (_segments_few if few else _segments)(tokens, layers, experts, shard)
+    t_sorted = tokens[order]
     gone = set(exclude)
     excluded = {i for i, pid in enumerate(shard.provider_ids()) if pid in gone} if gone else set()
-    pieces, refused = place(shard, g_sorted[starts].tolist(), np.diff(bounds).tolist(),
+    pieces, refused = place(shard, segment_group, [b - a for a, b in pairwise(bounds)],
                             allow_cold=allow_cold, excluded=excluded, min_batch_rows=min_batch_rows,
                             row_bytes=row_bytes)
 
     batches: list[Batch] = []
     sorted_batch = np.full(len(order), -1, dtype=np.int64)
-    segment_start = bounds[:-1].tolist()
+    segment_start = bounds[:-1]
     # the pieces' own experts only: a decode step plans 8 pairs against an index of the whole model
     layer_of, expert_of = shard.layer_expert([piece.expert for piece in pieces])
     providers = shard.providers
@@ -280,6 +276,49 @@ def plan_pairs(
     unroutable.sort()
     return DispatchPlan(batches=tuple(batches), tokens=tokens, layers=layers, experts=experts,
                         pair_batch=pair_batch, unroutable=tuple(unroutable), listed=np.asarray(listed, np.int64))
+
+
+def _segments(tokens: np.ndarray, layers: np.ndarray, experts: np.ndarray, shard: ShardIndex
+              ) -> tuple[np.ndarray, list[int], list[int]]:
+    """(order, segment_group, bounds): ``order`` sorts the pairs by expert, tokens ascending within one;
+    the sorted pairs fall in segments of one expert each, ``segment_group`` their expert indices
+    (_group_by_expert) and segment s the sorted pairs bounds[s]:bounds[s + 1]. PlanInputError when a token
+    routes to one expert twice."""
+    order, group = _group_by_expert(tokens, layers, experts, shard)
+    g_sorted, t_sorted = group[order], tokens[order]
+    repeated = np.flatnonzero((g_sorted[1:] == g_sorted[:-1]) & (t_sorted[1:] == t_sorted[:-1]))
+    if repeated.size:
+        _routed_twice(tokens, layers, experts, int(order[repeated[0]]))
+    starts = np.flatnonzero(np.r_[True, g_sorted[1:] != g_sorted[:-1]]) if len(order) else np.zeros(0, np.int64)
+    return order, g_sorted[starts].tolist(), [*starts.tolist(), len(order)]
+
+
+def _segments_few(tokens: np.ndarray, layers: np.ndarray, experts: np.ndarray, shard: ShardIndex
+                  ) -> tuple[np.ndarray, list[int], list[int]]:
+    """_segments for a few pairs (a decode step's), over lists: the same order, groups and bounds,
+    without the dozen numpy calls of a microsecond each that cost more than the pairs."""
+    group, t = shard.lookup(layers, experts).tolist(), tokens.tolist()
+    if min(group, default=0) < 0:  # as _group_by_expert: the experts nobody holds, numbered after the indexed
+        unheld = sorted({(ly << KEY_SHIFT) | e for g, ly, e in zip(group, layers.tolist(), experts.tolist(),
+                                                                      strict=True) if g < 0})
+        number = {key: shard.n_experts + i for i, key in enumerate(unheld)}
+        group = [g if g >= 0 else number[(ly << KEY_SHIFT) | e]
+                 for g, ly, e in zip(group, layers.tolist(), experts.tolist(), strict=True)]
+    order = sorted(range(len(t)), key=lambda i: (group[i], t[i]))
+    segment_group, bounds = [], []
+    for at, i in enumerate(order):
+        if at and group[i] == group[order[at - 1]]:
+            if t[i] == t[order[at - 1]]:
+                _routed_twice(tokens, layers, experts, order[at - 1])
+            continue
+        segment_group.append(group[i])
+        bounds.append(at)
+    bounds.append(len(order))
+    return np.array(order, np.int64), segment_group, bounds
+
+
+def _routed_twice(tokens: np.ndarray, layers: np.ndarray, experts: np.ndarray, i: int) -> None:
+    raise PlanInputError(f"token {int(tokens[i])} routes to layer {int(layers[i])} expert {int(experts[i])} twice")
 
 
 def _group_by_expert(

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.shardmap import spread
+from core.shardmap import planner, spread
 from core.shardmap.gossip_view import ReplicationPolicy
 from core.shardmap.index import ShardIndex
 from core.shardmap.planner import plan_dispatch, plan_pairs
+from core.shardmap.routings import PlanInputError
 from testkit.shard_views import MODEL, holding, provider, provider_id
 
 EXPERTS = [(layer, expert) for layer in range(2) for expert in range(4)]
@@ -204,6 +206,46 @@ def test_backups_ranked_over_lists_are_those_ranked_over_arrays(scenario):
     finally:
         spread.FEW_PIECES = saved
     assert plans[0] == plans[1]
+
+
+@SETTINGS
+@given(scenarios())
+def test_a_few_pairs_are_ordered_over_lists_as_many_are_over_arrays(scenario):
+    """A plan of at most FEW_PAIRS pairs (a decode step's) finds its segments over lists; any plan is the
+    same whichever way it takes, for pairs in token order and shuffled."""
+    providers, holdings, policy, routings, options, rnd = scenario
+    index = ShardIndex.build(MODEL, providers, holdings, policy)
+    columns = _pair_columns(routings)
+    pairs = list(zip(*columns, strict=True))
+    rnd.shuffle(pairs)
+    shuffled = [list(c) for c in zip(*pairs, strict=True)] if pairs else [[], [], []]
+    saved = planner.FEW_PAIRS
+    try:
+        for cols in (columns, shuffled):
+            plans = []
+            for few in (0, 10**9):  # every plan over arrays, then every plan over lists
+                planner.FEW_PAIRS = few
+                plans.append(plan_pairs(*cols, index, **options))
+            assert plans[0].to_dict() == plans[1].to_dict()
+            assert plans[0].pair_batch.tolist() == plans[1].pair_batch.tolist()
+            assert [b.token_indices.tolist() for b in plans[0].batches] == \
+                [b.token_indices.tolist() for b in plans[1].batches]
+    finally:
+        planner.FEW_PAIRS = saved
+
+
+def test_a_token_routed_twice_is_refused_alike_over_lists_and_arrays():
+    index = ShardIndex.build(MODEL, [provider(0)], [holding(0, 0, 1)], ReplicationPolicy(2, 8, 10**9))
+    messages, saved = set(), planner.FEW_PAIRS
+    try:
+        for few in (0, 10**9):
+            planner.FEW_PAIRS = few
+            with pytest.raises(PlanInputError) as refused:
+                plan_pairs([4, 3, 4], [0, 0, 0], [1, 2, 1], index)
+            messages.add(str(refused.value))
+    finally:
+        planner.FEW_PAIRS = saved
+    assert messages == {"token 4 routes to layer 0 expert 1 twice"}
 
 
 @SETTINGS
