@@ -95,8 +95,8 @@ class DistributedForward:
 
     def _http_client(self) -> httpx.AsyncClient:
         """The client for holders without a pinned QUIC door, made at the first such call: making one loads
-        the certificate authorities, 25-75 ms of the first forward's time on a 2-core VM (docs/performance.md,
-        "The layer's steps, one holder, 2026-12-05"), which a network of QUIC holders never needs."""
+        the certificate authorities, 74 ms of the first forward after a start on a 2-core VM (docs/performance.md,
+        "A decode layer's steps, one holder at a time"), which a network of QUIC holders never needs."""
         if self._http is None:
             self._http = httpx.AsyncClient(timeout=settings.TENZRO_FORWARD_ATTEMPT_TIMEOUT_S)
         return self._http
