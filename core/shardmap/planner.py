@@ -83,7 +83,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any, NamedTuple, overload
+from typing import Any, NamedTuple, NoReturn, overload
 
 import numpy as np
 
@@ -299,11 +299,10 @@ def _segments_few(tokens: np.ndarray, layers: np.ndarray, experts: np.ndarray, s
     without the dozen numpy calls of a microsecond each that cost more than the pairs."""
     group, t = shard.lookup(layers, experts).tolist(), tokens.tolist()
     if min(group, default=0) < 0:  # as _group_by_expert: the experts nobody holds, numbered after the indexed
-        unheld = sorted({(ly << KEY_SHIFT) | e for g, ly, e in zip(group, layers.tolist(), experts.tolist(),
-                                                                      strict=True) if g < 0})
-        number = {key: shard.n_experts + i for i, key in enumerate(unheld)}
-        group = [g if g >= 0 else number[(ly << KEY_SHIFT) | e]
-                 for g, ly, e in zip(group, layers.tolist(), experts.tolist(), strict=True)]
+        keys = [(ly << KEY_SHIFT) | e for ly, e in zip(layers.tolist(), experts.tolist(), strict=True)]
+        number = {key: shard.n_experts + i
+                  for i, key in enumerate(sorted({k for g, k in zip(group, keys, strict=True) if g < 0}))}
+        group = [g if g >= 0 else number[k] for g, k in zip(group, keys, strict=True)]
     order = sorted(range(len(t)), key=lambda i: (group[i], t[i]))
     segment_group, bounds = [], []
     for at, i in enumerate(order):
@@ -317,7 +316,7 @@ def _segments_few(tokens: np.ndarray, layers: np.ndarray, experts: np.ndarray, s
     return np.array(order, np.int64), segment_group, bounds
 
 
-def _routed_twice(tokens: np.ndarray, layers: np.ndarray, experts: np.ndarray, i: int) -> None:
+def _routed_twice(tokens: np.ndarray, layers: np.ndarray, experts: np.ndarray, i: int) -> NoReturn:
     raise PlanInputError(f"token {int(tokens[i])} routes to layer {int(layers[i])} expert {int(experts[i])} twice")
 
 
