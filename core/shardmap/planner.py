@@ -88,7 +88,7 @@ from typing import Any, NamedTuple, NoReturn, overload
 import numpy as np
 
 from core.shardmap.gossip_view import MAX_ID, ProviderView
-from core.shardmap.index import KEY_SHIFT, ShardIndex, expert_keys
+from core.shardmap.index import ShardIndex, expert_keys
 from core.shardmap.routings import PlanInputError, parse_routings
 from core.shardmap.spread import place
 
@@ -297,12 +297,7 @@ def _segments_few(tokens: np.ndarray, layers: np.ndarray, experts: np.ndarray, s
                   ) -> tuple[np.ndarray, list[int], list[int]]:
     """_segments for a few pairs (a decode step's), over lists: the same order, groups and bounds,
     without the dozen numpy calls of a microsecond each that cost more than the pairs."""
-    group, t = shard.lookup(layers, experts).tolist(), tokens.tolist()
-    if min(group, default=0) < 0:  # as _group_by_expert: the experts nobody holds, numbered after the indexed
-        keys = [(ly << KEY_SHIFT) | e for ly, e in zip(layers.tolist(), experts.tolist(), strict=True)]
-        number = {key: shard.n_experts + i
-                  for i, key in enumerate(sorted({k for g, k in zip(group, keys, strict=True) if g < 0}))}
-        group = [g if g >= 0 else number[k] for g, k in zip(group, keys, strict=True)]
+    group, t = _expert_groups(layers, experts, shard).tolist(), tokens.tolist()
     order = sorted(range(len(t)), key=lambda i: (group[i], t[i]))
     segment_group, bounds = [], []
     for at, i in enumerate(order):
@@ -325,17 +320,12 @@ def _group_by_expert(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(order, group): ``order`` sorts the pairs by expert, tokens ascending within one.
 
-    ``group`` is the expert index per pair; experts nobody holds get ids after the indexed
-    ones, so they group (and are reported) too. When the tokens already come in ascending
+    ``group`` is the expert index per pair (_expert_groups). When the tokens already come in ascending
     order (the JSON path, and the forward's token-major pairs), a stable sort by group alone
     keeps them so, and numpy sorts 16-bit keys stably by radix (O(n)): the groups actually
     routed to are renumbered densely to fit. Otherwise one sort of group * span + token.
     """
-    group = shard.lookup(layers, experts)
-    unknown = group < 0
-    if unknown.any():
-        _, inverse = np.unique(expert_keys(layers[unknown], experts[unknown]), return_inverse=True)
-        group[unknown] = shard.n_experts + inverse
+    group = _expert_groups(layers, experts, shard)
     if len(tokens) < 2:
         return np.arange(len(tokens)), group
     if (tokens[1:] >= tokens[:-1]).all():
@@ -345,6 +335,17 @@ def _group_by_expert(
             dense[touched] = np.arange(len(touched))  # order-preserving, so groups stay in (layer, expert) order
             return np.argsort(dense[group], kind="stable"), group
     return np.argsort(group * (int(tokens.max()) + 1) + tokens), group
+
+
+def _expert_groups(layers: np.ndarray, experts: np.ndarray, shard: ShardIndex) -> np.ndarray:
+    """The expert index of each pair, int64 (n_pairs,); experts nobody holds get ids after the indexed ones,
+    in (layer, expert) order, so they group (and are reported) too."""
+    group = shard.lookup(layers, experts)
+    unknown = group < 0
+    if unknown.any():
+        _, inverse = np.unique(expert_keys(layers[unknown], experts[unknown]), return_inverse=True)
+        group[unknown] = shard.n_experts + inverse
+    return group
 
 
 def _pair_column(values: Any, name: str) -> np.ndarray:
