@@ -11,8 +11,8 @@ TENZRO_API_KEYS_REQUIRED is off; every error answers in OpenAI's shape (docs/ope
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -41,6 +41,7 @@ _STATUS = {"invalid_input": 400, "invalid_params": 400, "token_out_of_range": 40
            "dense_not_loaded": 404, "busy": 429, "rate_limited": 429}
 _CODES = {"dense_not_loaded": "model_not_found", "busy": "server_busy"}
 _PARAMS = {"max_new_tokens": "max_tokens", "prompt_ids": "prompt"}  # the worker's names, as OpenAI's clients know them
+logger = logging.getLogger("tenzro.serving")
 _background: set[asyncio.Task] = set()  # work nobody waits for (apps.serving.v1._later), kept until it ends
 
 
@@ -203,8 +204,11 @@ class _Events:
 
 
 async def _cancel(generation_id: str) -> None:
-    with contextlib.suppress(TenzroError):  # the worker is gone: so is the generation
+    try:
         await worker_call("moe/generation_cancel", {"generation_id": generation_id})
+    except TenzroError as exc:  # a worker that is gone took its generation with it; a busy one may run it on
+        logger.warning("generation %s: its client left, and the cancel did not reach the expert worker (%s); "
+                       "it runs to its end", generation_id, exc.message)
 
 
 def _data(obj: Any) -> bytes:

@@ -83,8 +83,9 @@ class StatePublisher:
         self._loop = asyncio.get_running_loop()
         self._request()
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self._heartbeat_s)
+            try:  # asyncio.timeout, not wait_for: on Python 3.11 that can drop the stop's cancel (mailbox.py)
+                async with asyncio.timeout(self._heartbeat_s):
+                    await self._wake.wait()
             except TimeoutError:
                 await self._beat()
                 continue

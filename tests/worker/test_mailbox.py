@@ -56,3 +56,30 @@ def test_a_silent_stream_is_reported_unavailable_after_its_idle_timeout() -> Non
     with pytest.raises(Unavailable) as silent:
         asyncio.run(scenario())
     assert silent.value.reason == "worker_unavailable"
+
+
+def test_a_reader_whose_cancel_an_await_swallowed_ends_cancelled_at_its_next_take() -> None:
+    """Python 3.11's wait_for drops a cancel that lands as its future completes (CPython gh-86296), and
+    redis-py's commands await it: the cancel must still end the reader's wait, not the mailbox's timeout."""
+    key = f"tenzro:test:{new_stream()}"
+    reached: list[str] = []
+
+    async def reader() -> dict | None:
+        done = asyncio.ensure_future(asyncio.sleep(0))
+        await done
+        asyncio.current_task().cancel()
+        await asyncio.wait_for(done, timeout=10)  # on 3.11 the cancel is swallowed here; on 3.12 it raises
+        reached.append("take")
+        return await mailbox.take(key, 30.0)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(reader())
+        await asyncio.sleep(0.3)
+        await mailbox.post(key, {"n": 1})  # a message that must not be taken by a cancelled reader
+        await task
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(scenario())
+    assert redis_client().llen(key) == 1
+    redis_client().delete(key)
+    assert reached in ([], ["take"])
