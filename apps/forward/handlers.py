@@ -90,7 +90,8 @@ class DistributedForward:
 
     def _quic_pool(self) -> QuicPool:
         if self._pool is None:  # created on the worker's loop, at the first forward
-            self._pool = QuicPool(QuicSettings(max_body=settings.TENZRO_QUIC_MAX_BODY))
+            self._pool = QuicPool(QuicSettings(max_body=settings.TENZRO_QUIC_MAX_BODY),
+                                  idle_close_s=settings.TENZRO_FORWARD_IDLE_CLOSE_S)
         return self._pool
 
     def _http_client(self) -> httpx.AsyncClient:

@@ -83,6 +83,9 @@ TENZRO_FORWARD_FAILURE_COOLDOWN_S = env_float("TENZRO_FORWARD_FAILURE_COOLDOWN_S
 # the planner sent no rows (its path was measured narrow) is tried again, and measured, once it is
 # no longer so much worse than the others.
 TENZRO_FORWARD_WIRE_HALF_LIFE_S = env_float("TENZRO_FORWARD_WIRE_HALF_LIFE_S", 60.0)
+# A holder's QUIC connection no forward used for this long is closed; until then it is kept open (PINGed
+# when quiet), so a forward after a quiet spell pays no handshake and no new congestion window.
+TENZRO_FORWARD_IDLE_CLOSE_S = env_float("TENZRO_FORWARD_IDLE_CLOSE_S", 600.0)
 # The dashboard's Forwards page: this many of the most recent forwards' stats are kept.
 TENZRO_FORWARD_RECORDS_KEPT = env_int("TENZRO_FORWARD_RECORDS_KEPT", 500)
 # Whole-model generation (docs/operations.md, "Generation"): the longest prompt and the most new

@@ -342,6 +342,26 @@ def test_idle_connections_are_closed_and_reopened_on_demand(identity, library) -
     assert after["open_connections"] == 1 and after["reconnects"] == 1
 
 
+def test_a_quiet_connection_is_kept_past_quics_idle_timeout_by_pings(identity, library) -> None:
+    """Both ends time a connection out after idle_timeout_s without a datagram; the pool keeps one it has
+    not closed for idleness alive with PINGs, so the call after a quiet spell needs no new handshake."""
+    async def scenario():
+        server = await Server(identity, library, idle_timeout_s=0.6).start()
+        pool = QuicPool(QuicSettings(max_body=1 << 20, library=library, idle_timeout_s=0.6), idle_close_s=30)
+        try:
+            await _call(pool, server, params={"n": 1})
+            await asyncio.sleep(2.0)  # over three idle timeouts without a call
+            await _call(pool, server, params={"n": 2})
+            return pool.stats()
+        finally:
+            await pool.close()
+            server.stop()
+
+    stats = asyncio.run(scenario())
+    assert stats["handshakes"] == 1 and stats["reconnects"] == 0 and stats["failures"] == 0
+    assert stats["keepalive_pings"] >= 3
+
+
 def test_nobody_listening_fails_cleanly(identity, library) -> None:
     async def scenario():
         pool = QuicPool(QuicSettings(max_body=1 << 20, library=library), connect_timeout_s=1.0)
