@@ -334,8 +334,8 @@ class QuicPool:
         """Close connections idle for `idle_close_s` (no call in flight, none started since), and PING each
         one it keeps that heard nothing for a third of QUIC's idle timeout. A connection kept longer than
         that timeout would otherwise end by itself, and the next call would pay a new handshake and a new
-        connection's congestion window: 3.2 round trips of the first token after a 70 s quiet spell, where
-        a kept connection paid none (docs/performance.md, "The first generation after a quiet spell").
+        connection's congestion window: 3.2-3.5 round trips of the first token after a quiet spell, where a
+        kept connection paid at most 1.3 (docs/performance.md, "The first generation after a quiet spell").
         A peer that does not acknowledge the PING is dropped, before a call waits on it."""
         quiet_s = self._settings.idle_timeout_s / 3
         period = max(0.05, min(self._idle_close_s / 2, 30.0, quiet_s / 2))
