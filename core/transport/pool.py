@@ -265,16 +265,17 @@ class QuicPool:
     def _check_soon(self, key: Key, pooled: _Pooled) -> None:
         """PING the peer unless a check is running; no acknowledgement within PING_TIMEOUT_S drops it."""
         if pooled.checking is None or pooled.checking.done():
-            pooled.checking = asyncio.ensure_future(self._check_alive(key, pooled))
+            pooled.checking = asyncio.ensure_future(
+                self._ping_or_drop(key, pooled, after="after a call timed out or was raced out unanswered"))
 
-    async def _check_alive(self, key: Key, pooled: _Pooled) -> None:
+    async def _ping_or_drop(self, key: Key, pooled: _Pooled, *, after: str) -> None:
+        """PING the peer; drop its connection when no acknowledgement comes within PING_TIMEOUT_S."""
         try:
             await pooled.connection.protocol.ping_within(PING_TIMEOUT_S)
         except asyncio.CancelledError:
             raise
         except Exception:  # no acknowledgement in time, or the connection ended meanwhile
-            self._drop(key, pooled, why=f"no acknowledgement of a PING within {PING_TIMEOUT_S:g} s "
-                                        "after a call timed out or was raced out unanswered")
+            self._drop(key, pooled, why=f"no acknowledgement of a PING within {PING_TIMEOUT_S:g} s {after}")
 
     async def _connection(self, key: Key) -> _Pooled:
         pooled = self._pooled.get(key)
@@ -350,17 +351,8 @@ class QuicPool:
                 elif now - pooled.connection.protocol.last_received >= quiet_s and (
                         pooled.keeping is None or pooled.keeping.done()):
                     self._counts["keepalive_pings"] += 1
-                    pooled.keeping = asyncio.ensure_future(self._keep_alive(key, pooled))
-
-    async def _keep_alive(self, key: Key, pooled: _Pooled) -> None:
-        """One keep-alive PING; a peer that does not acknowledge it within PING_TIMEOUT_S is dropped (a call
-        never waits on this check, unlike the one after a call timed out)."""
-        try:
-            await pooled.connection.protocol.ping_within(PING_TIMEOUT_S)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # no acknowledgement in time, or the connection ended meanwhile
-            self._drop(key, pooled, why=f"no acknowledgement of a keep-alive PING within {PING_TIMEOUT_S:g} s")
+                    # pooled.keeping, not .checking: no call waits on a keep-alive's verdict
+                    pooled.keeping = asyncio.ensure_future(self._ping_or_drop(key, pooled, after="(keep-alive)"))
 
     async def close(self) -> None:
         """Close every connection; calls in flight fail with `connection_closed`."""
