@@ -1,14 +1,19 @@
 """Replication follows demand, on three real nodes: placed at 2, not hot at a low rate, raised by a load on
 one expert, back to 2 once the load has left the rolling window, and no flapping.
 
-a prepares a tiny Qwen3 layer; `tenzro_moePlace` on each node puts every expert on two of the three
-(rendezvous) and the gates on a. The meters' window is shortened to 10 s (TENZRO_METER_WINDOW_S) and
-the repair interval to 2 s, so demand comes and goes within the test:
+a prepares a tiny Qwen3 layer of 8 experts; `tenzro_moePlace` on each node puts every expert on two of
+the three (rendezvous) and the gates on a. The hot expert is one whose third node holds another expert
+of the model: repair's candidates are the providers holding some expert of it (docs/protocol.md,
+"Repair selection"), so a node holding none never adds a copy. With 4 experts, all of them landed on
+the same two nodes in 1 run of 27 (3 x 3^-4), and a CI run timed out with every pass reporting the
+expert capped at 2 reachable holders; with 8 that happens in 1 run of 2,187, and the test says so.
+The meters' window is shortened to 10 s (TENZRO_METER_WINDOW_S) and the repair interval to 2 s, so
+demand comes and goes within the test:
 
 1. 200 forwards through a at a low rate: demand is rows served per wall second, far under the
    policy's hot threshold (1,000), so nothing is hot and every expert stays at 2 after two passes.
    (Metered as rows per second of compute, as before, every expert was "hot" and went to 3.)
-2. A load generator executes expert 0 on its two holders for a while. With the measured demand D and
+2. A load generator executes the hot expert on its two holders for a while. With the measured demand D and
    capacity C, the policy's threshold is set to D/10, its headroom to 50 C / D and max_replication to
    100,000, so the expert is hot while a pass sees a tenth of D, and the target, ceil(demand x headroom
    / C), is 3 to 99,999 while the ratio of demand to capacity a pass sees stays within 0.04-2000x the
@@ -38,7 +43,8 @@ from tests.e2e.test_prepare_blobs import MODEL, prepare
 
 pytestmark = pytest.mark.e2e
 ENV = {**FAST, "TENZRO_REPAIR_TICK_S": "1", "TENZRO_METER_WINDOW_S": "10"}
-D_MODEL, HOT = 64, 0
+D_MODEL, N_EXPERTS = 64, 8
+EXPERTS = range(N_EXPERTS)
 # The load's policy: the target, ceil(demand x headroom / capacity), is HEADROOM at the demand D and capacity C
 # the test measured, and max_replication stays clear of it (see the module docstring).
 HEADROOM, MAX_REPLICATION = 50.0, 100_000
@@ -67,16 +73,39 @@ def latest_pass(nodes: list) -> str:
                default="")
 
 
+def hot_expert(seen: dict, by_id: dict) -> tuple[int, object]:
+    """The first expert whose one non-holder holds another expert of the model (a repair candidate for it),
+    and that node."""
+    held = {e["expert"]: {h["provider"] for h in e["holders"]} for e in seen["holders"]}
+    for expert, holders in sorted(held.items()):
+        (other,) = set(by_id) - holders
+        if any(other in h for h in held.values()):
+            return expert, by_id[other]
+    raise AssertionError(f"rendezvous put all {len(held)} experts on the same two nodes (1 run in 2,187): {held}")
+
+
+def seen_by(nodes: list, since: str, hot: int) -> str:
+    """What each node saw of expert `hot` and what its repair passes since `since` did: a timeout's explanation."""
+    lines = []
+    for node in nodes:
+        entry = next((e for e in shard(node)["holders"] if e["expert"] == hot), {})
+        figures = [(h["provider"][:8], h["committed_tps"], h["capacity_tps"]) for h in entry.get("holders", [])]
+        passes = [{k: p[k] for k in ("started_at", "considered", "fetched", "capped", "error")}
+                  | {"rows": [r for r in p["rows"] if r["expert"] == hot]} for p in passes_after(node, since)]
+        lines.append(f"{node.url}: holders (provider, demand, capacity) {figures}; passes {passes[-6:]}")
+    return "\n".join(lines)
+
+
 def b64(rows: np.ndarray) -> str:
     return base64.b64encode(rows.astype("<f4").tobytes()).decode()
 
 
 class Load:
-    """Executes expert HOT on each of its holders (a thread each), `rows` per call, at most `calls_per_s`
+    """Executes `expert` on each of its holders (a thread each), `rows` per call, at most `calls_per_s`
     calls a second per holder, until stopped. A call that fails (a loaded machine) is counted, not fatal."""
 
-    def __init__(self, holders: list, *, rows: int, calls_per_s: float) -> None:
-        self.holders, self.rows, self.period = holders, rows, 1.0 / calls_per_s
+    def __init__(self, holders: list, expert: int, *, rows: int, calls_per_s: float) -> None:
+        self.holders, self.expert, self.rows, self.period = holders, expert, rows, 1.0 / calls_per_s
         self.stop = threading.Event()
         self.calls = self.failed = 0
         self.threads = [threading.Thread(target=self.run, args=(node,), daemon=True) for node in holders]
@@ -85,8 +114,8 @@ class Load:
         hidden = b64(np.random.default_rng(1).standard_normal((self.rows, D_MODEL)))
         at = time.monotonic()
         while not self.stop.is_set():
-            answer = node.rpc("tenzro_moeExecute", {"model_id": MODEL, "layer": 0, "expert": HOT, "d_model": D_MODEL,
-                                                    "hidden": hidden})
+            answer = node.rpc("tenzro_moeExecute", {"model_id": MODEL, "layer": 0, "expert": self.expert,
+                                                    "d_model": D_MODEL, "hidden": hidden})
             self.calls += 1
             self.failed += "result" not in answer
             at += self.period
@@ -104,10 +133,10 @@ class Load:
 
 
 def test_replication_follows_demand_up_and_back_down(start_node, tmp_path) -> None:
-    model = qwen3_moe(tmp_path / "ckpt", d_model=D_MODEL, d_ff=32, n_experts=4)
+    model = qwen3_moe(tmp_path / "ckpt", d_model=D_MODEL, d_ff=32, n_experts=N_EXPERTS)
     with FileServer(model.root) as server:
         a = start_node(env=ENV)
-        job = prepare(a, experts=[0, 1, 2, 3], quant="q8_0", checkpoint=server.url)
+        job = prepare(a, experts=list(EXPERTS), quant="q8_0", checkpoint=server.url)
     b, c = start_node(env=ENV, peers=[a.url]), start_node(env=ENV, peers=[a.url])
     nodes = [a, b, c]
     ids = [n.result("tenzro_nodeInfo")["provider_id"] for n in nodes]
@@ -120,8 +149,9 @@ def test_replication_follows_demand_up_and_back_down(start_node, tmp_path) -> No
         placed = node.result("tenzro_moePlace", {"experts": experts, "gates": gates, "providers": ids,
                                                  "load_gates": node is a}, token=TOKEN)
         assert placed["replication"] == 2 and {r["outcome"] for r in placed["rows"]} <= {"loaded", "elsewhere"}
-    wait_for(lambda: all(replication(n) == {0: 2, 1: 2, 2: 2, 3: 2} for n in nodes), 60,
-             "every node to see every expert placed twice")
+    twice = dict.fromkeys(EXPERTS, 2)
+    wait_for(lambda: all(replication(n) == twice for n in nodes), 60, "every node to see every expert placed twice")
+    hot, third = hot_expert(shard(a), dict(zip(ids, nodes, strict=True)))
     for node in nodes:
         propose(node, repair_interval_s=2)
 
@@ -137,14 +167,13 @@ def test_replication_follows_demand_up_and_back_down(start_node, tmp_path) -> No
     assert seen["hot_experts"] == [] and 0 < sum(demand.values()) < 1000
     mark = latest_pass(nodes)
     wait_for(lambda: all(len(passes_after(n, mark)) >= 2 for n in nodes), 60, "two more repair passes everywhere")
-    assert all(replication(n) == {0: 2, 1: 2, 2: 2, 3: 2} for n in nodes)
+    assert all(replication(n) == twice for n in nodes)
 
     # 2. Demand on one expert: its replication rises by demand.
-    holders = [nodes[ids.index(h["provider"])] for e in seen["holders"] if e["expert"] == HOT for h in e["holders"]]
-    third = next(n for n in nodes if n not in holders)
-    with Load(holders, rows=64, calls_per_s=10) as load:
+    holders = [n for n in nodes if n is not third]
+    with Load(holders, hot, rows=64, calls_per_s=10) as load:
         time.sleep(11)  # the window fills
-        entry = next(e for e in shard(a)["holders"] if e["expert"] == HOT)
+        entry = next(e for e in shard(a)["holders"] if e["expert"] == hot)
         d = sum(h["committed_tps"] for h in entry["holders"])
         cap = float(np.median([h["capacity_tps"] for h in entry["holders"]]))
         # 64 rows a call, up to 20 calls a second: however loaded the machine, far above the 200 forwards'
@@ -154,9 +183,12 @@ def test_replication_follows_demand_up_and_back_down(start_node, tmp_path) -> No
         for node in nodes:
             propose(node, hot_threshold_tps=d / 10, repair_headroom=headroom, max_replication=MAX_REPLICATION)
         print(f"load: demand {d} rows/s, one holder's capacity {cap:g} rows/s, headroom set to {headroom:.3g}")
-        wait_for(lambda: replication(a).get(HOT) == 3, 90, "expert 0 to gain a third holder")
-        assert {e: r for e, r in replication(a).items() if e != HOT} == {1: 2, 2: 2, 3: 2}
-        rows = [r for p in passes_after(third, raised) for r in p["rows"] if r["expert"] == HOT]
+        try:
+            wait_for(lambda: replication(a).get(hot) == 3, 90, f"expert {hot} to gain a third holder")
+        except AssertionError as timed_out:
+            raise AssertionError(f"{timed_out}\n{seen_by(nodes, raised, hot)}") from None
+        assert replication(a) == {**twice, hot: 3}
+        rows = [r for p in passes_after(third, raised) for r in p["rows"] if r["expert"] == hot]
         assert "fetched" in [r["outcome"] for r in rows if r["action"] == "add"], rows
         # by demand, not to max_replication: 50 at the figures measured, 3 and more as they move with the load
         targets = [r["target"] for r in rows if r["action"] == "add"]
@@ -164,13 +196,13 @@ def test_replication_follows_demand_up_and_back_down(start_node, tmp_path) -> No
 
     # 3. The load has stopped: back to 2 once it has left the window, and it stays there.
     stopped = time.monotonic()
-    wait_for(lambda: replication(a).get(HOT) == 2, 60, "expert 0 to drop back to two holders")
+    wait_for(lambda: replication(a).get(hot) == 2, 60, f"expert {hot} to drop back to two holders")
     print(f"back to 2 holders {time.monotonic() - stopped:.1f} s after the load stopped")
     history = []
     for _ in range(6):  # three more passes: no flapping
         time.sleep(1)
-        history.append(replication(a).get(HOT))
+        history.append(replication(a).get(hot))
     assert history == [2] * 6
     drops = [r for n in nodes for p in passes_after(n, raised) for r in p["rows"] if r["action"] == "drop"]
     assert "dropped" in [r["outcome"] for r in drops], drops
-    assert all(r["expert"] == HOT and r["target"] == 2 for r in drops), drops
+    assert all(r["expert"] == hot and r["target"] == 2 for r in drops), drops
