@@ -78,7 +78,13 @@ def place(obj: CliContext, jobs: tuple[str, ...], replication: int | None, nodes
     if as_json:
         print_json(answers)
     else:
-        _print_table(answers, {pid: url for url, pid in ids.items()})
+        urls = {pid: url for url, pid in ids.items()}
+        _print_table(answers, urls)
+        for idle in answers[0].get("idle", []):  # a node of an older version does not say
+            named = ", ".join(urls.get(p, p[:16]) for p in idle["providers"])
+            click.echo(f"tenzro: {named} hold no expert of {idle['model_id']} after this placement; its repair "
+                       "adds copies only on providers holding part of it (docs/operations.md, \"Repair\")",
+                       err=True)
     failed = [r for a in answers for r in (*a["rows"], *a["gates"]) if r["outcome"] in ("failed", "skipped")]
     if failed:
         click.echo(f"tenzro: {len(failed)} loads failed: {failed[0].get('why')}", err=True)

@@ -122,6 +122,11 @@ class PlaceGateOut(Out):
     why: str | None = None
 
 
+class PlaceIdleOut(Out):
+    model_id: str
+    providers: list[str]
+
+
 class PlaceOut(Out):
     provider_id: str = Field(description="This node.")
     providers: list[str]
@@ -129,6 +134,9 @@ class PlaceOut(Out):
     requested_replication: int
     rows: list[PlaceRowOut]
     gates: list[PlaceGateOut]
+    idle: list[PlaceIdleOut] = Field(description=(
+        "Per model, the providers this placement gives no expert of it: not repair candidates for that model "
+        "until they hold part of it (docs/operations.md, \"Repair\")."))
 
 
 @rpc_method("tenzro_moeRepairPasses", rest="/moe/repair/passes", http_method="GET", tag="moe", params=PassesParams,

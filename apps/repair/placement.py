@@ -84,7 +84,19 @@ def place(*, experts: list[dict[str, Any]], gates: list[dict[str, Any]], provide
         else:
             gate_rows.append({**gate, **loader(worker.gate_load, gate, {})})
     return {"provider_id": me, "providers": chosen, "replication": copies, "requested_replication": wanted,
-            "rows": rows, "gates": gate_rows}
+            "rows": rows, "gates": gate_rows, "idle": idle_providers(rows, chosen)}
+
+
+def idle_providers(rows: list[dict[str, Any]], providers: list[str]) -> list[dict[str, Any]]:
+    """Per model placed, the providers its placement gives no expert: [{model_id, providers}], only models
+    that have some. Repair's candidates for a model are the providers holding some expert of it
+    (docs/protocol.md, "Repair selection"), so until such a provider holds part of the model its repair
+    never adds a copy there, however hot an expert runs (docs/operations.md, "Repair")."""
+    given: dict[str, set[str]] = {}
+    for row in rows:
+        given.setdefault(row["model_id"], set()).add(row["provider"])
+    return [{"model_id": model_id, "providers": left}
+            for model_id, holding in sorted(given.items()) if (left := [p for p in providers if p not in holding])]
 
 
 class _Loader:

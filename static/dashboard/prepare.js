@@ -86,7 +86,11 @@ jobs.addEventListener("submit", function (event) {
       count[r.outcome] = (count[r.outcome] || 0) + 1;
     });
     result.textContent = "replication " + answer.data.replication + " over " + answer.data.providers.length +
-      " providers; here: " + Object.entries(count).map(function ([k, v]) { return v + " " + k; }).join(", ");
+      " providers; here: " + Object.entries(count).map(function ([k, v]) { return v + " " + k; }).join(", ") +
+      // providers left without any expert of a model are no candidates of its repair (docs/operations.md, "Repair")
+      (answer.data.idle || []).map(function (i) {
+        return "; " + i.providers.length + " provider(s) hold nothing of " + i.model_id + " (repair will not use them)";
+      }).join("");
     result.dataset.outcome = count.failed || count.skipped ? "failed" : "ok";
   });
 });

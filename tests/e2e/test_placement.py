@@ -78,6 +78,7 @@ def test_uncovered_experts_and_placement_refusals(start_node, tmp_path) -> None:
     first = a.result("tenzro_moePlace", {"job_ids": [job["job_id"]]}, token=TOKEN)
     assert first["replication"] == 1 and first["requested_replication"] == 2  # one provider: capped at 1
     assert [(r["expert"], r["outcome"]) for r in first["rows"]] == [(0, "held"), (1, "loaded")]
+    assert first["idle"] == []  # the only provider holds both
     assert [g["outcome"] for g in first["gates"]] == ["loaded"]
     again = a.result("tenzro_moePlace", {"job_ids": [job["job_id"]]}, token=TOKEN)
     assert {r["outcome"] for r in again["rows"] + again["gates"]} == {"held"}
@@ -86,6 +87,16 @@ def test_uncovered_experts_and_placement_refusals(start_node, tmp_path) -> None:
     assert refused["error"]["data"]["reason"] == "not_a_provider", refused
     unknown = a.rpc("tenzro_moePlace", {"job_ids": ["00000000-0000-0000-0000-000000000000"]}, token=TOKEN)
     assert unknown["error"]["data"]["reason"] == "job_not_found", unknown
+    # One copy each over this node and eight providers it does not know: at least seven get nothing of the
+    # model, and the answer names them (repair never adds a copy there until they hold part of it).
+    me = a.result("tenzro_nodeInfo")["provider_id"]
+    wide = sorted([me, *(f"{i:02x}" * 32 for i in range(8))])
+    spread = a.result("tenzro_moePlace", {"job_ids": [job["job_id"]], "providers": wide, "replication": 1},
+                      token=TOKEN)
+    given = {r["provider"] for r in spread["rows"]}
+    assert spread["idle"] == [{"model_id": MODEL, "providers": [p for p in wide if p not in given]}]
+    assert len(spread["idle"][0]["providers"]) >= 7
+    assert {r["outcome"] for r in spread["rows"]} <= {"held", "elsewhere"}  # nothing of this node's unloaded
     nothing = a.result("tenzro_moePlace", {}, token=TOKEN)  # nothing named: nothing placed
     assert (nothing["rows"], nothing["gates"]) == ([], [])
     outsider = a.rpc("tenzro_moePlace", {"job_ids": [job["job_id"]]})

@@ -277,6 +277,8 @@ def test_the_operator_walkthrough(nodes, checkpoint, reference, tmp_path) -> Non
             assert mine == sorted(k for k, h in holders.items() if i in h)
             assert {r["outcome"] for r in answer["rows"] if r["provider"] == providers[i]} == {"held"}
             assert answer["replication"] == 2 and answer["providers"] == sorted(providers)
+            idle = [p for p in sorted(providers) if not any(providers.index(p) in h for h in holders.values())]
+            assert answer["idle"] == ([{"model_id": MODEL, "providers": idle}] if idle else [])
 
         with op.step("status x3"):
             answers = op.many([(n, ("moe", "status")) for n in nodes])

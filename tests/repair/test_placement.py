@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
+from apps.repair.placement import idle_providers
 from apps.repair.selection import ExpertView, RepairRules, placement, rendezvous_order, select_repairs
 
 MODEL = "kimi-k3"
@@ -33,3 +34,16 @@ def test_a_repair_pass_after_a_placement_has_nothing_to_do() -> None:
     short = [ExpertView(0, 0, (placement(MODEL, 0, 0, providers, 2)[0],), BLOB)]
     (row,) = select_repairs(MODEL, short, providers, RULES).rows
     assert row.provider == placement(MODEL, 0, 0, providers, 2)[1]
+
+
+def test_a_placement_names_the_providers_it_gives_nothing_of_a_model() -> None:
+    providers = sorted(ids(9))
+    rows = [{"model_id": model, "provider": p} for model, experts in ((MODEL, 2), ("qwen3", 64))
+            for e in range(experts) for p in placement(model, 0, e, providers, 1)]
+    given = {r["provider"] for r in rows if r["model_id"] == MODEL}
+    # two experts, one copy each, over nine providers: at least seven get nothing of kimi-k3, named in the
+    # providers' order; 64 experts reach all nine, so qwen3 is not listed
+    assert idle_providers(rows, providers) == [{"model_id": MODEL, "providers": [p for p in providers
+                                                                                  if p not in given]}]
+    assert len(given) <= 2
+    assert idle_providers([], providers) == []
