@@ -82,9 +82,8 @@ def place(obj: CliContext, jobs: tuple[str, ...], replication: int | None, nodes
         _print_table(answers, urls)
         for idle in answers[0].get("idle", []):  # a node of an older version does not say
             named = ", ".join(urls.get(p, p[:16]) for p in idle["providers"])
-            click.echo(f"tenzro: {named} hold no expert of {idle['model_id']} after this placement; its repair "
-                       "adds copies only on providers holding part of it (docs/operations.md, \"Repair\")",
-                       err=True)
+            click.echo(f"tenzro: this placement puts no expert of {idle['model_id']} on {named}; its repair adds "
+                       "copies only on providers holding part of it (docs/operations.md, \"Repair\")", err=True)
     failed = [r for a in answers for r in (*a["rows"], *a["gates"]) if r["outcome"] in ("failed", "skipped")]
     if failed:
         click.echo(f"tenzro: {len(failed)} loads failed: {failed[0].get('why')}", err=True)
