@@ -147,7 +147,8 @@ class Local:
         return y
 
     def generate(self, prompt: list[int], max_new: int) -> dict[str, Any]:
-        """greedy_generate's steps, each timed: (tokens, ttft_ms, decode tokens/s, decode step ms and MoE ms)."""
+        """greedy_generate's steps, each timed: (tokens, ttft_ms and the prefill's MoE ms, decode tokens/s, decode
+        step ms and MoE ms)."""
         cache = self.model.new_cache()
         ids, tokens, steps = np.asarray(prompt, dtype=np.int64), [], []
         for _ in range(max_new):
@@ -157,7 +158,7 @@ class Local:
             steps.append(((time.perf_counter() - start) * 1e3, self.moe_s * 1e3))
             ids = np.array([tokens[-1]], dtype=np.int64)
         decode = steps[1:]
-        return {"tokens": tokens, "ttft_ms": steps[0][0],
+        return {"tokens": tokens, "ttft_ms": steps[0][0], "prefill_moe_ms": steps[0][1],
                 "decode_tokens_per_s": len(decode) / (sum(s for s, _ in decode) / 1e3) if decode else None,
                 "decode_step_ms": [s for s, _ in decode], "decode_moe_ms": [m for _, m in decode]}
 

@@ -30,6 +30,9 @@ busy" says how much: the CPU seconds every node process used during a generation
 each with its web, Celery and expert workers), over the generation's wall time. Near the core count,
 a layer's network + dispatch is mostly requests and answers waiting for a core while other holders
 compute (docs/performance.md, "A decode layer on two shared cores, process by process").
+Where TTFT goes, round by round (`ttft_split` in the JSON): the wait before the first step, the prompt's
+dense part and its MoE layers, against the one process's dense part and MoE; rounds vary by a third on
+these shared VMs, and the split says whether the dense part or the layers moved.
 `--profile` samples the router's and one holder's expert worker with py-spy during one decode
 generation of the first shape and prints where their threads' CPU went (bench/_pyspy.py); where
 py-spy cannot attach, each worker cProfiles its own event loop (TENZRO_PROFILE_DIR, set for the nodes).
@@ -154,6 +157,32 @@ def split(records: list[dict[str, Any]], router_id: str) -> dict[str, float]:
     }
 
 
+def prefill(record: dict[str, Any]) -> dict[str, float]:
+    """Where one distributed generation's TTFT went (ms): the wait before its first step (the queue, the
+    record's creation), then the first step's dense part and its MoE layers (each layer's wall time)."""
+    first = record["steps"][0]
+    moe = sum(layer["ms"] for layer in first["layers"])
+    return {"ttft_ms": record["ttft_ms"], "before_ms": record["ttft_ms"] - first["ms"], "dense_ms": first["dense_ms"],
+            "moe_ms": moe, "other_ms": first["ms"] - first["dense_ms"] - moe}
+
+
+def ttft_table(shape: Shape, runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, float]]]:
+    """Prints and returns each run's TTFT split (prefill), one process's first, so that a TTFT ratio off its
+    target says which part moved: the prompt's dense part, its MoE layers, or the wait before them."""
+    out: dict[str, list[dict[str, float]]] = {"local": [
+        {"ttft_ms": r["ttft_ms"], "before_ms": 0.0, "dense_ms": r["ttft_ms"] - r["prefill_moe_ms"],
+         "moe_ms": r["prefill_moe_ms"], "other_ms": 0.0} for r in runs["local"]]}
+    out |= {wire: [prefill(r) for r in recs] for wire, recs in runs.items() if wire != "local"}
+    rows = [["one process" if wire == "local" else f"router, {wire}", i + 1,
+             *(p[k] for k in ("ttft_ms", "before_ms", "dense_ms", "moe_ms", "other_ms"))]
+            for wire, parts in out.items() for i, p in enumerate(parts)]
+    print_table(f"{shape.name}: where each generation's TTFT went (ms), round by round: before its first step (the "
+                f"queue, the record), the {PROMPT_TOKENS}-token prompt's dense part (the router's compute thread; one "
+                "process: the step less its MoE), its MoE layers (each layer's wall time), the rest of the step",
+                ["run", "round", "TTFT", "before", "dense", "MoE layers", "other"], rows)
+    return out
+
+
 def run_shape(shape: Shape, args: argparse.Namespace, work: Path, nodes: list[NodeProcess],
               rng: np.random.Generator) -> dict[str, Any]:
     t0 = time.monotonic()
@@ -247,7 +276,7 @@ def tables(shape: Shape, runs: dict[str, list[dict[str, Any]]], router_id: str, 
         "cores busy: every node process's CPU over the generation's wall time",
         ["run", "wire", "TTFT ms", "TTFT ratio", "decode tok/s", "decode ratio", "step ms", "dense ms",
          "dense ratio", "net ms/layer", "holder ms/layer", "hedged / won", "cores busy", "tokens = one process"], rows)
-    return {"generation": record}
+    return {"generation": record, "ttft_split": ttft_table(shape, runs)}
 
 
 def variants(plan: list[Shape], holder: NodeProcess, holders: int) -> dict[str, Any]:
