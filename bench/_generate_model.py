@@ -116,9 +116,11 @@ def write_model(root: Path, shape: Shape, rng: np.random.Generator) -> tuple[Pat
     return folder, paths
 
 
-def holder_of(path: Path, holders: int = N_HOLDERS) -> int:
-    """Expert e of every layer lives on holder e % holders (file names l{layer}e{expert})."""
-    return int(path.stem.split("e")[1]) % holders
+def holders_of(path: Path, holders: int = N_HOLDERS, replication: int = 1) -> list[int]:
+    """Expert e of every layer lives on holders e, e + 1, ... (`replication` of them) modulo `holders` (file
+    names l{layer}e{expert})."""
+    e = int(path.stem.split("e")[1])
+    return [(e + i) % holders for i in range(min(replication, holders))]
 
 
 class Local:

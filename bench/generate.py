@@ -11,9 +11,11 @@ Distributed: real node processes (`tenzro node run`, testkit.nodes) on a redis-s
 as bench/forward.py starts them: a router that loads each model's dense part and gates
 (`tenzro_moeLoadDense {model_id, checkpoint}`) and holds no expert, so every (token, expert) pair
 crosses the wire, and N holders (`--holders N`, 4 by default), expert e of each layer on holder e % N
-(replication 1: a speed benchmark; failover is tested elsewhere). Once the router's shard map shows
-every expert held, `tenzro_moeGenerate` runs a 32-token prompt to `max_new_tokens` (stop_at_eos false) with Q8_0 (and,
-for 2x128, f32) activations on the wire; TTFT and decode tokens/s are the generation record's
+(replication 1: a speed benchmark; failover is tested elsewhere; `--replication R` puts expert e on holders
+e, e + 1, ... modulo N, and the planner chooses; "requests/layer" says how many holders a layer asked).
+Once the router's shard map shows every expert held, `tenzro_moeGenerate` runs a 32-token prompt to
+`max_new_tokens` (stop_at_eos false) with Q8_0 (and, for 2x128, f32) activations on the wire; TTFT and
+decode tokens/s are the generation record's
 (`ttft_ms`: the prefill; `decode_tokens_per_s`: decoded tokens over the decode's wall time). The
 reference is the same model in this process: apps.generation.model.WholeModel with
 ExpertRuntime.forward_local holding every expert (the same payloads), timed as greedy_generate runs
@@ -62,7 +64,7 @@ from testkit.nodes import TOKEN, NodeProcess
 from testkit.redis_server import RedisNode, private_redis
 
 from . import _concurrency, _pyspy
-from ._generate_model import D_FF, D_MODEL, N_HOLDERS, REAL_VOCAB, TOP_K, Local, Shape, holder_of, write_model
+from ._generate_model import D_FF, D_MODEL, N_HOLDERS, REAL_VOCAB, TOP_K, Local, Shape, holders_of, write_model
 from .forward import NODE_ENV, _stop
 from .report import RESULTS_DIR, headline, print_table, write_results
 
@@ -86,12 +88,14 @@ def start_nodes(work: Path, redis_host: str, nodes: list[NodeProcess], holders: 
         list(pool.map(lambda n: n.start(**NODE_ENV), nodes))
 
 
-def load(nodes: list[NodeProcess], shape: Shape, folder: Path, experts: list[Path]) -> dict[str, Any]:
+def load(nodes: list[NodeProcess], shape: Shape, folder: Path, experts: list[Path], replication: int = 1
+         ) -> dict[str, Any]:
     """Dense part and gates on the router; each holder loads its experts, all at once."""
     router, holders = nodes[0], nodes[1:]
     work: dict[int, list[Path]] = {i: [] for i in range(len(holders))}
     for path in experts:
-        work[holder_of(path, len(holders))].append(path)
+        for i in holders_of(path, len(holders), replication):
+            work[i].append(path)
 
     def load_holder(i: int) -> None:
         for path in work[i]:
@@ -107,13 +111,16 @@ def load(nodes: list[NodeProcess], shape: Shape, folder: Path, experts: list[Pat
     return answer["result"]
 
 
-def wait_converged(router: NodeProcess, model_id: str, n_experts: int, timeout_s: float = 180.0) -> float:
-    """Seconds until the router's shard map shows every expert held, each holder with a QUIC door."""
+def wait_converged(router: NodeProcess, model_id: str, n_experts: int, replication: int = 1,
+                   timeout_s: float = 180.0) -> float:
+    """Seconds until the router's shard map shows every expert held `replication` times, each holder with a
+    QUIC door."""
     started, seen = time.monotonic(), 0
     while time.monotonic() - started < timeout_s:
         shard = router.result("tenzro_moeShardMap", {"model_id": model_id})["holders"]
         seen = len(shard)
-        if seen == n_experts and all(e["holders"] and all(h["quic_endpoint"] for h in e["holders"]) for e in shard):
+        if seen == n_experts and all(len(e["holders"]) >= replication and all(h["quic_endpoint"] for h in e["holders"])
+                                     for e in shard):
             return time.monotonic() - started
         time.sleep(1.0)
     raise RuntimeError(f"the router saw {seen} of {n_experts} experts held within {timeout_s} s")
@@ -188,9 +195,10 @@ def run_shape(shape: Shape, args: argparse.Namespace, work: Path, nodes: list[No
     t0 = time.monotonic()
     folder, experts = write_model(work / shape.name, shape, rng)
     router = nodes[0]
-    dense = load(nodes, shape, folder, experts)
+    replication = min(args.replication, len(nodes) - 1)
+    dense = load(nodes, shape, folder, experts, replication)
     local = Local(shape, folder, experts, work / f"local-{shape.name}")
-    converged = wait_converged(router, shape.model_id, len(experts))
+    converged = wait_converged(router, shape.model_id, len(experts), replication)
     print(f"\n[{shape.name}] checkpoint + {len(experts)} Q8_0 payloads written and loaded "
           f"{time.monotonic() - t0:.0f} s (dense part {dense['dense_bytes'] / 1e6:.0f} MB f32), every expert "
           f"seen by the router {converged:.0f} s later")
@@ -249,7 +257,7 @@ def tables(shape: Shape, runs: dict[str, list[dict[str, Any]]], router_id: str, 
                                                                      strict=True))
     want = ref[0]["tokens"]
     rows = [["one process", "-", ref_ttft, "1.00x", ref_tps, "1.00x", statistics.fmean(ref_steps), ref_dense,
-             "1.00x", "-", "-", "-", "-", f"{len(want)}/{len(want)}"]]
+             "1.00x", "-", "-", "-", "-", "-", f"{len(want)}/{len(want)}"]]
     record: dict[str, Any] = {"local": {"ttft_ms": ref_ttft, "decode_tokens_per_s": ref_tps,
                                         "dense_ms_per_token": ref_dense, "runs": ref}}
     for wire, recs in runs.items():
@@ -262,7 +270,8 @@ def tables(shape: Shape, runs: dict[str, list[dict[str, Any]]], router_id: str, 
         rows.append([f"router + {holders} holder{'s' if holders > 1 else ''}", wire, ttft,
                      f"{ttft / ref_ttft:.2f}x", tps, f"{tps / ref_tps:.2f}x", where["step_ms"], where["dense_ms"],
                      f"{where['dense_ms'] / ref_dense:.2f}x", where["network_ms_per_layer"],
-                     where["holder_ms_per_layer"], f"{where['hedges_fired']:.1%} / {where['hedges_won']:.1%}",
+                     where["holder_ms_per_layer"], where["requests_per_layer"],
+                     f"{where['hedges_fired']:.1%} / {where['hedges_won']:.1%}",
                      f"{where['cores_busy']:.2f} of {os.cpu_count()}", f"{same}/{len(want)}"])
         record[wire] = {"ttft_ms": ttft, "decode_tokens_per_s": tps, "one_process_ttft_ms": ref_ttft,
                         "one_process_decode_tokens_per_s": ref_tps, "one_process_dense_ms_per_token": ref_dense,
@@ -272,14 +281,16 @@ def tables(shape: Shape, runs: dict[str, list[dict[str, Any]]], router_id: str, 
         f"{shape.experts} experts (top-{TOP_K}, d_model {D_MODEL}, d_ff {D_FF}, Q8_0), vocab {shape.vocab_size:,}; "
         f"{PROMPT_TOKENS}-token prompt, {len(want)} new tokens; medians over {len(ref)} round(s); per decode step: "
         "ms, router dense compute (dense_ms) and its ratio to one process; per MoE layer: network + dispatch ms "
-        "(layer ms - the slowest holder's compute) and that holder compute; hedges fired / won per remote batch; "
+        "(layer ms - the slowest holder's compute), that holder compute and the holders asked (requests); "
+        "hedges fired / won per remote batch; "
         "cores busy: every node process's CPU over the generation's wall time",
         ["run", "wire", "TTFT ms", "TTFT ratio", "decode tok/s", "decode ratio", "step ms", "dense ms",
-         "dense ratio", "net ms/layer", "holder ms/layer", "hedged / won", "cores busy", "tokens = one process"], rows)
+         "dense ratio", "net ms/layer", "holder ms/layer", "requests/layer", "hedged / won", "cores busy",
+         "tokens = one process"], rows)
     return {"generation": record, "ttft_split": ttft_table(shape, runs)}
 
 
-def variants(plan: list[Shape], holder: NodeProcess, holders: int) -> dict[str, Any]:
+def variants(plan: list[Shape], holder: NodeProcess, holders: int, replication: int) -> dict[str, Any]:
     status = holder.result("tenzro_moeExpertStatus", {"live": True})
     blas = np.__config__.CONFIG.get("Build Dependencies", {}).get("blas", {})
     return {
@@ -287,7 +298,9 @@ def variants(plan: list[Shape], holder: NodeProcess, holders: int) -> dict[str, 
         "shapes": ", ".join(f"{s.name} (vocab {s.vocab_size:,}"
                             f"{'' if s.vocab else f', the real {REAL_VOCAB:,} x layers / 48'})" for s in plan),
         "f32 matmul": f"numpy {np.__version__}, BLAS {blas.get('name', '?')} {blas.get('version', '')}".strip(),
-        "replication": f"1 (expert e on holder e % {holders}; the router holds none)",
+        "replication": f"{replication} (expert e on holder{'s' if replication > 1 else ''} "
+                       f"{', '.join(f'(e + {i}) % {holders}' if i else f'e % {holders}' for i in range(replication))}; "
+                       "the router holds none)",
         "cores": os.cpu_count(),
         "load average (1, 5, 15 min) at start": " ".join(f"{x:.1f}" for x in os.getloadavg()),
     }
@@ -301,6 +314,9 @@ def main() -> None:
                         f"({REAL_VOCAB:,} is Qwen3-30B-A3B's: 2.5 GB f32 of embedding and LM head)")
     parser.add_argument("--profile", action="store_true",
                         help="profile the router and a holder during a decode (py-spy, else their loops' cProfile)")
+    parser.add_argument("--replication", type=int, default=1,
+                        help="holders of each expert: e on holders e, e + 1, ... modulo N (1, the default: as the "
+                             "targets are set; more: the planner chooses among them)")
     parser.add_argument("--holders", type=int, default=N_HOLDERS,
                         help="holder nodes, expert e on holder e %% N (1: one holder's round trip with no other "
                         "holder competing for the cores)")
@@ -318,7 +334,7 @@ def main() -> None:
             try:
                 start_nodes(work, redis_host, nodes, args.holders)
                 print(f"{len(nodes)} nodes started {time.monotonic() - started:.0f} s")
-                facts = variants(plan, nodes[1], args.holders)
+                facts = variants(plan, nodes[1], args.holders, min(args.replication, args.holders))
                 print_table("Variants that ran", ["what", "value"], [[k, v] for k, v in facts.items()])
                 rng = np.random.default_rng(0)
                 shapes = [run_shape(shape, args, work, nodes, rng) for shape in plan]
