@@ -1,7 +1,7 @@
 """Whole-model generation benchmark: greedy decode over real nodes on loopback against one process.
 
     .venv/bin/python -m bench.generate [--quick] [--shapes 2x128,24x16] [--vocab N] [--profile]
-                                       [--concurrency 1,4,16] [--holders N]
+                                       [--concurrency 1,4,16] [--holders N] [--replication R]
 
 What is measured, and how. Qwen3-MoE checkpoints at Qwen3-30B-A3B's widths (bench/_generate_model.py):
 `2x128`, two MoE layers of the real 128 experts, and `24x16`, 24 MoE layers of 16 experts, so a deep
@@ -33,8 +33,8 @@ each with its web, Celery and expert workers), over the generation's wall time. 
 a layer's network + dispatch is mostly requests and answers waiting for a core while other holders
 compute (docs/performance.md, "A decode layer on two shared cores, process by process").
 Where TTFT goes, round by round (`ttft_split` in the JSON): the wait before the first step, the prompt's
-dense part and its MoE layers, against the one process's dense part and MoE; rounds vary by a third on
-these shared VMs, and the split says whether the dense part or the layers moved.
+dense part and its MoE layers, against the one process's dense part and MoE; the rounds of one run differ by
+up to half on these shared VMs, and the split says whether the dense part or the layers moved.
 `--profile` samples the router's and one holder's expert worker with py-spy during one decode
 generation of the first shape and prints where their threads' CPU went (bench/_pyspy.py); where
 py-spy cannot attach, each worker cProfiles its own event loop (TENZRO_PROFILE_DIR, set for the nodes).
@@ -164,7 +164,7 @@ def split(records: list[dict[str, Any]], router_id: str) -> dict[str, float]:
     }
 
 
-def prefill(record: dict[str, Any]) -> dict[str, float]:
+def ttft_parts(record: dict[str, Any]) -> dict[str, float]:
     """Where one distributed generation's TTFT went (ms): the wait before its first step (the queue, the
     record's creation), then the first step's dense part and its MoE layers (each layer's wall time)."""
     first = record["steps"][0]
@@ -179,7 +179,7 @@ def ttft_table(shape: Shape, runs: dict[str, list[dict[str, Any]]]) -> dict[str,
     out: dict[str, list[dict[str, float]]] = {"local": [
         {"ttft_ms": r["ttft_ms"], "before_ms": 0.0, "dense_ms": r["ttft_ms"] - r["prefill_moe_ms"],
          "moe_ms": r["prefill_moe_ms"], "other_ms": 0.0} for r in runs["local"]]}
-    out |= {wire: [prefill(r) for r in recs] for wire, recs in runs.items() if wire != "local"}
+    out |= {wire: [ttft_parts(r) for r in recs] for wire, recs in runs.items() if wire != "local"}
     rows = [["one process" if wire == "local" else f"router, {wire}", i + 1,
              *(p[k] for k in ("ttft_ms", "before_ms", "dense_ms", "moe_ms", "other_ms"))]
             for wire, parts in out.items() for i, p in enumerate(parts)]
@@ -323,6 +323,8 @@ def main() -> None:
     parser.add_argument("--concurrency", default="", help="e.g. 1,4,16: that many generations at once on the "
                         "first shape, through continuous batching (bench/_concurrency.py)")
     args = parser.parse_args()
+    if args.replication < 1:
+        parser.error(f"--replication must be at least 1, got {args.replication}")
     plan = [Shape.parse(s, args.vocab) for s in ("2x128" if args.quick else args.shapes).split(",")]
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="tenzro-bench-generate-"))
