@@ -195,10 +195,9 @@ def run_shape(shape: Shape, args: argparse.Namespace, work: Path, nodes: list[No
     t0 = time.monotonic()
     folder, experts = write_model(work / shape.name, shape, rng)
     router = nodes[0]
-    replication = min(args.replication, len(nodes) - 1)
-    dense = load(nodes, shape, folder, experts, replication)
+    dense = load(nodes, shape, folder, experts, args.replication)
     local = Local(shape, folder, experts, work / f"local-{shape.name}")
-    converged = wait_converged(router, shape.model_id, len(experts), replication)
+    converged = wait_converged(router, shape.model_id, len(experts), args.replication)
     print(f"\n[{shape.name}] checkpoint + {len(experts)} Q8_0 payloads written and loaded "
           f"{time.monotonic() - t0:.0f} s (dense part {dense['dense_bytes'] / 1e6:.0f} MB f32), every expert "
           f"seen by the router {converged:.0f} s later")
@@ -325,6 +324,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.replication < 1:
         parser.error(f"--replication must be at least 1, got {args.replication}")
+    args.replication = min(args.replication, args.holders)  # no holder loads an expert twice
     plan = [Shape.parse(s, args.vocab) for s in ("2x128" if args.quick else args.shapes).split(",")]
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="tenzro-bench-generate-"))
@@ -336,7 +336,7 @@ def main() -> None:
             try:
                 start_nodes(work, redis_host, nodes, args.holders)
                 print(f"{len(nodes)} nodes started {time.monotonic() - started:.0f} s")
-                facts = variants(plan, nodes[1], args.holders, min(args.replication, args.holders))
+                facts = variants(plan, nodes[1], args.holders, args.replication)
                 print_table("Variants that ran", ["what", "value"], [[k, v] for k, v in facts.items()])
                 rng = np.random.default_rng(0)
                 shapes = [run_shape(shape, args, work, nodes, rng) for shape in plan]
