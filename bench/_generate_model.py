@@ -17,6 +17,7 @@ would otherwise be most of a step with a few of the 48 layers and hide what is m
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ from testkit.checkpoints import f32_to_bf16_bits, write_checkpoint
 D_MODEL, D_FF, TOP_K = 2048, 768, 8
 REAL_LAYERS, REAL_VOCAB = 48, 151_936
 N_HOLDERS = 4
+
+MoeLayer = Callable[[int, np.ndarray], np.ndarray]  # (layer, hidden f32 [t, d_model]) -> f32 [t, d_model]
 
 
 @dataclass(frozen=True)
@@ -143,19 +146,27 @@ class Local:
         self.moe_s = 0.0
 
     def _moe(self, layer: int, x: np.ndarray) -> np.ndarray:
-        start = time.perf_counter()
-        y = self.runtime.forward_local(model_id=self.shape.model_id, layer=layer, hidden=x)
-        self.moe_s += time.perf_counter() - start
-        return y
+        return self.runtime.forward_local(model_id=self.shape.model_id, layer=layer, hidden=x)
 
-    def generate(self, prompt: list[int], max_new: int) -> dict[str, Any]:
+    def _timed(self, moe: MoeLayer) -> MoeLayer:
+        """`moe`, its time added to self.moe_s."""
+        def run(layer: int, x: np.ndarray) -> np.ndarray:
+            start = time.perf_counter()
+            y = moe(layer, x)
+            self.moe_s += time.perf_counter() - start
+            return y
+        return run
+
+    def generate(self, prompt: list[int], max_new: int, moe: MoeLayer | None = None) -> dict[str, Any]:
         """greedy_generate's steps, each timed: (tokens, ttft_ms and the prefill's MoE ms, decode tokens/s, decode
-        step ms and MoE ms)."""
+        step ms and MoE ms). moe(layer, hidden f32 [t, d_model]) -> f32 [t, d_model] runs each MoE layer: every
+        expert in this process by default (bench/wire_floor.py asks holder processes instead)."""
         cache = self.model.new_cache()
         ids, tokens, steps = np.asarray(prompt, dtype=np.int64), [], []
+        run = self._timed(moe or self._moe)
         for _ in range(max_new):
             self.moe_s, start = 0.0, time.perf_counter()
-            logits = self.model.forward(ids, cache, self._moe, last_only=True)
+            logits = self.model.forward(ids, cache, run, last_only=True)
             tokens.append(int(np.argmax(logits[-1])))
             steps.append(((time.perf_counter() - start) * 1e3, self.moe_s * 1e3))
             ids = np.array([tokens[-1]], dtype=np.int64)
@@ -175,7 +186,8 @@ class Local:
         started = time.perf_counter()
         for _ in range(max_new):
             self.moe_s, start = 0.0, time.perf_counter()
-            logits = drive(self.model.run_batch(list(zip(ids, caches, strict=True)), last_only=True), self._moe)
+            logits = drive(self.model.run_batch(list(zip(ids, caches, strict=True)), last_only=True),
+                           self._timed(self._moe))
             for out, sequence_logits in zip(tokens, logits, strict=True):
                 out.append(int(np.argmax(sequence_logits[-1])))
             iteration_ms.append((time.perf_counter() - start) * 1e3)

@@ -1,0 +1,495 @@
+"""The floor of a distributed decode on this machine: bench/generate.py's model and holders over plain
+loopback TCP, then with the node's stack added a part at a time, against one process.
+
+    .venv/bin/python -m bench.wire_floor [--quick] [--holders 1,4]
+
+bench/generate.py's targets (network + dispatch ≤ 2 ms per MoE layer, decode ≥ 0.6x one process) are
+set against one process. Five node processes share this machine's cores, so part of what they miss is
+the machine's, and part is the node's stack. This benchmark measures the machine's part, then adds the
+node's stack a part at a time: the event loops, the QUIC transport, the codec and receipts. What is left
+between the last of these and bench/generate.py is the rest of the node (the planner and the forward's
+engine, the records).
+
+What is measured, and how. The same 2x128 model as bench/generate.py (bench/_generate_model.py: two MoE
+layers of Qwen3-30B-A3B's 128 experts, Q8_0, top-8, the LM head at its real share) and the same split:
+N holder processes (`--holders`, 1 and 4 by default), expert e of each layer on holder e % N, each an
+ExpertRuntime with the same C kernels and worker pool as a node's. The router is this process: the
+dense part and the gates (WholeModel); for each MoE layer it gates, asks every holder for its experts'
+(expert, token rows) in one request carrying the layer's rows (f32 unless said), and combines the
+answers. Four ways, each on holder processes of its own, each adding one part of a node's stack:
+
+* `tcp`: plain loopback TCP (TCP_NODELAY, a 4-byte length and a pickle), blocking sockets on the
+  router's own thread: every request sent, then each answer read in turn. No event loop, no QUIC: the
+  processes, the loopback and the cores they share, and nothing else.
+* `asyncio`: the same frames on asyncio streams: each holder an asyncio server computing on its event
+  loop, the router's requests on an event loop in a thread of its own, to which each layer is handed from
+  the dense part's thread (the two hops a node's router makes), every request in flight at once.
+* `quic`: the node's own transport with its default settings: each holder a QUIC door
+  (core.transport.quic_server, computing on its event loop as a node computes a decode frame), the
+  router the node's client (core.transport.pool.QuicPool) on an event loop in a thread of its own, to
+  which each layer is handed from the dense part's thread, as a node's router does. No codec, receipt,
+  planner or record.
+* `quic+receipts`: `quic` with the node's payload: the rows in and out as Q8_0 (the wire's default codec,
+  each answer encoded in one call) and one v2 receipt per answer (top-16 sketches, ed25519), signed by the
+  holder and verified against the rows by the router, as nodes do. What is left between this and
+  bench/generate.py is the node's own: the planner and the forward's engine, the records, the admission.
+
+The reference is the same model in this process with every expert (bench/_generate_model.Local), the
+generations interleaved with it so drift hits both alike, `max_new` tokens after a 32-token prompt.
+Figures as bench/generate.py defines them: TTFT (the prefill), decode tokens/s, router dense ms per
+token (a step less its MoE layers), and per MoE layer of a decode step: the slowest holder's compute
+(the time its execute_carrier took: the critical path if the holders ran side by side) and network +
+dispatch, the rest of the layer's wall time (gate, the requests, the holders' wake-up and queueing, the
+answers, the combine). "cores busy" is every process's CPU over the generations' wall time.
+"""
+
+from __future__ import annotations
+
+import os
+
+# As bench/generate.py: OpenBLAS threads that spin after each call would starve the holder processes.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse
+import asyncio
+import multiprocessing
+import pickle
+import shutil
+import socket
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from itertools import accumulate
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+from nacl.signing import SigningKey
+
+from apps.node.identity import load_or_create_identity
+from apps.receipts.commitment import ExpectedBatches, ReceiptSigner, blake3_hex, verify_batches_receipt
+from core.experts.runtime import ExpertRuntime
+from core.formats.wire import decode_rows, encode_rows, encoded_row_bytes
+from core.transport.admission import PeerLimits
+from core.transport.framing import Reply
+from core.transport.loop_thread import LoopThread
+from core.transport.pool import QuicPool
+from core.transport.quic import PeerRequest, QuicSettings, start_server
+
+from ._generate_model import D_MODEL, Local, Shape, holders_of, write_model
+from .generate import PROMPT_TOKENS, TARGETS
+from .report import headline, print_table, write_results
+from .transport_quic import _free_udp_port
+
+SHAPE = Shape(2, 128)
+TRANSPORTS = ("tcp", "asyncio", "quic", "quic+receipts")
+WIRE, RECEIPT_TOPK = "q8_0", 16  # the node's default wire and TENZRO_RECEIPT_TOPK
+MAX_BODY = 64 << 20  # a prefill's carrier and answers, with room
+
+
+def send_frame(sock: socket.socket, message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(len(data).to_bytes(4, "little") + data)
+
+
+def recv_frame(sock: socket.socket) -> Any:
+    return pickle.loads(_recv_exactly(sock, int.from_bytes(_recv_exactly(sock, 4), "little")))
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            raise ConnectionError("the other end closed the connection")
+        got += k
+    return buf
+
+
+def write_frame(writer: asyncio.StreamWriter, message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    writer.write(len(data).to_bytes(4, "little") + data)
+
+
+async def read_frame(reader: asyncio.StreamReader) -> Any:
+    return pickle.loads(await reader.readexactly(int.from_bytes(await reader.readexactly(4), "little")))
+
+
+def holder_runtime(index: int, holders: int, experts: list[Path], data_dir: Path) -> ExpertRuntime:
+    """Experts e % holders == index of every layer, loaded and warm."""
+    runtime = ExpertRuntime(data_dir=data_dir, memory_budget_bytes=16 << 30)
+    for path in experts:
+        if holders_of(path, holders)[0] == index:
+            runtime.expert_load(payload=path.read_bytes(), stored_at=path)
+    runtime.warm()
+    return runtime
+
+
+def compute(runtime: ExpertRuntime, layer: int, rows: np.ndarray, batches: list[tuple[int, list[int]]]
+            ) -> tuple[list[np.ndarray], float]:
+    """A holder's answer to one request: each batch's output rows f32 [n_i, d_model], and the seconds they took."""
+    start = time.perf_counter()
+    out = runtime.execute_carrier(model_id=SHAPE.model_id, layer=layer, hidden=rows, batches=batches)
+    return [y for y, _ in out], time.perf_counter() - start
+
+
+def tcp_holder(index: int, holders: int, experts: list[Path], data_dir: Path, listener: socket.socket) -> None:
+    """A holder on plain TCP: one router connection; each request (layer, rows f32 [n, d_model], [(expert,
+    ascending rows)]) answered with ([f32 [n_i, d_model]], compute s), until the router closes it."""
+    runtime = holder_runtime(index, holders, experts, data_dir)
+    listener.listen(1)
+    conn, _ = listener.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while True:
+        try:
+            layer, rows, batches = recv_frame(conn)
+        except ConnectionError:
+            return
+        send_frame(conn, compute(runtime, layer, rows, batches))
+
+
+def asyncio_holder(index: int, holders: int, experts: list[Path], data_dir: Path, listener: socket.socket) -> None:
+    """tcp_holder's requests and answers on an asyncio stream server, computed on its event loop."""
+    runtime = holder_runtime(index, holders, experts, data_dir)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while True:
+            try:
+                layer, rows, batches = await read_frame(reader)
+            except asyncio.IncompleteReadError:
+                return
+            write_frame(writer, compute(runtime, layer, rows, batches))
+
+    async def serve() -> None:
+        server = await asyncio.start_server(answer, sock=listener)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(serve())
+
+
+def quic_holder(index: int, holders: int, experts: list[Path], data_dir: Path, port: int, cert: str, key: str,
+                signing_seed: bytes | None, ready: Any) -> None:
+    """A holder on the node's own QUIC door (core.transport.quic_server with its default settings): each
+    request's params {layer, batches}, its body the rows; the answer's body every batch's output rows in turn,
+    its result {compute_s}. With a signing seed, the node's payload: rows in and out as Q8_0 (core.formats.wire,
+    the answer encoded in one call) and one v2 receipt over the batches (apps.receipts.commitment), as a
+    node's holder answers; without, f32 rows and no receipt. Computed on the event loop, as a node computes a
+    decode frame."""
+    runtime = holder_runtime(index, holders, experts, data_dir)
+    signer = ReceiptSigner(SigningKey(signing_seed)) if signing_seed else None
+
+    async def handle(request: PeerRequest) -> Reply:
+        params = request.params
+        if signer is None:
+            ys, seconds = compute(runtime, params["layer"], rows_of(request.body), params["batches"])
+            return Reply.ok({"compute_s": seconds}, b"".join(y.tobytes() for y in ys))
+        rows = decode_rows(request.body, WIRE, tokens=len(params["token_indices"]), d_model=D_MODEL)
+        ys, seconds = compute(runtime, params["layer"], rows, params["batches"])
+        data = encode_rows(np.concatenate(ys), WIRE)
+        parts = split_rows(memoryview(data), [len(y) for y in ys], encoded_row_bytes(WIRE, D_MODEL))
+        receipt = signer.batches(model_id=SHAPE.model_id, layer=params["layer"], token_indices=params["token_indices"],
+                                 d_model=D_MODEL, input_encoding=WIRE, input_carrier=request.body,
+                                 output_encoding=WIRE, k=RECEIPT_TOPK,
+                                 batches=[(e, r, part) for (e, r), part in zip(params["batches"], parts, strict=True)])
+        return Reply.ok({"compute_s": seconds, "receipt": receipt}, data)
+
+    async def serve() -> None:
+        limits = PeerLimits(max_body=MAX_BODY, rate_per_s=1e6, burst=1_000_000)
+        await start_server(host="127.0.0.1", port=port, cert_path=cert, key_path=key, handler=handle,
+                           settings=QuicSettings(max_body=MAX_BODY), limits=limits)
+        ready.set()
+        await asyncio.Event().wait()  # until the benchmark kills this process
+
+    asyncio.run(serve())
+
+
+def rows_of(body: bytes | bytearray) -> np.ndarray:
+    return np.frombuffer(body, dtype=np.float32).reshape(-1, D_MODEL)
+
+
+def split_rows(rows: Any, counts: list[int], unit: int = 1) -> list[Any]:
+    """rows cut into consecutive parts of counts[i] rows each (`unit`: items per row)."""
+    ends = list(accumulate(n * unit for n in counts))
+    return [rows[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+Asked = dict[int, list[tuple[int, np.ndarray, np.ndarray]]]  # holder -> [(expert, token rows, weights)]
+
+
+class RemoteMoe:
+    """The router's MoE layer: gate here, one request per holder (`ask`), the answers combined here."""
+
+    def __init__(self, local: Local, holders: int) -> None:
+        self.local, self.holders = local, holders
+        self.layers: list[tuple[float, float]] = []  # per MoE layer: (wall s, slowest holder's compute s)
+
+    def ask(self, layer: int, x: np.ndarray, asked: Asked) -> list[tuple[list[np.ndarray], float]]:
+        """Per holder of `asked`, in its order: (each batch's rows f32 [n_i, d_model], its compute s)."""
+        raise NotImplementedError
+
+    def moe(self, layer: int, x: np.ndarray) -> np.ndarray:
+        """hidden f32 [t, d_model] -> f32 [t, d_model], every expert asked of its holder."""
+        start = time.perf_counter()
+        routing = self.local.runtime.route(model_id=SHAPE.model_id, layer=layer, hidden=x)
+        asked: Asked = defaultdict(list)
+        for e, (tokens, weights) in sorted(routing.tokens_by_expert().items()):
+            asked[e % self.holders].append((e, tokens, weights))
+        out, slowest = np.zeros_like(x), 0.0
+        for batches, (ys, compute_s) in zip(asked.values(), self.ask(layer, x, asked), strict=True):
+            slowest = max(slowest, compute_s)
+            for (_, tokens, weights), y in zip(batches, ys, strict=True):
+                out[tokens] += weights[:, None] * y
+        self.layers.append((time.perf_counter() - start, slowest))
+        return out
+
+    def generate(self, prompt: list[int], max_new: int) -> dict[str, Any]:
+        """Local.generate with this MoE layer; the decode steps' layers (wall ms, slowest holder ms) beside."""
+        self.layers = []
+        record = self.local.generate(prompt, max_new, self.moe)
+        per_step = len(self.layers) // max_new
+        record["decode_layers_ms"] = [(wall * 1e3, slowest * 1e3) for wall, slowest in self.layers[per_step:]]
+        return record
+
+    def close(self) -> None:
+        pass
+
+
+class OverTcp(RemoteMoe):
+    """Blocking sockets on this thread: every request sent, then each answer read in turn."""
+
+    def __init__(self, local: Local, socks: list[socket.socket]) -> None:
+        super().__init__(local, len(socks))
+        self.socks = socks
+
+    def ask(self, layer: int, x: np.ndarray, asked: Asked) -> list[tuple[list[np.ndarray], float]]:
+        for holder, batches in asked.items():
+            send_frame(self.socks[holder], (layer, x, [(e, tokens.tolist()) for e, tokens, _ in batches]))
+        return [recv_frame(self.socks[holder]) for holder in asked]
+
+    def close(self) -> None:
+        for sock in self.socks:
+            sock.close()
+
+
+class OverAsyncio(RemoteMoe):
+    """OverTcp's frames on asyncio streams, on an event loop in a thread of its own to which each layer is
+    handed from the dense part's thread (as OverQuic, without QUIC): every request in flight at once."""
+
+    def __init__(self, local: Local, addresses: list[tuple[str, int]]) -> None:
+        super().__init__(local, len(addresses))
+        self.addresses = addresses
+        self.thread = LoopThread("wire-floor-asyncio")
+        self.streams: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    def ask(self, layer: int, x: np.ndarray, asked: Asked) -> list[tuple[list[np.ndarray], float]]:
+        return self.thread.run(self._ask(layer, x, asked), timeout_s=60)
+
+    async def _ask(self, layer: int, x: np.ndarray, asked: Asked) -> list[tuple[list[np.ndarray], float]]:
+        if not self.streams:
+            for host, port in self.addresses:
+                reader, writer = await asyncio.open_connection(host, port)
+                writer.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.streams.append((reader, writer))
+        for holder, batches in asked.items():
+            write_frame(self.streams[holder][1], (layer, x, [(e, tokens.tolist()) for e, tokens, _ in batches]))
+        return list(await asyncio.gather(*(read_frame(self.streams[holder][0]) for holder in asked)))
+
+    def close(self) -> None:
+        for _, writer in self.streams:
+            writer.close()
+        self.thread.stop()
+
+
+class OverQuic(RemoteMoe):
+    """The node's QUIC client (core.transport.pool.QuicPool) on an event loop of its own thread, as a node's
+    router hands a layer from its compute thread to its loop: every request in flight at once. With
+    `provider_id` (the holders' signing key), the node's payload: Q8_0 rows, and each answer's receipt
+    verified against its rows as a node's router does (apps.receipts.commitment.verify_batches_receipt)."""
+
+    def __init__(self, local: Local, ports: list[int], pin_sha256: str, provider_id: str | None) -> None:
+        super().__init__(local, len(ports))
+        self.ports, self.pin, self.provider_id = ports, pin_sha256, provider_id
+        self.thread = LoopThread("wire-floor-quic")
+        self.pool: QuicPool | None = None
+
+    def ask(self, layer: int, x: np.ndarray, asked: Asked) -> list[tuple[list[np.ndarray], float]]:
+        return self.thread.run(self._ask(layer, x, asked), timeout_s=60)
+
+    async def _ask(self, layer: int, x: np.ndarray, asked: Asked) -> list[tuple[list[np.ndarray], float]]:
+        if self.pool is None:
+            self.pool = QuicPool(QuicSettings(max_body=MAX_BODY))
+        signed = self.provider_id is not None
+        body, tokens = (encode_rows(x, WIRE) if signed else x.tobytes()), list(range(len(x)))
+        requests = {holder: [[e, rows.tolist()] for e, rows, _ in batches] for holder, batches in asked.items()}
+        answers = await asyncio.gather(*(
+            self.pool.call(host="127.0.0.1", port=self.ports[holder], pin_sha256=self.pin, method="experts",
+                           params={"layer": layer, "batches": batches, **({"token_indices": tokens} if signed else {})},
+                           body=body, timeout_s=60)
+            for holder, batches in requests.items()))
+        out = []
+        for batches, (result, answer) in zip(requests.values(), answers, strict=True):
+            counts = [len(rows) for _, rows in batches]
+            if not signed:
+                out.append((split_rows(rows_of(answer), counts), result["compute_s"]))
+                continue
+            rows = split_rows(decode_rows(answer, WIRE, tokens=sum(counts), d_model=D_MODEL), counts)
+            expect = ExpectedBatches(self.provider_id, SHAPE.model_id, layer, tokens, D_MODEL, WIRE, blake3_hex(body),
+                                     WIRE, RECEIPT_TOPK, batches)
+            verify_batches_receipt(result["receipt"], expect, list(zip(
+                rows, split_rows(memoryview(answer), counts, encoded_row_bytes(WIRE, D_MODEL)), strict=True)))
+            out.append((rows, result["compute_s"]))
+        return out
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.thread.run(self.pool.close(), timeout_s=10)
+        self.thread.stop()
+
+
+def start_holders(transport: str, holders: int, local: Local, experts: list[Path], work: Path
+                  ) -> tuple[list[Any], RemoteMoe]:
+    """The holder processes (spawned, each loading its experts) and the router's side of `transport`."""
+    context = multiprocessing.get_context("spawn")
+    procs: list[Any] = []
+    socks: list[socket.socket] = []
+    ports: list[int] = []
+    addresses: list[tuple[str, int]] = []
+    identity = load_or_create_identity(work / "identity")
+    seed = bytes(range(32))  # every holder signs with one key: the router checks each receipt against it
+    for i in range(holders):
+        data_dir = work / f"{transport}-holder-{i}"
+        if transport == "tcp":
+            listener = socket.create_server(("127.0.0.1", 0))
+            proc = context.Process(target=tcp_holder, args=(i, holders, experts, data_dir, listener), daemon=True)
+            proc.start()
+            sock = socket.create_connection(listener.getsockname(), timeout=600)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            listener.close()
+            socks.append(sock)
+        elif transport == "asyncio":
+            listener = socket.create_server(("127.0.0.1", 0))
+            proc = context.Process(target=asyncio_holder, args=(i, holders, experts, data_dir, listener),
+                                   daemon=True)
+            proc.start()
+            addresses.append(listener.getsockname())
+            listener.close()  # the child has its own copy, listening
+        else:
+            ready, port = context.Event(), _free_udp_port()
+            proc = context.Process(target=quic_holder, args=(i, holders, experts, data_dir, port,
+                                                             str(identity.cert_path), str(identity.cert_key_path),
+                                                             seed if transport == "quic+receipts" else None, ready),
+                                   daemon=True)
+            proc.start()
+            if not ready.wait(600):
+                raise RuntimeError(f"QUIC holder {i} did not start")
+            ports.append(port)
+        procs.append(proc)
+    remote = {"tcp": lambda: OverTcp(local, socks), "asyncio": lambda: OverAsyncio(local, addresses),
+              "quic": lambda: OverQuic(local, ports, identity.cert_sha256, None),
+              "quic+receipts": lambda: OverQuic(local, ports, identity.cert_sha256,
+                                                SigningKey(seed).verify_key.encode().hex())}[transport]()
+    return procs, remote
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    return sum(t.user + t.system for t in (psutil.Process(pid).cpu_times() for pid in pids))
+
+
+def run_holders(transport: str, holders: int, local: Local, experts: list[Path], work: Path, prompt: list[int],
+                max_new: int, rounds: int) -> dict[str, Any]:
+    """Rounds of (one process, distributed) generations, interleaved; their figures."""
+    procs, remote = start_holders(transport, holders, local, experts, work)
+    try:
+        started = time.monotonic()
+        for _ in range(2):  # warm: the holders' kernels and first frames, the connections
+            remote.generate(prompt, max_new)
+        print(f"{transport}, {holders} holder{'s' if holders > 1 else ''}: loaded and warm "
+              f"{time.monotonic() - started:.0f} s")
+        pids = [os.getpid(), *(p.pid for p in procs)]
+        ref, dist, busy = [], [], []
+        for _ in range(rounds):
+            ref.append(local.generate(prompt, max_new))
+            cpu, wall = cpu_seconds(pids), time.monotonic()
+            dist.append(remote.generate(prompt, max_new))
+            busy.append((cpu_seconds(pids) - cpu) / (time.monotonic() - wall))
+        same = sum(a == b for a, b in zip(ref[0]["tokens"], dist[0]["tokens"], strict=True))
+        layers = [layer for r in dist for layer in r["decode_layers_ms"]]
+        return {"transport": transport, "holders": holders, **figures(ref, dist), "cores_busy": statistics.median(busy),
+                "holder_ms_per_layer": statistics.fmean(s for _, s in layers),
+                "network_ms_per_layer": statistics.fmean(w - s for w, s in layers),
+                "moe_ms_per_layer": statistics.fmean(w for w, _ in layers), "tokens_equal": f"{same}/{max_new}"}
+    finally:
+        remote.close()
+        for proc in procs:
+            proc.join(0 if transport.startswith("quic") else 5)  # a QUIC holder serves until killed
+            if proc.is_alive():
+                proc.kill()
+                proc.join(30)
+
+
+def figures(ref: list[dict[str, Any]], dist: list[dict[str, Any]]) -> dict[str, float]:
+    """Medians over rounds of TTFT and decode tokens/s, and dense ms per decode step, for both runs."""
+    def dense(records: list[dict[str, Any]]) -> float:
+        return statistics.fmean(s - m for r in records for s, m in zip(r["decode_step_ms"], r["decode_moe_ms"],
+                                                                       strict=True))
+    return {"ttft_ms": statistics.median(r["ttft_ms"] for r in dist),
+            "one_process_ttft_ms": statistics.median(r["ttft_ms"] for r in ref),
+            "decode_tokens_per_s": statistics.median(r["decode_tokens_per_s"] for r in dist),
+            "one_process_decode_tokens_per_s": statistics.median(r["decode_tokens_per_s"] for r in ref),
+            "dense_ms": dense(dist), "one_process_dense_ms": dense(ref)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="8 new tokens, 1 round (a smoke run)")
+    parser.add_argument("--holders", default="1,4", help="holder process counts to run, comma-separated")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.holders.split(",")]
+    if min(counts) < 1:
+        parser.error(f"--holders needs counts of at least 1, got {args.holders}")
+    max_new, rounds = (8, 1) if args.quick else (16, 3)
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="tenzro-bench-wire-floor-"))
+    try:
+        rng = np.random.default_rng(0)
+        folder, experts = write_model(work / SHAPE.name, SHAPE, rng)
+        local = Local(SHAPE, folder, experts, work / "local")
+        prompt = [int(t) for t in rng.integers(0, SHAPE.vocab_size, PROMPT_TOKENS)]
+        local.generate(prompt, 2)  # warm: kernels, page cache
+        print(f"[{SHAPE.name}] model written and loaded {time.monotonic() - started:.0f} s; cores: {os.cpu_count()}, "
+              f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        runs = [run_holders(transport, n, local, experts, work, prompt, max_new, rounds)
+                for n in counts for transport in TRANSPORTS]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print_table(f"{SHAPE.name}, Q8_0 experts, rows as f32 (quic+receipts: Q8_0), {rounds} round(s) of {max_new} "
+                "tokens: medians over rounds "
+                "against one process in the same run; per MoE layer of a decode step: network + dispatch (the layer's "
+                "wall time less its slowest holder's compute) and that holder's compute",
+                ["transport", "holders", "TTFT ms", "x one process", "decode tok/s", "x one process", "dense ms/token",
+                 "x one process", "network + dispatch ms/layer", "slowest holder ms/layer", "cores busy",
+                 "tokens equal"],
+                [[r["transport"], r["holders"], r["ttft_ms"], f"{r['ttft_ms'] / r['one_process_ttft_ms']:.2f}x",
+                  r["decode_tokens_per_s"], f"{r['decode_tokens_per_s'] / r['one_process_decode_tokens_per_s']:.2f}x",
+                  r["dense_ms"], f"{r['dense_ms'] / r['one_process_dense_ms']:.2f}x", r["network_ms_per_layer"],
+                  r["holder_ms_per_layer"], f"{r['cores_busy']:.2f}", r["tokens_equal"]] for r in runs])
+    write_results("wire_floor", {"quick": args.quick, "shape": SHAPE.name, "cores": os.cpu_count(), "runs": runs,
+                                 "targets": TARGETS, "wall_s": time.monotonic() - started},
+                  [h for r in runs for h in (
+                      headline(f"{r['transport']}, {r['holders']} holders: decode", r["decode_tokens_per_s"],
+                               "tokens/s", reference="one process",
+                               reference_value=r["one_process_decode_tokens_per_s"],
+                               target=f">= {TARGETS['decode_ratio']}x (bench/generate.py's)"),
+                      headline(f"{r['transport']}, {r['holders']} holders: network + dispatch per MoE layer",
+                               r["network_ms_per_layer"], "ms",
+                               target=f"<= {TARGETS['network_ms_per_layer']} ms (bench/generate.py's)"))])
+
+
+if __name__ == "__main__":
+    main()
