@@ -89,7 +89,7 @@ test-fast: install install-gpu-wgsl lavapipe bytecode
 	TENZRO_TEST_REQUIRE_WGSL=1 $(BIN)/pytest -m "not e2e"
 
 ## Every benchmark in bench/ (forward and generate: five real nodes and a redis-server of their own,
-## ~10 and ~8 min; load ~2 min; netem ~4 min; quiet ~9 min; wire_floor ~5 min), then
+## ~10 and ~8 min; load ~2 min; netem ~4 min; quiet ~9 min; wire_floor ~8 min), then
 ## bench/results/summary.md (bench/summary.py),
 ## or only some: `make bench BENCH="forward transport"`.
 BENCH ?= $(filter-out report summary,$(basename $(notdir $(wildcard bench/[a-z]*.py))))

@@ -1,22 +1,23 @@
 """The floor of a distributed decode on this machine: bench/generate.py's model and holders over plain
 loopback TCP, then with the node's stack added a part at a time, against one process.
 
-    .venv/bin/python -m bench.wire_floor [--quick] [--holders 1,4]
+    .venv/bin/python -m bench.wire_floor [--quick] [--holders 1,4] [--ways tcp,...,nodes] [--profile]
 
 bench/generate.py's targets (network + dispatch ≤ 2 ms per MoE layer, decode ≥ 0.6x one process) are
 set against one process. Five node processes share this machine's cores, so part of what they miss is
 the machine's, and part is the node's stack. This benchmark measures the machine's part, then adds the
-node's stack a part at a time: the event loops, the QUIC transport, the codec and receipts. What is left
-between the last of these and bench/generate.py is the rest of the node (the planner and the forward's
-engine, the records).
+node's stack a part at a time: the event loops, the QUIC transport, the codec and receipts, the nodes as
+holders. What is left between the last of these and bench/generate.py is the node's router (the planner
+and the forward's engine, the ledger, the generation's records).
 
 What is measured, and how. The same 2x128 model as bench/generate.py (bench/_generate_model.py: two MoE
 layers of Qwen3-30B-A3B's 128 experts, Q8_0, top-8, the LM head at its real share) and the same split:
-N holder processes (`--holders`, 1 and 4 by default), expert e of each layer on holder e % N, each an
-ExpertRuntime with the same C kernels and worker pool as a node's. The router is this process: the
-dense part and the gates (WholeModel); for each MoE layer it gates, asks every holder for its experts'
-(expert, token rows) in one request carrying the layer's rows (f32 unless said), and combines the
-answers. Four ways, each on holder processes of its own, each adding one part of a node's stack:
+N holders (`--holders`, 1 and 4 by default), expert e of each layer on holder e % N. The holders of the
+first four ways are processes of this benchmark, each an ExpertRuntime with the same C kernels and worker
+pool as a node's. The router is this process: the dense part and the gates (WholeModel); for each MoE
+layer it gates, asks every holder for its experts' (expert, token rows) in one request carrying the
+layer's rows (f32 unless said), and combines the answers. Five ways (`--ways`), each on holders of its
+own, each adding one part of a node's stack:
 
 * `tcp`: plain loopback TCP (TCP_NODELAY, a 4-byte length and a pickle), blocking sockets on the
   router's own thread: every request sent, then each answer read in turn. No event loop, no QUIC: the
@@ -31,16 +32,21 @@ answers. Four ways, each on holder processes of its own, each adding one part of
   planner or record.
 * `quic+receipts`: `quic` with the node's payload: the rows in and out as Q8_0 (the wire's default codec,
   each answer encoded in one call) and one v2 receipt per answer (top-16 sketches, ed25519), signed by the
-  holder and verified against the rows by the router, as nodes do. What is left between this and
-  bench/generate.py is the node's own: the planner and the forward's engine, the records, the admission.
+  holder and verified against the rows by the router, as nodes do.
+* `nodes`: `quic+receipts` against real nodes as holders (`tenzro node run`, with bench/generate.py's
+  settings, on a redis-server of their own), asked with moe/execute's multi-expert frame as a node's
+  router asks (docs/protocol.md, "Multi-expert execute"). Between this and bench/generate.py, only the
+  router differs.
 
 The reference is the same model in this process with every expert (bench/_generate_model.Local), the
 generations interleaved with it so drift hits both alike, `max_new` tokens after a 32-token prompt.
 Figures as bench/generate.py defines them: TTFT (the prefill), decode tokens/s, router dense ms per
 token (a step less its MoE layers), and per MoE layer of a decode step: the slowest holder's compute
-(the time its execute_carrier took: the critical path if the holders ran side by side) and network +
-dispatch, the rest of the layer's wall time (gate, the requests, the holders' wake-up and queueing, the
-answers, the combine). "cores busy" is every process's CPU over the generations' wall time.
+(the time its execute_carrier took, or the compute_ms a node reported: the critical path if the holders
+ran side by side) and network + dispatch, the rest of the layer's wall time (gate, the requests, the
+holders' wake-up and queueing, the answers, the combine). "cores busy" is every process's CPU (the
+nodes': all of theirs) over the generations' wall time. `--profile` samples holder 0 (a node's expert
+worker) with py-spy during each way's rounds (bench/_pyspy.py).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing
 import pickle
 import shutil
@@ -61,6 +68,9 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -69,6 +79,7 @@ import numpy as np
 import psutil
 from nacl.signing import SigningKey
 
+import testkit.nodes
 from apps.node.identity import load_or_create_identity
 from apps.receipts.commitment import ExpectedBatches, ReceiptSigner, blake3_hex, verify_batches_receipt
 from core.experts.runtime import ExpertRuntime
@@ -78,14 +89,18 @@ from core.transport.framing import Reply
 from core.transport.loop_thread import LoopThread
 from core.transport.pool import QuicPool
 from core.transport.quic import PeerRequest, QuicSettings, start_server
+from testkit.nodes import TOKEN, NodeProcess
+from testkit.redis_server import RedisNode, private_redis
 
+from . import _pyspy
 from ._generate_model import D_MODEL, Local, Shape, holders_of, write_model
+from .forward import NODE_ENV, _stop
 from .generate import PROMPT_TOKENS, TARGETS
-from .report import headline, print_table, write_results
+from .report import RESULTS_DIR, headline, print_table, write_results
 from .transport_quic import _free_udp_port
 
 SHAPE = Shape(2, 128)
-TRANSPORTS = ("tcp", "asyncio", "quic", "quic+receipts")
+TRANSPORTS = ("tcp", "asyncio", "quic", "quic+receipts", "nodes")
 WIRE, RECEIPT_TOPK = "q8_0", 16  # the node's default wire and TENZRO_RECEIPT_TOPK
 MAX_BODY = 64 << 20  # a prefill's carrier and answers, with room
 
@@ -306,44 +321,61 @@ class OverAsyncio(RemoteMoe):
         self.thread.stop()
 
 
+@dataclass(frozen=True)
+class QuicHolder:
+    port: int
+    pin_sha256: str
+    provider_id: str | None  # its receipts' signer; None: it answers without one
+
+
 class OverQuic(RemoteMoe):
     """The node's QUIC client (core.transport.pool.QuicPool) on an event loop of its own thread, as a node's
-    router hands a layer from its compute thread to its loop: every request in flight at once. With
-    `provider_id` (the holders' signing key), the node's payload: Q8_0 rows, and each answer's receipt
-    verified against its rows as a node's router does (apps.receipts.commitment.verify_batches_receipt)."""
+    router hands a layer from its compute thread to its loop: every request in flight at once. Where the
+    holders sign, the node's payload: Q8_0 rows, and each answer's receipt verified against its rows as a
+    node's router does (apps.receipts.commitment.verify_batches_receipt). `node_frames`: the holders are
+    nodes, asked with moe/execute's multi-expert frame (docs/protocol.md, "Multi-expert execute")."""
 
-    def __init__(self, local: Local, ports: list[int], pin_sha256: str, provider_id: str | None) -> None:
-        super().__init__(local, len(ports))
-        self.ports, self.pin, self.provider_id = ports, pin_sha256, provider_id
+    def __init__(self, local: Local, holders: list[QuicHolder], *, node_frames: bool = False) -> None:
+        super().__init__(local, len(holders))
+        self.quic_holders, self.node_frames = holders, node_frames
         self.thread = LoopThread("wire-floor-quic")
         self.pool: QuicPool | None = None
 
     def ask(self, layer: int, x: np.ndarray, asked: Asked) -> list[tuple[list[np.ndarray], float]]:
         return self.thread.run(self._ask(layer, x, asked), timeout_s=60)
 
+    def _params(self, layer: int, tokens: list[int], batches: list[list[Any]], signed: bool) -> dict[str, Any]:
+        if self.node_frames:
+            return {"model_id": SHAPE.model_id, "layer": layer, "d_model": D_MODEL, "tokens": len(tokens),
+                    "encoding": WIRE, "token_indices": tokens, "receipt_topk": RECEIPT_TOPK,
+                    "batches": [{"expert": e, "rows": rows} for e, rows in batches]}
+        return {"layer": layer, "batches": batches, **({"token_indices": tokens} if signed else {})}
+
     async def _ask(self, layer: int, x: np.ndarray, asked: Asked) -> list[tuple[list[np.ndarray], float]]:
         if self.pool is None:
             self.pool = QuicPool(QuicSettings(max_body=MAX_BODY))
-        signed = self.provider_id is not None
+        signed = self.quic_holders[0].provider_id is not None
         body, tokens = (encode_rows(x, WIRE) if signed else x.tobytes()), list(range(len(x)))
         requests = {holder: [[e, rows.tolist()] for e, rows, _ in batches] for holder, batches in asked.items()}
         answers = await asyncio.gather(*(
-            self.pool.call(host="127.0.0.1", port=self.ports[holder], pin_sha256=self.pin, method="experts",
-                           params={"layer": layer, "batches": batches, **({"token_indices": tokens} if signed else {})},
-                           body=body, timeout_s=60)
+            self.pool.call(host="127.0.0.1", port=self.quic_holders[holder].port,
+                           pin_sha256=self.quic_holders[holder].pin_sha256,
+                           method="moe/execute" if self.node_frames else "experts",
+                           params=self._params(layer, tokens, batches, signed), body=body, timeout_s=60)
             for holder, batches in requests.items()))
         out = []
-        for batches, (result, answer) in zip(requests.values(), answers, strict=True):
+        for (holder, batches), (result, answer) in zip(requests.items(), answers, strict=True):
             counts = [len(rows) for _, rows in batches]
+            seconds = result["compute_ms"] / 1e3 if self.node_frames else result["compute_s"]
             if not signed:
-                out.append((split_rows(rows_of(answer), counts), result["compute_s"]))
+                out.append((split_rows(rows_of(answer), counts), seconds))
                 continue
             rows = split_rows(decode_rows(answer, WIRE, tokens=sum(counts), d_model=D_MODEL), counts)
-            expect = ExpectedBatches(self.provider_id, SHAPE.model_id, layer, tokens, D_MODEL, WIRE, blake3_hex(body),
-                                     WIRE, RECEIPT_TOPK, batches)
+            expect = ExpectedBatches(self.quic_holders[holder].provider_id, SHAPE.model_id, layer, tokens, D_MODEL,
+                                     WIRE, blake3_hex(body), WIRE, RECEIPT_TOPK, batches)
             verify_batches_receipt(result["receipt"], expect, list(zip(
                 rows, split_rows(memoryview(answer), counts, encoded_row_bytes(WIRE, D_MODEL)), strict=True)))
-            out.append((rows, result["compute_s"]))
+            out.append((rows, seconds))
         return out
 
     def close(self) -> None:
@@ -352,9 +384,46 @@ class OverQuic(RemoteMoe):
         self.thread.stop()
 
 
-def start_holders(transport: str, holders: int, local: Local, experts: list[Path], work: Path
-                  ) -> tuple[list[Any], RemoteMoe]:
-    """The holder processes (spawned, each loading its experts) and the router's side of `transport`."""
+@contextlib.contextmanager
+def node_holders(holders: int, experts: list[Path], work: Path
+                 ) -> Iterator[tuple[list[QuicHolder], list[NodeProcess]]]:
+    """`holders` real nodes (`tenzro node run`, testkit.nodes, on a redis-server of their own, with
+    bench/generate.py's settings), each holding experts e % holders: their QUIC doors, and the nodes."""
+    nodes: list[NodeProcess] = []
+    try:
+        with private_redis() as redis_host:
+            testkit.nodes.START_TIMEOUT_S = max(testkit.nodes.START_TIMEOUT_S, 300.0)
+            nodes.extend(RedisNode(data_dir=work / f"node-holder-{i}", redis_db=1 + i, redis_host=redis_host)
+                         for i in range(holders))
+            with ThreadPoolExecutor(holders) as pool:
+                list(pool.map(lambda n: n.start(**NODE_ENV), nodes))
+            for path in experts:
+                answer = nodes[holders_of(path, holders)[0]].rpc("tenzro_moeExpertLoad", {"path": str(path)},
+                                                                 token=TOKEN, timeout=120)
+                assert "result" in answer, answer
+            infos = [node.result("tenzro_nodeInfo") for node in nodes]
+            yield [QuicHolder(node.quic_port, info["endpoints"]["quic_cert_sha256"], info["provider_id"])
+                   for node, info in zip(nodes, infos, strict=True)], nodes
+    finally:
+        with ThreadPoolExecutor(max(1, len(nodes))) as pool:
+            list(pool.map(_stop, nodes))
+
+
+@contextlib.contextmanager
+def holders_for(transport: str, holders: int, local: Local, experts: list[Path], work: Path
+                ) -> Iterator[tuple[RemoteMoe, Callable[[], float], int]]:
+    """The router's side of `transport` over its holders, the CPU seconds the router and the holders have
+    used so far, and holder 0's pid (a node's: its expert worker's): holder processes of this benchmark
+    (spawned, each loading its experts), or nodes."""
+    if transport == "nodes":
+        with node_holders(holders, experts, work) as (quic_holders, nodes):
+            remote = OverQuic(local, quic_holders, node_frames=True)
+            try:
+                yield (remote, lambda: cpu_seconds([os.getpid()]) + sum(node.cpu_seconds() for node in nodes),
+                       nodes[0].result("tenzro_workerStatus")["pid"])
+            finally:
+                remote.close()
+        return
     context = multiprocessing.get_context("spawn")
     procs: list[Any] = []
     socks: list[socket.socket] = []
@@ -362,39 +431,45 @@ def start_holders(transport: str, holders: int, local: Local, experts: list[Path
     addresses: list[tuple[str, int]] = []
     identity = load_or_create_identity(work / "identity")
     seed = bytes(range(32))  # every holder signs with one key: the router checks each receipt against it
-    for i in range(holders):
-        data_dir = work / f"{transport}-holder-{i}"
-        if transport == "tcp":
-            listener = socket.create_server(("127.0.0.1", 0))
-            proc = context.Process(target=tcp_holder, args=(i, holders, experts, data_dir, listener), daemon=True)
-            proc.start()
-            sock = socket.create_connection(listener.getsockname(), timeout=600)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            listener.close()
-            socks.append(sock)
-        elif transport == "asyncio":
-            listener = socket.create_server(("127.0.0.1", 0))
-            proc = context.Process(target=asyncio_holder, args=(i, holders, experts, data_dir, listener),
-                                   daemon=True)
-            proc.start()
-            addresses.append(listener.getsockname())
-            listener.close()  # the child has its own copy, listening
-        else:
-            ready, port = context.Event(), _free_udp_port()
-            proc = context.Process(target=quic_holder, args=(i, holders, experts, data_dir, port,
-                                                             str(identity.cert_path), str(identity.cert_key_path),
-                                                             seed if transport == "quic+receipts" else None, ready),
-                                   daemon=True)
-            proc.start()
-            if not ready.wait(600):
-                raise RuntimeError(f"QUIC holder {i} did not start")
-            ports.append(port)
-        procs.append(proc)
-    remote = {"tcp": lambda: OverTcp(local, socks), "asyncio": lambda: OverAsyncio(local, addresses),
-              "quic": lambda: OverQuic(local, ports, identity.cert_sha256, None),
-              "quic+receipts": lambda: OverQuic(local, ports, identity.cert_sha256,
-                                                SigningKey(seed).verify_key.encode().hex())}[transport]()
-    return procs, remote
+    try:
+        for i in range(holders):
+            data_dir = work / f"{transport}-holder-{i}"
+            if transport in ("tcp", "asyncio"):
+                listener = socket.create_server(("127.0.0.1", 0))
+                proc = context.Process(target=tcp_holder if transport == "tcp" else asyncio_holder,
+                                       args=(i, holders, experts, data_dir, listener), daemon=True)
+                proc.start()
+                if transport == "tcp":
+                    sock = socket.create_connection(listener.getsockname(), timeout=600)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    socks.append(sock)
+                addresses.append(listener.getsockname())
+                listener.close()  # the child has its own copy, listening
+            else:
+                ready, port = context.Event(), _free_udp_port()
+                proc = context.Process(target=quic_holder, args=(i, holders, experts, data_dir, port,
+                                                                 str(identity.cert_path), str(identity.cert_key_path),
+                                                                 seed if transport == "quic+receipts" else None,
+                                                                 ready), daemon=True)
+                proc.start()
+                if not ready.wait(600):
+                    raise RuntimeError(f"QUIC holder {i} did not start")
+                ports.append(port)
+            procs.append(proc)
+        signer = SigningKey(seed).verify_key.encode().hex() if transport == "quic+receipts" else None
+        remote = (OverTcp(local, socks) if transport == "tcp" else OverAsyncio(local, addresses)
+                  if transport == "asyncio" else OverQuic(local, [QuicHolder(p, identity.cert_sha256, signer)
+                                                                  for p in ports]))
+        try:
+            yield remote, lambda: cpu_seconds([os.getpid(), *(p.pid for p in procs)]), procs[0].pid
+        finally:
+            remote.close()
+    finally:
+        for proc in procs:
+            proc.join(0 if transport.startswith("quic") else 5)  # a QUIC holder serves until killed
+            if proc.is_alive():
+                proc.kill()
+                proc.join(30)
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -402,35 +477,39 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def run_holders(transport: str, holders: int, local: Local, experts: list[Path], work: Path, prompt: list[int],
-                max_new: int, rounds: int) -> dict[str, Any]:
-    """Rounds of (one process, distributed) generations, interleaved; their figures."""
-    procs, remote = start_holders(transport, holders, local, experts, work)
-    try:
+                max_new: int, rounds: int, profile: bool = False) -> dict[str, Any]:
+    """Rounds of (one process, distributed) generations, interleaved; their figures. `profile`: py-spy
+    samples holder 0 during the rounds (bench/_pyspy.py), where the way has one to sample."""
+    with holders_for(transport, holders, local, experts, work) as (remote, cpu_used, holder_pid):
         started = time.monotonic()
         for _ in range(2):  # warm: the holders' kernels and first frames, the connections
             remote.generate(prompt, max_new)
         print(f"{transport}, {holders} holder{'s' if holders > 1 else ''}: loaded and warm "
               f"{time.monotonic() - started:.0f} s")
-        pids = [os.getpid(), *(p.pid for p in procs)]
         ref, dist, busy = [], [], []
+        spy = None
         for _ in range(rounds):
             ref.append(local.generate(prompt, max_new))
-            cpu, wall = cpu_seconds(pids), time.monotonic()
+            if profile and spy is None:  # from the first distributed round on, the local ones in its window too
+                spy = _pyspy.Profile(holder_pid, RESULTS_DIR / f"profile-wire-floor-{transport}.txt", 8.0)
+            cpu, wall = cpu_used(), time.monotonic()
             dist.append(remote.generate(prompt, max_new))
-            busy.append((cpu_seconds(pids) - cpu) / (time.monotonic() - wall))
-        same = sum(a == b for a, b in zip(ref[0]["tokens"], dist[0]["tokens"], strict=True))
-        layers = [layer for r in dist for layer in r["decode_layers_ms"]]
-        return {"transport": transport, "holders": holders, **figures(ref, dist), "cores_busy": statistics.median(busy),
-                "holder_ms_per_layer": statistics.fmean(s for _, s in layers),
-                "network_ms_per_layer": statistics.fmean(w - s for w, s in layers),
-                "moe_ms_per_layer": statistics.fmean(w for w, _ in layers), "tokens_equal": f"{same}/{max_new}"}
-    finally:
-        remote.close()
-        for proc in procs:
-            proc.join(0 if transport.startswith("quic") else 5)  # a QUIC holder serves until killed
-            if proc.is_alive():
-                proc.kill()
-                proc.join(30)
+            busy.append((cpu_used() - cpu) / (time.monotonic() - wall))
+        if spy is not None:
+            steps = sum(len(r["decode_step_ms"]) + 1 for r in dist)
+            summary = spy.finish(steps=steps)
+            print_table(f"Profile of holder 0 ({transport}) over {steps} distributed steps: CPU ms per step by "
+                        f"thread (/proc; the window also spans the one-process rounds between), then its main "
+                        f"thread's busy functions (py-spy samples; raw: {summary['raw']})",
+                        ["thread / frame", "ms per step / share"],
+                        [*([k, v] for k, v in summary["cpu_ms_per_step"].items()),
+                         *([f, f"{share:.1%}"] for f, share in summary["event_loop_busy"])])
+    same = sum(a == b for a, b in zip(ref[0]["tokens"], dist[0]["tokens"], strict=True))
+    layers = [layer for r in dist for layer in r["decode_layers_ms"]]
+    return {"transport": transport, "holders": holders, **figures(ref, dist), "cores_busy": statistics.median(busy),
+            "holder_ms_per_layer": statistics.fmean(s for _, s in layers),
+            "network_ms_per_layer": statistics.fmean(w - s for w, s in layers),
+            "moe_ms_per_layer": statistics.fmean(w for w, _ in layers), "tokens_equal": f"{same}/{max_new}"}
 
 
 def figures(ref: list[dict[str, Any]], dist: list[dict[str, Any]]) -> dict[str, float]:
@@ -449,10 +528,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="8 new tokens, 1 round (a smoke run)")
     parser.add_argument("--holders", default="1,4", help="holder process counts to run, comma-separated")
+    parser.add_argument("--ways", default=",".join(TRANSPORTS), help=f"which of {', '.join(TRANSPORTS)} to run")
+    parser.add_argument("--profile", action="store_true", help="py-spy samples holder 0 of each way during its "
+                        "rounds: CPU per step by thread, its main thread's busy functions")
     args = parser.parse_args()
     counts = [int(n) for n in args.holders.split(",")]
     if min(counts) < 1:
         parser.error(f"--holders needs counts of at least 1, got {args.holders}")
+    if unknown := set(args.ways.split(",")) - set(TRANSPORTS):
+        parser.error(f"--ways: no way named {', '.join(sorted(unknown))} (there are {', '.join(TRANSPORTS)})")
     max_new, rounds = (8, 1) if args.quick else (16, 3)
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="tenzro-bench-wire-floor-"))
@@ -464,8 +548,8 @@ def main() -> None:
         local.generate(prompt, 2)  # warm: kernels, page cache
         print(f"[{SHAPE.name}] model written and loaded {time.monotonic() - started:.0f} s; cores: {os.cpu_count()}, "
               f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-        runs = [run_holders(transport, n, local, experts, work, prompt, max_new, rounds)
-                for n in counts for transport in TRANSPORTS]
+        runs = [run_holders(transport, n, local, experts, work, prompt, max_new, rounds, args.profile)
+                for n in counts for transport in TRANSPORTS if transport in args.ways.split(",")]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print_table(f"{SHAPE.name}, Q8_0 experts, rows as f32 (quic+receipts: Q8_0), {rounds} round(s) of {max_new} "
