@@ -183,11 +183,10 @@ class Local:
         ids = [np.asarray(p, dtype=np.int64) for p in prompts]
         tokens: list[list[int]] = [[] for _ in prompts]
         iteration_ms, moe_ms = [], []
-        started = time.perf_counter()
+        started, run = time.perf_counter(), self._timed(self._moe)
         for _ in range(max_new):
             self.moe_s, start = 0.0, time.perf_counter()
-            logits = drive(self.model.run_batch(list(zip(ids, caches, strict=True)), last_only=True),
-                           self._timed(self._moe))
+            logits = drive(self.model.run_batch(list(zip(ids, caches, strict=True)), last_only=True), run)
             for out, sequence_logits in zip(tokens, logits, strict=True):
                 out.append(int(np.argmax(sequence_logits[-1])))
             iteration_ms.append((time.perf_counter() - start) * 1e3)

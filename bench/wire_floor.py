@@ -34,9 +34,9 @@ own, each adding one part of a node's stack:
   each answer encoded in one call) and one v2 receipt per answer (top-16 sketches, ed25519), signed by the
   holder and verified against the rows by the router, as nodes do.
 * `nodes`: `quic+receipts` against real nodes as holders (`tenzro node run`, with bench/generate.py's
-  settings, on a redis-server of their own), asked with moe/execute's multi-expert frame as a node's
-  router asks (docs/protocol.md, "Multi-expert execute"). Between this and bench/generate.py, only the
-  router differs.
+  settings, on a redis-server of their own, with no peers to gossip with), asked with moe/execute's
+  multi-expert frame as a node's router asks (docs/protocol.md, "Multi-expert execute"). Between this and
+  bench/generate.py, the router differs, and bench/generate.py's holders gossip with it.
 
 The reference is the same model in this process with every expert (bench/_generate_model.Local), the
 generations interleaved with it so drift hits both alike, `max_new` tokens after a 32-token prompt.
@@ -105,9 +105,14 @@ WIRE, RECEIPT_TOPK = "q8_0", 16  # the node's default wire and TENZRO_RECEIPT_TO
 MAX_BODY = 64 << 20  # a prefill's carrier and answers, with room
 
 
-def send_frame(sock: socket.socket, message: Any) -> None:
+def frame(message: Any) -> bytes:
+    """A 4-byte little-endian length, then the pickle."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(len(data).to_bytes(4, "little") + data)
+    return len(data).to_bytes(4, "little") + data
+
+
+def send_frame(sock: socket.socket, message: Any) -> None:
+    sock.sendall(frame(message))
 
 
 def recv_frame(sock: socket.socket) -> Any:
@@ -126,8 +131,7 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
 
 
 def write_frame(writer: asyncio.StreamWriter, message: Any) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    writer.write(len(data).to_bytes(4, "little") + data)
+    writer.write(frame(message))
 
 
 async def read_frame(reader: asyncio.StreamReader) -> Any:
@@ -388,7 +392,8 @@ class OverQuic(RemoteMoe):
 def node_holders(holders: int, experts: list[Path], work: Path
                  ) -> Iterator[tuple[list[QuicHolder], list[NodeProcess]]]:
     """`holders` real nodes (`tenzro node run`, testkit.nodes, on a redis-server of their own, with
-    bench/generate.py's settings), each holding experts e % holders: their QUIC doors, and the nodes."""
+    bench/generate.py's settings, no peers), each holding experts e % holders: their QUIC doors, and the
+    nodes."""
     nodes: list[NodeProcess] = []
     try:
         with private_redis() as redis_host:
