@@ -16,6 +16,7 @@ would otherwise be most of a step with a few of the 48 layers and hide what is m
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -124,6 +125,12 @@ def holders_of(path: Path, holders: int = N_HOLDERS, replication: int = 1) -> li
     names l{layer}e{expert})."""
     e = int(path.stem.split("e")[1])
     return [(e + i) % holders for i in range(min(replication, holders))]
+
+
+def dense_ms_per_token(records: list[dict[str, Any]]) -> float:
+    """Mean ms per decode step outside the MoE layers, over Local.generate records."""
+    return statistics.fmean(s - m for r in records for s, m in zip(r["decode_step_ms"], r["decode_moe_ms"],
+                                                                   strict=True))
 
 
 class Local:

@@ -64,7 +64,18 @@ from testkit.nodes import TOKEN, NodeProcess
 from testkit.redis_server import RedisNode, private_redis
 
 from . import _concurrency, _pyspy
-from ._generate_model import D_FF, D_MODEL, N_HOLDERS, REAL_VOCAB, TOP_K, Local, Shape, holders_of, write_model
+from ._generate_model import (
+    D_FF,
+    D_MODEL,
+    N_HOLDERS,
+    REAL_VOCAB,
+    TOP_K,
+    Local,
+    Shape,
+    dense_ms_per_token,
+    holders_of,
+    write_model,
+)
 from .forward import NODE_ENV, _stop
 from .report import RESULTS_DIR, headline, print_table, write_results
 
@@ -73,25 +84,25 @@ TARGETS = {"network_ms_per_layer": 2.0, "decode_ratio": 0.6, "ttft_ratio": 1.5, 
            "hedged_share": 0.05}
 
 
-def start_nodes(work: Path, redis_host: str, nodes: list[NodeProcess], holders: int = N_HOLDERS) -> None:
+def start_nodes(work: Path, redis_host: str, nodes: list[NodeProcess], holders: int = N_HOLDERS, *,
+                router: bool = True) -> None:
     """Router, then `holders` holders (four by default), on databases 1, 2, ... of a Redis server of their
-    own, started in parallel. Each is in `nodes` before it starts, so that a start that fails still stops
-    the others."""
+    own, started in parallel; `router` false: the holders alone, with no peers. Each is in `nodes` before it
+    starts, so that a start that fails still stops the others."""
     # Five nodes compiling and migrating at once on a shared 2-core machine can take longer than the
     # tests' 90 s: testkit.nodes reads this at each wait.
     testkit.nodes.START_TIMEOUT_S = max(testkit.nodes.START_TIMEOUT_S, 300.0)
-    router = RedisNode(data_dir=work / "router", redis_db=1, redis_host=redis_host)
-    nodes.append(router)
-    nodes.extend(RedisNode(data_dir=work / f"holder{i}", redis_db=2 + i, redis_host=redis_host, peers=[router.url])
+    if router:
+        nodes.append(RedisNode(data_dir=work / "router", redis_db=1, redis_host=redis_host))
+    peers = [nodes[0].url] if router else []
+    nodes.extend(RedisNode(data_dir=work / f"holder{i}", redis_db=2 + i, redis_host=redis_host, peers=peers)
                  for i in range(holders))
     with ThreadPoolExecutor(len(nodes)) as pool:
         list(pool.map(lambda n: n.start(**NODE_ENV), nodes))
 
 
-def load(nodes: list[NodeProcess], shape: Shape, folder: Path, experts: list[Path], replication: int = 1
-         ) -> dict[str, Any]:
-    """Dense part and gates on the router; each holder loads its experts, all at once."""
-    router, holders = nodes[0], nodes[1:]
+def load_experts(holders: list[NodeProcess], experts: list[Path], replication: int = 1) -> None:
+    """Each holder loads its experts (holders_of), the holders at once."""
     work: dict[int, list[Path]] = {i: [] for i in range(len(holders))}
     for path in experts:
         for i in holders_of(path, len(holders), replication):
@@ -102,10 +113,18 @@ def load(nodes: list[NodeProcess], shape: Shape, folder: Path, experts: list[Pat
             answer = holders[i].rpc("tenzro_moeExpertLoad", {"path": str(path)}, token=TOKEN, timeout=120)
             assert "result" in answer, answer
 
-    with ThreadPoolExecutor(len(holders) + 1) as pool:
+    with ThreadPoolExecutor(len(holders)) as pool:
+        list(pool.map(load_holder, range(len(holders))))
+
+
+def load(nodes: list[NodeProcess], shape: Shape, folder: Path, experts: list[Path], replication: int = 1
+         ) -> dict[str, Any]:
+    """Dense part and gates on the router while each holder loads its experts."""
+    router, holders = nodes[0], nodes[1:]
+    with ThreadPoolExecutor(2) as pool:
         dense = pool.submit(router.rpc, "tenzro_moeLoadDense", {"model_id": shape.model_id,
                                                                 "checkpoint": str(folder)}, token=TOKEN, timeout=600)
-        list(pool.map(load_holder, range(len(holders))))
+        pool.submit(load_experts, holders, experts, replication).result()
         answer = dense.result()
     assert "result" in answer, answer
     return answer["result"]
@@ -252,8 +271,7 @@ def tables(shape: Shape, runs: dict[str, list[dict[str, Any]]], router_id: str, 
     ref_ttft = statistics.median(r["ttft_ms"] for r in ref)
     ref_tps = statistics.median(r["decode_tokens_per_s"] for r in ref)
     ref_steps = [s for r in ref for s in r["decode_step_ms"]]
-    ref_dense = statistics.fmean(s - m for r in ref for s, m in zip(r["decode_step_ms"], r["decode_moe_ms"],
-                                                                     strict=True))
+    ref_dense = dense_ms_per_token(ref)
     want = ref[0]["tokens"]
     rows = [["one process", "-", ref_ttft, "1.00x", ref_tps, "1.00x", statistics.fmean(ref_steps), ref_dense,
              "1.00x", "-", "-", "-", "-", "-", f"{len(want)}/{len(want)}"]]

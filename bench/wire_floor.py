@@ -57,6 +57,7 @@ import os
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import abc
 import argparse
 import asyncio
 import contextlib
@@ -79,7 +80,6 @@ import numpy as np
 import psutil
 from nacl.signing import SigningKey
 
-import testkit.nodes
 from apps.node.identity import load_or_create_identity
 from apps.receipts.commitment import ExpectedBatches, ReceiptSigner, blake3_hex, verify_batches_receipt
 from core.experts.runtime import ExpertRuntime
@@ -89,13 +89,13 @@ from core.transport.framing import Reply
 from core.transport.loop_thread import LoopThread
 from core.transport.pool import QuicPool
 from core.transport.quic import PeerRequest, QuicSettings, start_server
-from testkit.nodes import TOKEN, NodeProcess
-from testkit.redis_server import RedisNode, private_redis
+from testkit.nodes import NodeProcess
+from testkit.redis_server import private_redis
 
 from . import _pyspy
-from ._generate_model import D_MODEL, Local, Shape, holders_of, write_model
-from .forward import NODE_ENV, _stop
-from .generate import PROMPT_TOKENS, TARGETS
+from ._generate_model import D_MODEL, Local, Shape, dense_ms_per_token, holders_of, write_model
+from .forward import _stop
+from .generate import PROMPT_TOKENS, TARGETS, load_experts, start_nodes
 from .report import RESULTS_DIR, headline, print_table, write_results
 from .transport_quic import _free_udp_port
 
@@ -241,16 +241,16 @@ def split_rows(rows: Any, counts: list[int], unit: int = 1) -> list[Any]:
 Asked = dict[int, list[tuple[int, np.ndarray, np.ndarray]]]  # holder -> [(expert, token rows, weights)]
 
 
-class RemoteMoe:
+class RemoteMoe(abc.ABC):
     """The router's MoE layer: gate here, one request per holder (`ask`), the answers combined here."""
 
     def __init__(self, local: Local, holders: int) -> None:
         self.local, self.holders = local, holders
         self.layers: list[tuple[float, float]] = []  # per MoE layer: (wall s, slowest holder's compute s)
 
+    @abc.abstractmethod
     def ask(self, layer: int, x: np.ndarray, asked: Asked) -> list[tuple[list[np.ndarray], float]]:
         """Per holder of `asked`, in its order: (each batch's rows f32 [n_i, d_model], its compute s)."""
-        raise NotImplementedError
 
     def moe(self, layer: int, x: np.ndarray) -> np.ndarray:
         """hidden f32 [t, d_model] -> f32 [t, d_model], every expert asked of its holder."""
@@ -275,8 +275,9 @@ class RemoteMoe:
         record["decode_layers_ms"] = [(wall * 1e3, slowest * 1e3) for wall, slowest in self.layers[per_step:]]
         return record
 
+    @abc.abstractmethod
     def close(self) -> None:
-        pass
+        """Close the connections to the holders."""
 
 
 class OverTcp(RemoteMoe):
@@ -397,15 +398,8 @@ def node_holders(holders: int, experts: list[Path], work: Path
     nodes: list[NodeProcess] = []
     try:
         with private_redis() as redis_host:
-            testkit.nodes.START_TIMEOUT_S = max(testkit.nodes.START_TIMEOUT_S, 300.0)
-            nodes.extend(RedisNode(data_dir=work / f"node-holder-{i}", redis_db=1 + i, redis_host=redis_host)
-                         for i in range(holders))
-            with ThreadPoolExecutor(holders) as pool:
-                list(pool.map(lambda n: n.start(**NODE_ENV), nodes))
-            for path in experts:
-                answer = nodes[holders_of(path, holders)[0]].rpc("tenzro_moeExpertLoad", {"path": str(path)},
-                                                                 token=TOKEN, timeout=120)
-                assert "result" in answer, answer
+            start_nodes(work, redis_host, nodes, holders, router=False)
+            load_experts(nodes, experts)
             infos = [node.result("tenzro_nodeInfo") for node in nodes]
             yield [QuicHolder(node.quic_port, info["endpoints"]["quic_cert_sha256"], info["provider_id"])
                    for node, info in zip(nodes, infos, strict=True)], nodes
@@ -519,14 +513,11 @@ def run_holders(transport: str, holders: int, local: Local, experts: list[Path],
 
 def figures(ref: list[dict[str, Any]], dist: list[dict[str, Any]]) -> dict[str, float]:
     """Medians over rounds of TTFT and decode tokens/s, and dense ms per decode step, for both runs."""
-    def dense(records: list[dict[str, Any]]) -> float:
-        return statistics.fmean(s - m for r in records for s, m in zip(r["decode_step_ms"], r["decode_moe_ms"],
-                                                                       strict=True))
     return {"ttft_ms": statistics.median(r["ttft_ms"] for r in dist),
             "one_process_ttft_ms": statistics.median(r["ttft_ms"] for r in ref),
             "decode_tokens_per_s": statistics.median(r["decode_tokens_per_s"] for r in dist),
             "one_process_decode_tokens_per_s": statistics.median(r["decode_tokens_per_s"] for r in ref),
-            "dense_ms": dense(dist), "one_process_dense_ms": dense(ref)}
+            "dense_ms": dense_ms_per_token(dist), "one_process_dense_ms": dense_ms_per_token(ref)}
 
 
 def main() -> None:
