@@ -29,9 +29,13 @@ critical path, if the holders ran side by side); network + dispatch = the rest o
 MoE layer per step; hedges fired and won per remote batch. All processes share this machine's cores,
 so the holders' compute competes with the router and the transport as it would on one host. "cores
 busy" says how much: the CPU seconds every node process used during a generation (router and holders,
-each with its web, Celery and expert workers), over the generation's wall time. Near the core count,
-a layer's network + dispatch is mostly requests and answers waiting for a core while other holders
-compute (docs/performance.md, "A decode layer on two shared cores, process by process").
+each with its web, Celery and expert workers), over the generation's wall time, then the same for the
+whole machine (this process, Redis and the kernel's network stack too). Near the core count, a layer's
+network + dispatch is mostly requests and answers waiting for a core while other holders compute
+(docs/performance.md, "A decode layer on two shared cores, process by process"); "preempted / token"
+counts how often the nodes' threads lost a core they could still use (involuntary context switches),
+per new token: a send that wakes a holder on shared cores often hands that holder the sender's
+core (docs/performance.md, "Sends that hand the core away").
 Where TTFT goes, round by round (`ttft_split` in the JSON): the wait before the first step, the prompt's
 dense part and its MoE layers, against the one process's dense part and MoE; the rounds of one run differ by
 up to half on these shared VMs, and the split says whether the dense part or the layers moved.
@@ -58,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 import testkit.nodes
 from testkit.nodes import TOKEN, NodeProcess
@@ -148,8 +153,12 @@ def wait_converged(router: NodeProcess, model_id: str, n_experts: int, replicati
 def generate(router: NodeProcess, model_id: str, prompt: list[int], max_new: int, wire: str, *,
              machine: list[NodeProcess] | None = None) -> dict[str, Any]:
     """The generation's record; with `machine`, also `cores_busy`: the CPU seconds every process of those
-    nodes used during the call, over its wall seconds."""
-    cpu_before, started = sum(n.cpu_seconds() for n in machine or []), time.monotonic()
+    nodes used during the call, over its wall seconds; `machine_busy`: the same for every process and the
+    kernel (what this machine's cores were not idle for); `preempted_per_token`: how many times the nodes'
+    threads lost a core they could still use (psutil's involuntary context switches), per new token."""
+    nodes = machine or []
+    cpu_before, switches_before = sum(n.cpu_seconds() for n in nodes), sum(n.involuntary_switches() for n in nodes)
+    busy_before, started = busy_core_seconds(), time.monotonic()
     answer = router.rpc("tenzro_moeGenerate", {"model_id": model_id, "prompt_ids": prompt, "max_new_tokens": max_new,
                                                "stop_at_eos": False, "wire": wire, "wait": True},
                         token=TOKEN, timeout=600)
@@ -157,9 +166,17 @@ def generate(router: NodeProcess, model_id: str, prompt: list[int], max_new: int
     record = answer["result"]
     assert record["state"] == "done", record.get("error")
     if machine:
-        cpu = sum(n.cpu_seconds() for n in machine) - cpu_before
-        record["cores_busy"] = cpu / (time.monotonic() - started)
+        cpu, wall = sum(n.cpu_seconds() for n in nodes) - cpu_before, time.monotonic() - started
+        record["cores_busy"] = cpu / wall
+        record["machine_busy"] = (busy_core_seconds() - busy_before) / wall
+        record["preempted_per_token"] = (sum(n.involuntary_switches() for n in nodes) - switches_before) / max_new
     return record
+
+
+def busy_core_seconds() -> float:
+    """Core seconds this machine's cores spent on anything but idling (user, system, interrupts, steal)."""
+    times = psutil.cpu_times()
+    return sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
 
 
 def split(records: list[dict[str, Any]], router_id: str) -> dict[str, float]:
@@ -180,6 +197,8 @@ def split(records: list[dict[str, Any]], router_id: str) -> dict[str, float]:
         "hedges_fired": sum(layer["hedges_fired"] for layer in layers) / batches,
         "hedges_won": sum(layer["hedges_won"] for layer in layers) / batches,
         "cores_busy": statistics.median(r["cores_busy"] for r in records),
+        "machine_busy": statistics.median(r["machine_busy"] for r in records),
+        "preempted_per_token": statistics.median(r["preempted_per_token"] for r in records),
     }
 
 
@@ -274,7 +293,7 @@ def tables(shape: Shape, runs: dict[str, list[dict[str, Any]]], router_id: str, 
     ref_dense = dense_ms_per_token(ref)
     want = ref[0]["tokens"]
     rows = [["one process", "-", ref_ttft, "1.00x", ref_tps, "1.00x", statistics.fmean(ref_steps), ref_dense,
-             "1.00x", "-", "-", "-", "-", "-", f"{len(want)}/{len(want)}"]]
+             "1.00x", "-", "-", "-", "-", "-", "-", f"{len(want)}/{len(want)}"]]
     record: dict[str, Any] = {"local": {"ttft_ms": ref_ttft, "decode_tokens_per_s": ref_tps,
                                         "dense_ms_per_token": ref_dense, "runs": ref}}
     for wire, recs in runs.items():
@@ -289,7 +308,8 @@ def tables(shape: Shape, runs: dict[str, list[dict[str, Any]]], router_id: str, 
                      f"{where['dense_ms'] / ref_dense:.2f}x", where["network_ms_per_layer"],
                      where["holder_ms_per_layer"], where["requests_per_layer"],
                      f"{where['hedges_fired']:.1%} / {where['hedges_won']:.1%}",
-                     f"{where['cores_busy']:.2f} of {os.cpu_count()}", f"{same}/{len(want)}"])
+                     f"{where['cores_busy']:.2f} / {where['machine_busy']:.2f} of {os.cpu_count()}",
+                     where["preempted_per_token"], f"{same}/{len(want)}"])
         record[wire] = {"ttft_ms": ttft, "decode_tokens_per_s": tps, "one_process_ttft_ms": ref_ttft,
                         "one_process_decode_tokens_per_s": ref_tps, "one_process_dense_ms_per_token": ref_dense,
                         "tokens_equal_local": same, "split": where, "records": recs}
@@ -300,10 +320,11 @@ def tables(shape: Shape, runs: dict[str, list[dict[str, Any]]], router_id: str, 
         "ms, router dense compute (dense_ms) and its ratio to one process; per MoE layer: network + dispatch ms "
         "(layer ms - the slowest holder's compute), that holder compute and the holders asked (requests); "
         "hedges fired / won per remote batch; "
-        "cores busy: every node process's CPU over the generation's wall time",
+        "cores busy: every node process's CPU, then the whole machine's, over the generation's wall time; "
+        "preempted: the node threads' involuntary context switches per new token",
         ["run", "wire", "TTFT ms", "TTFT ratio", "decode tok/s", "decode ratio", "step ms", "dense ms",
-         "dense ratio", "net ms/layer", "holder ms/layer", "requests/layer", "hedged / won", "cores busy",
-         "tokens = one process"], rows)
+         "dense ratio", "net ms/layer", "holder ms/layer", "requests/layer", "hedged / won",
+         "cores busy: nodes / machine", "preempted / token", "tokens = one process"], rows)
     return {"generation": record, "ttft_split": ttft_table(shape, runs)}
 
 

@@ -15,9 +15,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import psutil
@@ -25,6 +26,8 @@ import redis
 
 from apps.node.database import MIGRATED_WITH_FILE, migrate
 from core.env import SQLITE_FILE
+
+T = TypeVar("T")
 
 REDIS_HOST_URL = os.environ.get("TENZRO_TEST_REDIS_HOST", "redis://127.0.0.1:6379")
 TOKEN = "e2e-operator-token"
@@ -145,13 +148,21 @@ class NodeProcess:
 
     def cpu_seconds(self) -> float:
         """CPU seconds (user + system) used so far by this node's processes alive now, the leader with them."""
+        return sum(times.user + times.system for times in self._each(psutil.Process.cpu_times))
+
+    def involuntary_switches(self) -> int:
+        """How many times so far the kernel took a core from a thread of this node's processes alive now
+        while it could still run (preempted: a woken or busier task got the core), the leader with them."""
+        return sum(switches.involuntary for switches in self._each(psutil.Process.num_ctx_switches))
+
+    def _each(self, measure: Callable[[psutil.Process], T]) -> list[T]:
+        """`measure` of each process of this node alive now (one that exits meanwhile is left out)."""
         assert self.process is not None
-        total = 0.0
+        found = []
         for pid in (self.process.pid, *self.descendants()):
             with contextlib.suppress(psutil.NoSuchProcess):
-                times = psutil.Process(pid).cpu_times()
-                total += times.user + times.system
-        return total
+                found.append(measure(psutil.Process(pid)))
+        return found
 
     def kill(self, timeout_s: float = 15.0) -> None:
         """SIGKILL the node's whole process group and wait until none of its processes lives on: the
