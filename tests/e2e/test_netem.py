@@ -139,9 +139,11 @@ def test_a_nearer_holder_on_a_lossy_path_is_given_fewer_rows_than_a_farther_clea
     on a loaded machine, time the holder waited for a core: 1.7x in a CI run, 3x on a quiet machine.
 
     The loss is 10 % so that the lossy path's time per row stays well above any compute the holders
-    measure: at 5 %, a CI run whose other tests starved the farther holder of CPU measured its compute
-    slow enough to offset the wire for 40 forwards. The figures start from the earlier tests' (both
-    paths lossy then), folded in at 0.3 a forward, so the first forwards may split the other way."""
+    measure. At 5 %, one CI run split evenly for 40 forwards though it had measured the near path at 655
+    ns a byte and the far one at 171: with those, an even split means the planner counted the farther
+    holder's compute at ~165 µs a row or more (under ~6,000 rows/s; quiet runs measure 30,000-290,000),
+    as a run whose other tests hold the cores can. The figures start from the earlier tests' (both paths
+    lossy then), folded in at 0.3 a forward, so the first forwards may split the other way."""
     network, local = setup
     a, b, c = network.nodes
     network.set(WAN)
