@@ -65,7 +65,7 @@ import numpy as np
 import psutil
 
 import testkit.nodes
-from testkit.nodes import TOKEN, NodeProcess
+from testkit.nodes import TOKEN, NodeProcess, Usage, usage_of
 from testkit.redis_server import RedisNode, private_redis
 
 from . import _concurrency, _pyspy
@@ -156,9 +156,7 @@ def generate(router: NodeProcess, model_id: str, prompt: list[int], max_new: int
     nodes used during the call, over its wall seconds; `machine_busy`: the same for every process and the
     kernel (what this machine's cores were not idle for); `preempted_per_token`: how many times the nodes'
     threads lost a core they could still use (psutil's involuntary context switches), per new token."""
-    nodes = machine or []
-    cpu_before, switches_before = sum(n.cpu_seconds() for n in nodes), sum(n.involuntary_switches() for n in nodes)
-    busy_before, started = busy_core_seconds(), time.monotonic()
+    before, busy_before, started = nodes_usage(machine or []), busy_core_seconds(), time.monotonic()
     answer = router.rpc("tenzro_moeGenerate", {"model_id": model_id, "prompt_ids": prompt, "max_new_tokens": max_new,
                                                "stop_at_eos": False, "wire": wire, "wait": True},
                         token=TOKEN, timeout=600)
@@ -166,11 +164,16 @@ def generate(router: NodeProcess, model_id: str, prompt: list[int], max_new: int
     record = answer["result"]
     assert record["state"] == "done", record.get("error")
     if machine:
-        cpu, wall = sum(n.cpu_seconds() for n in nodes) - cpu_before, time.monotonic() - started
-        record["cores_busy"] = cpu / wall
+        after, wall = nodes_usage(machine), time.monotonic() - started
+        record["cores_busy"] = (after.cpu_s - before.cpu_s) / wall
         record["machine_busy"] = (busy_core_seconds() - busy_before) / wall
-        record["preempted_per_token"] = (sum(n.involuntary_switches() for n in nodes) - switches_before) / max_new
+        record["preempted_per_token"] = (after.involuntary_switches - before.involuntary_switches) / max_new
     return record
+
+
+def nodes_usage(nodes: list[NodeProcess]) -> Usage:
+    """The nodes' processes' usage so far, summed (one walk of each node's process tree)."""
+    return usage_of([pid for n in nodes for pid in n.pids()])
 
 
 def busy_core_seconds() -> float:

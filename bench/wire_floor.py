@@ -13,11 +13,11 @@ and the forward's engine, the ledger, the generation's records).
 What is measured, and how. The same 2x128 model as bench/generate.py (bench/_generate_model.py: two MoE
 layers of Qwen3-30B-A3B's 128 experts, Q8_0, top-8, the LM head at its real share) and the same split:
 N holders (`--holders`, 1 and 4 by default), expert e of each layer on holder e % N. The holders of the
-first four ways are processes of this benchmark, each an ExpertRuntime with the same C kernels and worker
-pool as a node's. The router is this process: the dense part and the gates (WholeModel); for each MoE
-layer it gates, asks every holder for its experts' (expert, token rows) in one request carrying the
-layer's rows (f32 unless said), and combines the answers. Five ways (`--ways`), each on holders of its
-own, each adding one part of a node's stack:
+first four ways are processes of this benchmark (bench/_floor_holders.py), each an ExpertRuntime with
+the same C kernels and worker pool as a node's. The router is this process: the dense part and the gates
+(WholeModel); for each MoE layer it gates, asks every holder for its experts' (expert, token rows) in one
+request carrying the layer's rows (f32 unless said), and combines the answers. Five ways (`--ways`),
+each on holders of its own, each adding one part of a node's stack:
 
 * `tcp`: plain loopback TCP (TCP_NODELAY, a 4-byte length and a pickle), blocking sockets on the
   router's own thread: every request sent, then each answer read in turn. No event loop, no QUIC: the
@@ -62,7 +62,6 @@ import argparse
 import asyncio
 import contextlib
 import multiprocessing
-import pickle
 import shutil
 import socket
 import statistics
@@ -72,172 +71,44 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 from nacl.signing import SigningKey
 
 from apps.node.identity import load_or_create_identity
-from apps.receipts.commitment import ExpectedBatches, ReceiptSigner, blake3_hex, verify_batches_receipt
-from core.experts.runtime import ExpertRuntime
+from apps.receipts.commitment import ExpectedBatches, blake3_hex, verify_batches_receipt
 from core.formats.wire import decode_rows, encode_rows, encoded_row_bytes
-from core.transport.admission import PeerLimits
-from core.transport.framing import Reply
 from core.transport.loop_thread import LoopThread
 from core.transport.pool import QuicPool
-from core.transport.quic import PeerRequest, QuicSettings, start_server
-from testkit.nodes import NodeProcess
+from core.transport.quic import QuicSettings
+from testkit.nodes import NodeProcess, usage_of
 from testkit.redis_server import private_redis
 
 from . import _pyspy
-from ._generate_model import D_MODEL, Local, Shape, dense_ms_per_token, holders_of, write_model
+from ._floor_holders import (
+    MAX_BODY,
+    RECEIPT_TOPK,
+    SHAPE,
+    WIRE,
+    asyncio_holder,
+    quic_holder,
+    read_frame,
+    recv_frame,
+    rows_of,
+    send_frame,
+    split_rows,
+    tcp_holder,
+    write_frame,
+)
+from ._generate_model import D_MODEL, Local, dense_ms_per_token, write_model
 from .forward import _stop
-from .generate import PROMPT_TOKENS, TARGETS, load_experts, start_nodes
+from .generate import PROMPT_TOKENS, TARGETS, load_experts, nodes_usage, start_nodes
 from .report import RESULTS_DIR, headline, print_table, write_results
 from .transport_quic import _free_udp_port
 
-SHAPE = Shape(2, 128)
 TRANSPORTS = ("tcp", "asyncio", "quic", "quic+receipts", "nodes")
-WIRE, RECEIPT_TOPK = "q8_0", 16  # the node's default wire and TENZRO_RECEIPT_TOPK
-MAX_BODY = 64 << 20  # a prefill's carrier and answers, with room
-
-
-def frame(message: Any) -> bytes:
-    """A 4-byte little-endian length, then the pickle."""
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return len(data).to_bytes(4, "little") + data
-
-
-def send_frame(sock: socket.socket, message: Any) -> None:
-    sock.sendall(frame(message))
-
-
-def recv_frame(sock: socket.socket) -> Any:
-    return pickle.loads(_recv_exactly(sock, int.from_bytes(_recv_exactly(sock, 4), "little")))
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if not k:
-            raise ConnectionError("the other end closed the connection")
-        got += k
-    return buf
-
-
-def write_frame(writer: asyncio.StreamWriter, message: Any) -> None:
-    writer.write(frame(message))
-
-
-async def read_frame(reader: asyncio.StreamReader) -> Any:
-    return pickle.loads(await reader.readexactly(int.from_bytes(await reader.readexactly(4), "little")))
-
-
-def holder_runtime(index: int, holders: int, experts: list[Path], data_dir: Path) -> ExpertRuntime:
-    """Experts e % holders == index of every layer, loaded and warm."""
-    runtime = ExpertRuntime(data_dir=data_dir, memory_budget_bytes=16 << 30)
-    for path in experts:
-        if holders_of(path, holders)[0] == index:
-            runtime.expert_load(payload=path.read_bytes(), stored_at=path)
-    runtime.warm()
-    return runtime
-
-
-def compute(runtime: ExpertRuntime, layer: int, rows: np.ndarray, batches: list[tuple[int, list[int]]]
-            ) -> tuple[list[np.ndarray], float]:
-    """A holder's answer to one request: each batch's output rows f32 [n_i, d_model], and the seconds they took."""
-    start = time.perf_counter()
-    out = runtime.execute_carrier(model_id=SHAPE.model_id, layer=layer, hidden=rows, batches=batches)
-    return [y for y, _ in out], time.perf_counter() - start
-
-
-def tcp_holder(index: int, holders: int, experts: list[Path], data_dir: Path, listener: socket.socket) -> None:
-    """A holder on plain TCP: one router connection; each request (layer, rows f32 [n, d_model], [(expert,
-    ascending rows)]) answered with ([f32 [n_i, d_model]], compute s), until the router closes it."""
-    runtime = holder_runtime(index, holders, experts, data_dir)
-    listener.listen(1)
-    conn, _ = listener.accept()
-    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    while True:
-        try:
-            layer, rows, batches = recv_frame(conn)
-        except ConnectionError:
-            return
-        send_frame(conn, compute(runtime, layer, rows, batches))
-
-
-def asyncio_holder(index: int, holders: int, experts: list[Path], data_dir: Path, listener: socket.socket) -> None:
-    """tcp_holder's requests and answers on an asyncio stream server, computed on its event loop."""
-    runtime = holder_runtime(index, holders, experts, data_dir)
-
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        while True:
-            try:
-                layer, rows, batches = await read_frame(reader)
-            except asyncio.IncompleteReadError:
-                return
-            write_frame(writer, compute(runtime, layer, rows, batches))
-
-    async def serve() -> None:
-        server = await asyncio.start_server(answer, sock=listener)
-        async with server:
-            await server.serve_forever()
-
-    asyncio.run(serve())
-
-
-def quic_holder(index: int, holders: int, experts: list[Path], data_dir: Path, port: int, cert: str, key: str,
-                signing_seed: bytes | None, ready: Any) -> None:
-    """A holder on the node's own QUIC door (core.transport.quic_server with its default settings): each
-    request's params {layer, batches}, its body the rows; the answer's body every batch's output rows in turn,
-    its result {compute_s}. With a signing seed, the node's payload: rows in and out as Q8_0 (core.formats.wire,
-    the answer encoded in one call) and one v2 receipt over the batches (apps.receipts.commitment), as a
-    node's holder answers; without, f32 rows and no receipt. Computed on the event loop, as a node computes a
-    decode frame."""
-    runtime = holder_runtime(index, holders, experts, data_dir)
-    signer = ReceiptSigner(SigningKey(signing_seed)) if signing_seed else None
-
-    async def handle(request: PeerRequest) -> Reply:
-        params = request.params
-        if signer is None:
-            ys, seconds = compute(runtime, params["layer"], rows_of(request.body), params["batches"])
-            return Reply.ok({"compute_s": seconds}, b"".join(y.tobytes() for y in ys))
-        rows = decode_rows(request.body, WIRE, tokens=len(params["token_indices"]), d_model=D_MODEL)
-        ys, seconds = compute(runtime, params["layer"], rows, params["batches"])
-        data = encode_rows(np.concatenate(ys), WIRE)
-        parts = split_rows(memoryview(data), [len(y) for y in ys], encoded_row_bytes(WIRE, D_MODEL))
-        receipt = signer.batches(model_id=SHAPE.model_id, layer=params["layer"], token_indices=params["token_indices"],
-                                 d_model=D_MODEL, input_encoding=WIRE, input_carrier=request.body,
-                                 output_encoding=WIRE, k=RECEIPT_TOPK,
-                                 batches=[(e, r, part) for (e, r), part in zip(params["batches"], parts, strict=True)])
-        return Reply.ok({"compute_s": seconds, "receipt": receipt}, data)
-
-    async def serve() -> None:
-        limits = PeerLimits(max_body=MAX_BODY, rate_per_s=1e6, burst=1_000_000)
-        await start_server(host="127.0.0.1", port=port, cert_path=cert, key_path=key, handler=handle,
-                           settings=QuicSettings(max_body=MAX_BODY), limits=limits)
-        ready.set()
-        await asyncio.Event().wait()  # until the benchmark kills this process
-
-    asyncio.run(serve())
-
-
-def rows_of(body: bytes | bytearray) -> np.ndarray:
-    return np.frombuffer(body, dtype=np.float32).reshape(-1, D_MODEL)
-
-
-def split_rows(rows: Any, counts: list[int], unit: int = 1) -> list[Any]:
-    """rows cut into consecutive parts of counts[i] rows each (`unit`: items per row)."""
-    ends = list(accumulate(n * unit for n in counts))
-    return [rows[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
-
-
 Asked = dict[int, list[tuple[int, np.ndarray, np.ndarray]]]  # holder -> [(expert, token rows, weights)]
 
 
@@ -418,7 +289,7 @@ def holders_for(transport: str, holders: int, local: Local, experts: list[Path],
         with node_holders(holders, experts, work) as (quic_holders, nodes):
             remote = OverQuic(local, quic_holders, node_frames=True)
             try:
-                yield (remote, lambda: cpu_seconds([os.getpid()]) + sum(node.cpu_seconds() for node in nodes),
+                yield (remote, lambda: usage_of([os.getpid()]).cpu_s + nodes_usage(nodes).cpu_s,
                        nodes[0].result("tenzro_workerStatus")["pid"])
             finally:
                 remote.close()
@@ -460,7 +331,7 @@ def holders_for(transport: str, holders: int, local: Local, experts: list[Path],
                   if transport == "asyncio" else OverQuic(local, [QuicHolder(p, identity.cert_sha256, signer)
                                                                   for p in ports]))
         try:
-            yield remote, lambda: cpu_seconds([os.getpid(), *(p.pid for p in procs)]), procs[0].pid
+            yield remote, lambda: usage_of([os.getpid(), *(p.pid for p in procs)]).cpu_s, procs[0].pid
         finally:
             remote.close()
     finally:
@@ -469,10 +340,6 @@ def holders_for(transport: str, holders: int, local: Local, experts: list[Path],
             if proc.is_alive():
                 proc.kill()
                 proc.join(30)
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    return sum(t.user + t.system for t in (psutil.Process(pid).cpu_times() for pid in pids))
 
 
 def run_holders(transport: str, holders: int, local: Local, experts: list[Path], work: Path, prompt: list[int],

@@ -15,10 +15,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple
 
 import httpx
 import psutil
@@ -27,11 +27,28 @@ import redis
 from apps.node.database import MIGRATED_WITH_FILE, migrate
 from core.env import SQLITE_FILE
 
-T = TypeVar("T")
-
 REDIS_HOST_URL = os.environ.get("TENZRO_TEST_REDIS_HOST", "redis://127.0.0.1:6379")
 TOKEN = "e2e-operator-token"
 START_TIMEOUT_S = 90.0
+
+
+class Usage(NamedTuple):
+    cpu_s: float  # CPU seconds, user + system
+    involuntary_switches: int  # times the kernel took a core from one of their threads while it could still run
+
+
+def usage_of(pids: Iterable[int]) -> Usage:
+    """What the processes `pids` alive now have used so far (one that exits meanwhile is left out): their
+    CPU seconds and how often they were preempted (a woken or busier task got the core)."""
+    cpu_s, switches = 0.0, 0
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process = psutil.Process(pid)
+            with process.oneshot():
+                times = process.cpu_times()
+                cpu_s += times.user + times.system
+                switches += process.num_ctx_switches().involuntary
+    return Usage(cpu_s, switches)
 
 
 _template_dir: Path | None = None
@@ -148,21 +165,16 @@ class NodeProcess:
 
     def cpu_seconds(self) -> float:
         """CPU seconds (user + system) used so far by this node's processes alive now, the leader with them."""
-        return sum(times.user + times.system for times in self._each(psutil.Process.cpu_times))
+        return self.usage().cpu_s
 
-    def involuntary_switches(self) -> int:
-        """How many times so far the kernel took a core from a thread of this node's processes alive now
-        while it could still run (preempted: a woken or busier task got the core), the leader with them."""
-        return sum(switches.involuntary for switches in self._each(psutil.Process.num_ctx_switches))
+    def usage(self) -> Usage:
+        """What this node's processes alive now, the leader with them, have used so far (usage_of)."""
+        return usage_of(self.pids())
 
-    def _each(self, measure: Callable[[psutil.Process], T]) -> list[T]:
-        """`measure` of each process of this node alive now (one that exits meanwhile is left out)."""
+    def pids(self) -> list[int]:
+        """The leader's PID and every process it started."""
         assert self.process is not None
-        found = []
-        for pid in (self.process.pid, *self.descendants()):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                found.append(measure(psutil.Process(pid)))
-        return found
+        return [self.process.pid, *self.descendants()]
 
     def kill(self, timeout_s: float = 15.0) -> None:
         """SIGKILL the node's whole process group and wait until none of its processes lives on: the
