@@ -1,6 +1,6 @@
 """Whole-model generation benchmark: greedy decode over real nodes on loopback against one process.
 
-    .venv/bin/python -m bench.generate [--quick] [--shapes 2x128,24x16] [--vocab N] [--profile]
+    .venv/bin/python -m bench.generate [--quick] [--shapes 2x128,24x16] [--vocab N] [--profile] [--rounds N]
                                        [--concurrency 1,4,16] [--holders N] [--replication R]
 
 What is measured, and how. Qwen3-MoE checkpoints at Qwen3-30B-A3B's widths (bench/_generate_model.py):
@@ -19,7 +19,11 @@ decode tokens/s are the generation record's
 (`ttft_ms`: the prefill; `decode_tokens_per_s`: decoded tokens over the decode's wall time). The
 reference is the same model in this process: apps.generation.model.WholeModel with
 ExpertRuntime.forward_local holding every expert (the same payloads), timed as greedy_generate runs
-it, interleaved with the distributed generations so drift hits both alike.
+it, interleaved with the distributed generations so drift hits both alike: each of `--rounds` rounds (6 by
+default) runs the one process and each wire, in an order rotated by one each round (`rotations`), and every
+figure is the median over the rounds. One round decides little on a shared machine: in 40 rounds of the
+unchanged node (docs/performance.md, "A knob at a time, within one run") the decode ratio of a round read 0.36x
+to 0.81x, as the one process alone ran at 44 to 96 tokens/s and the nodes at 25 to 47.
 
 Where decode time goes, from the decode steps of the records: router dense compute = each step's
 `dense_ms` (the dense part as the router's compute thread timed it; the one process's is its step
@@ -243,17 +247,17 @@ def run_shape(shape: Shape, args: argparse.Namespace, work: Path, nodes: list[No
           f"{time.monotonic() - t0:.0f} s (dense part {dense['dense_bytes'] / 1e6:.0f} MB f32), every expert "
           f"seen by the router {converged:.0f} s later")
     wires = ("q8_0", "f32") if shape.layers <= 2 else ("q8_0",)
-    max_new, rounds = (8, 1) if args.quick else (16, 3)
+    max_new, rounds = (8, 1) if args.quick else (16, args.rounds)
     prompt = [int(t) for t in rng.integers(0, shape.vocab_size, PROMPT_TOKENS)]
     local.generate(prompt, 2)  # warm: kernels, page cache
     for wire in wires:  # warm: QUIC connections, the hedging book's per-holder latencies
         for _ in range(1 if args.quick else 3):
             generate(router, shape.model_id, prompt, max_new, wire)
     runs: dict[str, list[dict[str, Any]]] = {"local": [], **{w: [] for w in wires}}
-    for _ in range(rounds):
-        runs["local"].append(local.generate(prompt, max_new))
-        for wire in wires:
-            runs[wire].append(generate(router, shape.model_id, prompt, max_new, wire, machine=nodes))
+    for order in rotations(["local", *wires], rounds):
+        for name in order:
+            runs[name].append(local.generate(prompt, max_new) if name == "local"
+                              else generate(router, shape.model_id, prompt, max_new, name, machine=nodes))
     profile = None
     if args.profile:
         profile = profiled(nodes, shape, prompt, max_new)
@@ -267,6 +271,16 @@ def run_shape(shape: Shape, args: argparse.Namespace, work: Path, nodes: list[No
             "dense_bytes": dense["dense_bytes"], **tables(shape, runs, router.result("tenzro_nodeInfo")["provider_id"],
                                                              len(nodes) - 1),
             "profile": profile, "concurrency": batched}
+
+
+def rotations(names: list[str], rounds: int) -> list[list[str]]:
+    """Each round's order of the runs: `names` rotated by one more each round, so that over a multiple of
+    len(names) rounds each run has every place in a round equally often, and whatever one run leaves for the
+    next (a generation's settlement and records on the nodes, the one process's reads through the caches)
+    falls on each alike. In a fixed order the f32 wire always followed the q8_0 one, and its dense part read
+    up to 2.06x one process where the q8_0 wire's read 1.37x; alternated within one run, the two wires' dense
+    parts, the same computation, took the same time (12.8 and 13.0 ms)."""
+    return [names[r % len(names):] + names[:r % len(names)] for r in range(rounds)]
 
 
 def profiled(nodes: list[NodeProcess], shape: Shape, prompt: list[int], max_new: int) -> dict[str, Any]:
@@ -355,6 +369,8 @@ def main() -> None:
                         f"({REAL_VOCAB:,} is Qwen3-30B-A3B's: 2.5 GB f32 of embedding and LM head)")
     parser.add_argument("--profile", action="store_true",
                         help="profile the router and a holder during a decode (py-spy, else their loops' cProfile)")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="rounds of one process and each wire, in a rotated order; figures are medians over them")
     parser.add_argument("--replication", type=int, default=1,
                         help="holders of each expert: e on holders e, e + 1, ... modulo N (1, the default: as the "
                              "targets are set; more: the planner chooses among them)")
@@ -364,6 +380,8 @@ def main() -> None:
     parser.add_argument("--concurrency", default="", help="e.g. 1,4,16: that many generations at once on the "
                         "first shape, through continuous batching (bench/_concurrency.py)")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.replication < 1:
         parser.error(f"--replication must be at least 1, got {args.replication}")
     args.replication = min(args.replication, args.holders)  # no holder loads an expert twice
