@@ -17,6 +17,7 @@ generations of a model step together (apps/generation/batcher.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -59,6 +60,7 @@ logger = logging.getLogger("tenzro.generation")
 Result = tuple[dict[str, Any], bytes]
 BATCHING_WINDOW_S = 10.0  # the live view's tokens per second: over this many seconds
 BATCHING_PUSH_S = 0.5  # at most this often to the dashboards while generations run
+RESTORE_LIST_WAIT_S = 10.0  # how long a generate waits for restore() to read what it will load again
 
 
 class LayerForward(Protocol):
@@ -138,6 +140,8 @@ class WholeModelHandlers:
         self.forward = forward
         self.models: dict[str, LoadedModel] = {}
         self.reloading: set[str] = set()  # dense parts restore() is loading again after a worker restart
+        self._listed = asyncio.Event()  # clear while restore() reads which dense parts to load again
+        self._listed.set()
         self._running: dict[str, tuple[asyncio.Task, GenerationRun]] = {}  # by generation id
         # Concurrent generations of one model share each step's MoE round trips (apps/generation/batcher.py).
         self.batcher = StepBatcher(self._drive, self.forward.record_work,
@@ -235,11 +239,16 @@ class WholeModelHandlers:
         """At the worker's start: the generations the last worker was running are closed as interrupted
         (their clients get an answer), then every dense part it had loaded is loaded again from where it
         came, under the memory budget, so the router generates again with no operator step."""
+        self._listed.clear()  # a generate asked meanwhile waits for the list, not told "load them first"
         try:  # a generation asked for since this worker opened its doors is its own: left running
             closed = await self._write(services.generations_interrupted, running=set(self._running))
             remembered = await self._write(selectors.dense_loaded_list)
         except Exception:  # the database is down: logged by the write; the operator loads them by hand
             return
+        else:
+            self.reloading.update(loaded["model_id"] for loaded in remembered)
+        finally:
+            self._listed.set()
         for gone in closed:  # a client still reading its stream hears the end now, not at its idle timeout
             if gone["stream"]:
                 stream = EventStream(gone["stream"])
@@ -249,7 +258,6 @@ class WholeModelHandlers:
         if closed:
             logger.warning("%d generation(s) interrupted by the last expert worker's stop were closed", len(closed))
         ctx = CallContext(door=Door.OPERATOR)
-        self.reloading.update(loaded["model_id"] for loaded in remembered)
         for loaded in remembered:
             try:
                 await self.load_dense({"model_id": loaded["model_id"], "checkpoint": loaded["checkpoint"]}, b"", ctx)
@@ -261,8 +269,11 @@ class WholeModelHandlers:
 
     # -- moe/generate --------------------------------------------------------------------------
 
-    def _loaded(self, params: dict[str, Any]) -> tuple[str, LoadedModel]:
+    async def _loaded(self, params: dict[str, Any]) -> tuple[str, LoadedModel]:
         model_id = str_param(params, "model_id")
+        if model_id not in self.models and not self._listed.is_set():
+            with contextlib.suppress(TimeoutError):  # then answered as if nothing were being loaded again
+                await asyncio.wait_for(self._listed.wait(), RESTORE_LIST_WAIT_S)
         loaded = self.models.get(model_id)
         if loaded is None and model_id in self.reloading:
             raise Unavailable(f"the dense weights of {model_id!r} are being loaded again (the expert worker "
@@ -284,7 +295,7 @@ class WholeModelHandlers:
 
     async def model_forward(self, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Result:
         """One whole-model forward of token_ids from position 0 (no cache kept): logits f32 [t, vocab]."""
-        model_id, loaded = self._loaded(params)
+        model_id, loaded = await self._loaded(params)
         spec = loaded.model.spec
         ids = np.asarray(self._token_ids(params, "token_ids", spec.vocab_size), dtype=np.int64)
         started = time.monotonic()
@@ -318,7 +329,7 @@ class WholeModelHandlers:
 
     async def generate(self, params: dict[str, Any], body: bytes | bytearray, ctx: CallContext) -> Result:
         received_at = time.monotonic()
-        model_id, loaded = self._loaded(params)
+        model_id, loaded = await self._loaded(params)
         request = await ctx.run_blocking(self.executor, self._request, params, loaded)
         positions = len(request.prompt_ids) + request.max_new_tokens
         # refused here (over the KV budget, or busy) before anything of it exists: no record, no seat
