@@ -36,7 +36,7 @@ from apps.generation import selectors, services
 from apps.generation.admission import Admission, Place
 from apps.generation.batcher import StepBatcher
 from apps.generation.model import KVCache, WholeModel
-from apps.generation.records import RecordWriter
+from apps.generation.records import RecordWriter, layer_stats
 from apps.generation.requests import (
     GenerateRequest,
     deadline_of,
@@ -120,18 +120,6 @@ def _advance(gen: Generator[tuple[int, np.ndarray], np.ndarray, np.ndarray],
         return False, gen.send(value), time.perf_counter() - started  # type: ignore[arg-type]  # None starts it
     except StopIteration as stop:
         return True, stop.value, time.perf_counter() - started
-
-
-def _layer_stats(layer: int, result: dict[str, Any]) -> dict[str, Any]:
-    """What a step shows of one MoE layer: its fan-out per holder, its time and what it lost."""
-    stats = result["stats"]
-    return {"layer": layer, "ms": stats["elapsed_ms"], "dispatch_ms": stats["dispatch_ms"],
-            "hedges_fired": stats["hedges_fired"], "hedges_won": stats["hedges_won"],
-            "lost_gate_mass": stats["lost_gate_mass"],
-            "missing": len(result["missing"]), "failures": len(stats["failures"]),
-            "holders": [{"provider": h["provider"], "transport": h["transport"], "rows": h["rows"],
-                         "batches": h["batches"], "latency_ms_max": h["latency_ms_max"],
-                         "compute_ms": h.get("compute_ms")} for h in stats["holders"] if h["rows"]]}
 
 
 class WholeModelHandlers:
@@ -412,7 +400,7 @@ class WholeModelHandlers:
             result, out = await self.forward.forward_layer(
                 model_id, layer, x, ctx, allow_partial=options["allow_partial"],
                 codecs=(options["wire"],) if options["wire"] else (), keep_record=False, work=work)
-            layers.append(_layer_stats(layer, result))
+            layers.append(layer_stats(layer, result))
             done, value, seconds = await ctx.run_blocking(self.executor, _advance, gen, out)
             dense_s += seconds
         return value, layers, dense_s

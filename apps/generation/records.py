@@ -24,6 +24,18 @@ from apps.node.db_threads import with_kept_connections
 logger = logging.getLogger("tenzro.generation")
 
 
+def layer_stats(layer: int, result: dict[str, Any]) -> dict[str, Any]:
+    """What a step shows of one MoE layer: its fan-out per holder, its time and what it lost."""
+    stats = result["stats"]
+    return {"layer": layer, "ms": stats["elapsed_ms"], "dispatch_ms": stats["dispatch_ms"],
+            "hedges_fired": stats["hedges_fired"], "hedges_won": stats["hedges_won"],
+            "lost_gate_mass": stats["lost_gate_mass"],
+            "missing": len(result["missing"]), "failures": len(stats["failures"]),
+            "holders": [{"provider": h["provider"], "transport": h["transport"], "rows": h["rows"],
+                         "batches": h["batches"], "latency_ms_max": h["latency_ms_max"],
+                         "compute_ms": h.get("compute_ms")} for h in stats["holders"] if h["rows"]]}
+
+
 def _log_failed_write(future: asyncio.Future) -> None:
     if not future.cancelled() and future.exception() is not None:
         logger.error("could not record a generation step: %s", future.exception())
