@@ -21,9 +21,10 @@ reference is the same model in this process: apps.generation.model.WholeModel wi
 ExpertRuntime.forward_local holding every expert (the same payloads), timed as greedy_generate runs
 it, interleaved with the distributed generations so drift hits both alike: each of `--rounds` rounds (6 by
 default) runs the one process and each wire, in an order rotated by one each round (`rotations`), and every
-figure is the median over the rounds. One round decides little on a shared machine: in 40 rounds of the
-unchanged node (docs/performance.md, "A knob at a time, within one run") the decode ratio of a round read 0.36x
-to 0.81x, as the one process alone ran at 44 to 96 tokens/s and the nodes at 25 to 47.
+figure is the median over the rounds. One round decides little on a shared machine: in 40 comparisons of the
+unchanged node, each one one-process generation against the median of three through the nodes
+(docs/performance.md, "A knob at a time, within one run"), the decode ratio read 0.36x to 0.81x, as the one
+process alone ran at 44 to 96 tokens/s and the nodes at 25 to 47.
 
 Where decode time goes, from the decode steps of the records: router dense compute = each step's
 `dense_ms` (the dense part as the router's compute thread timed it; the one process's is its step
